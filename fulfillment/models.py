@@ -1,0 +1,95 @@
+"""Execution attempts, results and receipts. Hangs beneath purchases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from purchases.refs import new_ref
+
+
+class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
+    """One try to run the paid work, owned by one worker through a lease."""
+
+    class State(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        UNKNOWN = "unknown", "Effect unknown, escalated"
+
+    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="execution_attempts")
+    executor = models.CharField(max_length=64)
+    worker = models.CharField(max_length=120, help_text="Who holds the lease now.")
+    lease_token = models.CharField(max_length=32)
+    lease_expires_at = models.DateTimeField()
+    takeovers = models.PositiveIntegerField(default=0, help_text="Leases taken over after a worker died.")
+    job_ref = models.CharField(max_length=200, blank=True, help_text="Saved the moment the job exists.")
+    job_idempotency_key = models.CharField(max_length=120)
+    reason_code = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    state = FSMField(default=State.RUNNING, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["purchase"], condition=Q(state="running"), name="one_live_execution_per_purchase"
+            ),
+        ]
+
+    @transition(field=state, source=State.RUNNING, target=State.SUCCEEDED)
+    def succeed(self, *, at: Any) -> None:
+        self.finished_at = at
+
+    @transition(field=state, source=State.RUNNING, target=State.FAILED)
+    def fail(self, *, reason_code: str, at: Any) -> None:
+        self.reason_code = reason_code
+        self.finished_at = at
+
+    @transition(field=state, source=State.RUNNING, target=State.UNKNOWN)
+    def lose_track(self, *, reason_code: str, at: Any) -> None:
+        self.reason_code = reason_code
+        self.finished_at = at
+
+    def __str__(self) -> str:
+        return f"execution {self.pk} ({self.state})"
+
+
+class Result(models.Model):
+    purchase = models.OneToOneField("purchases.Purchase", on_delete=models.PROTECT, related_name="result")
+    execution = models.OneToOneField(ExecutionAttempt, on_delete=models.PROTECT, related_name="result")
+    content_type = models.CharField(max_length=100)
+    body = models.BinaryField(help_text="Emptied when retention ends; the hash stays.")
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    first_delivered_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"result of {self.purchase_id}"
+
+
+class Receipt(models.Model):
+    """Public proof of a purchase. Never shows a client-supplied id."""
+
+    public_id = models.CharField(max_length=40, unique=True, editable=False)
+    purchase = models.OneToOneField("purchases.Purchase", on_delete=models.PROTECT, related_name="receipt")
+    payer = models.CharField(max_length=64)
+    amount = models.PositiveBigIntegerField()
+    asset = models.CharField(max_length=64)
+    network = models.CharField(max_length=64)
+    transaction = models.CharField(max_length=120)
+    body_sha256 = models.CharField(max_length=64)
+    delivered_at = models.DateTimeField()
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.public_id:
+            self.public_id = new_ref("rcp")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return self.public_id

@@ -1,0 +1,141 @@
+"""Payment attempts, the prepaid ledger and refunds. Hangs beneath purchases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
+
+
+class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
+    """One try to pay a purchase, keyed by the client's payment id."""
+
+    class State(models.TextChoices):
+        RECORDED = "recorded", "Recorded, not yet settled"
+        SETTLEMENT_PENDING = "settlement_pending", "Broadcast, finality unknown"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="payment_attempts")
+    rail = models.CharField(max_length=16)
+    scope = models.CharField(max_length=32)
+    payment_id = models.CharField(max_length=128)
+    payer = models.CharField(max_length=64)
+    network = models.CharField(max_length=64)
+    asset = models.CharField(max_length=64)
+    amount = models.PositiveBigIntegerField()
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of quote, amount, recipient, asset, network.")
+    authorization = models.JSONField(null=True, blank=True, help_text="The signed authorization, as received.")
+    tx_hash = models.CharField(max_length=80, null=True, blank=True)
+    settlement_reference = models.CharField(max_length=120, blank=True)
+    reason_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    state = FSMField(default=State.RECORDED, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["purchase"], condition=Q(state__in=LIVE_ATTEMPT_STATES),
+                name="one_live_payment_attempt_per_purchase",
+            ),
+            models.UniqueConstraint(fields=["scope", "payment_id"], name="unique_attempt_payment_id_per_scope"),
+            models.UniqueConstraint(
+                fields=["network", "tx_hash"], condition=Q(tx_hash__isnull=False),
+                name="unique_network_tx_hash",
+            ),
+        ]
+
+    @transition(field=state, source=State.RECORDED, target=State.SETTLEMENT_PENDING)
+    def pend(self, *, tx_hash: str | None) -> None:
+        self.tx_hash = tx_hash
+
+    @transition(field=state, source=[State.RECORDED, State.SETTLEMENT_PENDING], target=State.SUCCEEDED)
+    def succeed(self, *, settlement_reference: str) -> None:
+        self.settlement_reference = settlement_reference
+
+    @transition(field=state, source=[State.RECORDED, State.SETTLEMENT_PENDING], target=State.FAILED)
+    def fail(self, *, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    def __str__(self) -> str:
+        return f"{self.rail} attempt {self.pk} ({self.state})"
+
+
+class LedgerEntry(models.Model):
+    """The prepaid balance is the sum of these; a balance is never stored as a number."""
+
+    class Kind(models.TextChoices):
+        TOP_UP = "top_up"
+        PURCHASE_DEBIT = "purchase_debit"
+        REFUND_CREDIT = "refund_credit"
+        ADJUSTMENT = "adjustment"
+
+    buyer = models.ForeignKey("purchases.Buyer", on_delete=models.PROTECT, related_name="ledger_entries")
+    asset = models.CharField(max_length=64)
+    amount = models.BigIntegerField(help_text="Signed atomic units: credits positive, debits negative.")
+    kind = models.CharField(max_length=32, choices=Kind.choices)
+    # Unique per entry so a retried write can never post twice.
+    reference = models.CharField(max_length=120, unique=True)
+    purchase = models.ForeignKey(
+        "purchases.Purchase", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries"
+    )
+    memo = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "ledger entries"
+        indexes = [models.Index(fields=["buyer", "asset"])]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValueError("ledger entries are append-only")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.reference}: {self.amount}"
+
+
+class Refund(ConcurrentTransitionMixin, models.Model):
+    """A remedy linked to the original purchase and payment; the original is never rewritten."""
+
+    class Method(models.TextChoices):
+        LEDGER_CREDIT = "ledger_credit", "Credited to the prepaid balance"
+        PAY_BACK = "pay_back", "Owed back to the payer (finance pays it)"
+
+    class State(models.TextChoices):
+        OWED = "owed"
+        PAID = "paid"
+
+    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="refunds")
+    payment_attempt = models.ForeignKey(PaymentAttempt, on_delete=models.PROTECT, related_name="refunds")
+    method = models.CharField(max_length=16, choices=Method.choices)
+    amount = models.PositiveBigIntegerField()
+    asset = models.CharField(max_length=64)
+    network = models.CharField(max_length=64)
+    payer = models.CharField(max_length=64)
+    reason_code = models.CharField(max_length=64)
+    transaction = models.CharField(max_length=80, blank=True, help_text="The transfer being refunded, if on chain.")
+    paid_reference = models.CharField(max_length=200, blank=True)
+    paid_by = models.CharField(max_length=150, blank=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state = FSMField(default=State.OWED, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"),
+        ]
+
+    @transition(field=state, source=State.OWED, target=State.PAID)
+    def mark_paid(self, *, reference: str, by: str, at: Any) -> None:
+        self.paid_reference = reference
+        self.paid_by = by
+        self.paid_at = at
+
+    def __str__(self) -> str:
+        return f"refund {self.pk} {self.amount} ({self.state})"

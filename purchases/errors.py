@@ -1,0 +1,134 @@
+"""The one error-code type. Its values are API contract: never rename one.
+
+Every code has an HTTP status, whose move it is next, the permitted next action and
+whether retrying the same request can succeed. docs/errors.md documents each code and a
+test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class Owner(StrEnum):
+    BUYER = "buyer"
+    RECONCILIATION = "reconciliation"
+    SUPPORT = "support"
+    FINANCE = "finance"
+    NONE = "none"
+
+
+class ErrorCode(StrEnum):
+    # Request shape and authentication.
+    INVALID_REQUEST = "invalid_request"
+    NOT_AUTHENTICATED = "not_authenticated"
+    PERMISSION_DENIED = "permission_denied"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
+    THROTTLED = "throttled"
+    IDEMPOTENCY_KEY_MISSING = "idempotency_key_missing"
+    IDEMPOTENCY_KEY_INVALID = "idempotency_key_invalid"
+    # Quote boundary.
+    OFFERING_NOT_FOUND = "offering_not_found"
+    INVALID_INPUT = "invalid_input"
+    SOLD_OUT = "sold_out"
+    QUOTE_NOT_FOUND = "quote_not_found"
+    QUOTE_EXPIRED = "quote_expired"
+    # Payment boundary.
+    UNSUPPORTED_RAIL = "unsupported_rail"
+    INSUFFICIENT_FUNDS = "insufficient_funds"
+    SPEND_CAP_EXCEEDED = "spend_cap_exceeded"
+    QUOTE_ALREADY_PAID = "quote_already_paid"
+    PAYMENT_IN_FLIGHT = "payment_in_flight"
+    PAYMENT_IDENTIFIER_CONFLICT = "payment_identifier_conflict"
+    # Execute and deliver boundary.
+    PURCHASE_NOT_FOUND = "purchase_not_found"
+    PAYMENT_NOT_COMPLETE = "payment_not_complete"
+    EXECUTION_FAILED = "execution_failed"
+    RESULT_EXPIRED = "result_expired"
+    RECEIPT_NOT_FOUND = "receipt_not_found"
+    # Anything unanticipated.
+    INTERNAL_ERROR = "internal_error"
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    status: int
+    owner: Owner
+    next_action: str
+    retryable: bool
+    title: str
+
+
+CODE_SPECS: dict[ErrorCode, CodeSpec] = {
+    ErrorCode.INVALID_REQUEST: CodeSpec(400, Owner.BUYER, "fix_request", False, "The request is malformed."),
+    ErrorCode.NOT_AUTHENTICATED: CodeSpec(401, Owner.BUYER, "send_api_key", False, "A valid API key is required."),
+    ErrorCode.PERMISSION_DENIED: CodeSpec(403, Owner.BUYER, "none", False, "This key may not do that."),
+    ErrorCode.NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such resource."),
+    ErrorCode.METHOD_NOT_ALLOWED: CodeSpec(405, Owner.BUYER, "fix_request", False, "Method not allowed."),
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: CodeSpec(415, Owner.BUYER, "send_json", False, "Send application/json."),
+    ErrorCode.THROTTLED: CodeSpec(429, Owner.BUYER, "retry_later", True, "Too many requests."),
+    ErrorCode.IDEMPOTENCY_KEY_MISSING: CodeSpec(400, Owner.BUYER, "send_idempotency_key", False, "An Idempotency-Key header is required."),
+    ErrorCode.IDEMPOTENCY_KEY_INVALID: CodeSpec(400, Owner.BUYER, "fix_idempotency_key", False, "The Idempotency-Key must be 16-128 characters of [A-Za-z0-9_-]."),
+    ErrorCode.OFFERING_NOT_FOUND: CodeSpec(404, Owner.BUYER, "choose_offering", False, "No such offering."),
+    ErrorCode.INVALID_INPUT: CodeSpec(422, Owner.BUYER, "fix_input", False, "The input does not match the offering's schema."),
+    ErrorCode.SOLD_OUT: CodeSpec(409, Owner.BUYER, "retry_later", True, "The offering is sold out."),
+    ErrorCode.QUOTE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "request_quote", False, "No such quote."),
+    ErrorCode.QUOTE_EXPIRED: CodeSpec(410, Owner.BUYER, "request_quote", False, "The quote has expired."),
+    ErrorCode.UNSUPPORTED_RAIL: CodeSpec(400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."),
+    ErrorCode.INSUFFICIENT_FUNDS: CodeSpec(402, Owner.BUYER, "top_up_balance", False, "The prepaid balance does not cover the price."),
+    ErrorCode.SPEND_CAP_EXCEEDED: CodeSpec(402, Owner.BUYER, "raise_spend_cap_or_wait", False, "The purchase would exceed the spend cap."),
+    ErrorCode.QUOTE_ALREADY_PAID: CodeSpec(402, Owner.BUYER, "poll_existing_purchase", False, "The quote already has a payment."),
+    ErrorCode.PAYMENT_IN_FLIGHT: CodeSpec(409, Owner.BUYER, "retry_same_key_later", True, "A request with this payment id is still running."),
+    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT: CodeSpec(409, Owner.BUYER, "use_new_payment_id", False, "This payment id was used for a different request."),
+    ErrorCode.PURCHASE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such purchase."),
+    ErrorCode.PAYMENT_NOT_COMPLETE: CodeSpec(409, Owner.RECONCILIATION, "poll_purchase", True, "The payment has not completed; the result is held until it does."),
+    ErrorCode.EXECUTION_FAILED: CodeSpec(409, Owner.SUPPORT, "see_remedy", False, "The paid work failed; a refund or escalation is linked."),
+    ErrorCode.RESULT_EXPIRED: CodeSpec(410, Owner.NONE, "use_receipt", False, "The result is past its retention period; the receipt remains."),
+    ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
+    ErrorCode.INTERNAL_ERROR: CodeSpec(500, Owner.SUPPORT, "retry_same_key_later", True, "Unexpected error."),
+}
+
+
+class DomainError(Exception):
+    """An anticipated outcome that the API answers as problem+json."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        detail: str = "",
+        *,
+        purchase: str | None = None,
+        retry_after: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail or CODE_SPECS[code].title)
+        self.code = code
+        self.detail = detail or CODE_SPECS[code].title
+        self.purchase = purchase
+        self.retry_after = retry_after
+        self.extra = extra or {}
+
+    @property
+    def spec(self) -> CodeSpec:
+        return CODE_SPECS[self.code]
+
+    def as_problem(self) -> dict[str, Any]:
+        """RFC 9457 body. Only what an agent can act on; never internal diagnostics."""
+        spec = self.spec
+        body: dict[str, Any] = {
+            "type": f"urn:tollbooth:error:{self.code.value}",
+            "title": spec.title,
+            "status": spec.status,
+            "detail": self.detail,
+            "code": self.code.value,
+            "purchase": self.purchase,
+            "next_action": spec.next_action,
+            "owner": spec.owner.value,
+            "retryable": spec.retryable,
+        }
+        body.update(self.extra)
+        return body

@@ -1,0 +1,379 @@
+"""The aggregate root: what is sold, who buys it, quotes, purchases and their timeline."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from purchases.refs import new_ref
+
+
+class Offering(models.Model):
+    class RefundPolicy(models.TextChoices):
+        REFUND = "refund", "Refund automatically"
+        ESCALATE = "escalate", "Escalate to support"
+
+    class DeliveryCondition(models.TextChoices):
+        SETTLED = "settled", "After confirmed settlement"
+        VERIFIED = "verified", "After payment verification"
+
+    slug = models.SlugField(max_length=64, unique=True, help_text="Operation name agents ask for.")
+    title = models.CharField(max_length=200)
+    description = models.TextField(blank=True)
+    price = models.PositiveBigIntegerField(help_text="Atomic units of the asset (USDC: 6 decimals).")
+    asset = models.CharField(max_length=64, help_text="Token contract address, or a symbol for the ledger.")
+    asset_symbol = models.CharField(max_length=16, default="USDC")
+    asset_decimals = models.PositiveSmallIntegerField(default=6)
+    network = models.CharField(max_length=64, help_text="CAIP-2 id, e.g. eip155:84532.")
+    pay_to = models.CharField(max_length=64, help_text="Recipient wallet.")
+    stock = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Units still free to quote; empty for unlimited."
+    )
+    input_schema = models.JSONField(default=dict, blank=True)
+    volatile_fields = models.JSONField(
+        default=list, blank=True, help_text="Input fields ignored when deciding two requests are the same."
+    )
+    result_retention = models.DurationField(default=timedelta(days=7))
+    executor = models.CharField(max_length=64)
+    refund_policy = models.CharField(max_length=16, choices=RefundPolicy.choices, default=RefundPolicy.REFUND)
+    delivery_condition = models.CharField(
+        max_length=16, choices=DeliveryCondition.choices, default=DeliveryCondition.SETTLED
+    )
+    irreversible = models.BooleanField(default=False)
+    version = models.PositiveIntegerField(default=1, help_text="Bumped whenever the terms change.")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Buyer(models.Model):
+    """An agent account. Authenticates with API keys; never a Django user."""
+
+    ref = models.CharField(max_length=40, unique=True, editable=False)
+    name = models.CharField(max_length=200)
+    spend_cap = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Most this buyer may spend per rolling window, atomic units."
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    # DRF treats the authenticated principal as a user.
+    is_authenticated = True
+    is_anonymous = False
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.ref:
+            self.ref = new_ref("buy")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.ref})"
+
+
+class ApiKey(models.Model):
+    buyer = models.ForeignKey(Buyer, on_delete=models.CASCADE, related_name="api_keys")
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64, help_text="SHA-256 of the secret; the key is shown once.")
+    label = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.buyer.name})"
+
+
+class BuyerWallet(models.Model):
+    buyer = models.ForeignKey(Buyer, on_delete=models.CASCADE, related_name="wallets")
+    address = models.CharField(max_length=64, unique=True, help_text="Lower-case 0x address.")
+
+    def __str__(self) -> str:
+        return self.address
+
+
+class Quote(ConcurrentTransitionMixin, models.Model):
+    class State(models.TextChoices):
+        OPEN = "open"
+        ACCEPTED = "accepted"
+        EXPIRED = "expired"
+
+    public_id = models.CharField(max_length=40, unique=True, editable=False)
+    offering = models.ForeignKey(Offering, on_delete=models.PROTECT, related_name="quotes")
+    buyer = models.ForeignKey(Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="quotes")
+    quote_key = models.CharField(max_length=64, help_text="Deterministic: buyer, offering, version, input.")
+    canonical_input = models.JSONField()
+    input_hash = models.CharField(max_length=64)
+    price = models.PositiveBigIntegerField()
+    asset = models.CharField(max_length=64)
+    network = models.CharField(max_length=64)
+    pay_to = models.CharField(max_length=64)
+    offering_version = models.PositiveIntegerField()
+    holds_stock = models.BooleanField(default=False)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    state = FSMField(default=State.OPEN, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            # The deterministic quote key: two racing requests cannot both open a quote.
+            models.UniqueConstraint(
+                fields=["quote_key"], condition=Q(state="open"), name="one_open_quote_per_key"
+            ),
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.public_id:
+            self.public_id = new_ref("qt")
+        super().save(*args, **kwargs)
+
+    @transition(field=state, source=State.OPEN, target=State.ACCEPTED)
+    def accept(self) -> None:
+        pass
+
+    @transition(field=state, source=State.OPEN, target=State.EXPIRED)
+    def expire(self) -> None:
+        self.holds_stock = False
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class Purchase(ConcurrentTransitionMixin, models.Model):
+    """The durable identity of a sale. Payment and fulfilment are tracked separately."""
+
+    class PaymentState(models.TextChoices):
+        UNPAID = "unpaid"
+        PAYING = "paying"
+        SETTLEMENT_PENDING = "settlement_pending"
+        PAID = "paid"
+        FAILED = "failed"
+
+    class FulfillmentState(models.TextChoices):
+        NOT_STARTED = "not_started"
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        UNKNOWN = "unknown"
+
+    class Rail(models.TextChoices):
+        PREPAID = "prepaid"
+        X402 = "x402"
+
+    ref = models.CharField(max_length=40, unique=True, editable=False)
+    # OneToOne is the database constraint "one purchase per quote".
+    quote = models.OneToOneField(Quote, on_delete=models.PROTECT, related_name="purchase")
+    offering = models.ForeignKey(Offering, on_delete=models.PROTECT, related_name="purchases")
+    buyer = models.ForeignKey(Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="purchases")
+    amount = models.PositiveBigIntegerField()
+    asset = models.CharField(max_length=64)
+    network = models.CharField(max_length=64)
+    rail = models.CharField(max_length=16, choices=Rail.choices)
+    payer = models.CharField(max_length=64, blank=True, help_text="Buyer ref or wallet address.")
+    reason_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    paid_at = models.DateTimeField(null=True, blank=True)
+    payment_state = FSMField(default=PaymentState.UNPAID, choices=PaymentState.choices, protected=True)
+    fulfillment_state = FSMField(
+        default=FulfillmentState.NOT_STARTED, choices=FulfillmentState.choices, protected=True
+    )
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["payment_state", "updated_at"]),
+            models.Index(fields=["fulfillment_state", "updated_at"]),
+        ]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.ref:
+            self.ref = new_ref("pur")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return self.ref
+
+    # --- payment boundary -------------------------------------------------------
+    @transition(
+        field=payment_state, source=[PaymentState.UNPAID, PaymentState.FAILED], target=PaymentState.PAYING
+    )
+    def payment_begin(self) -> None:
+        self.reason_code = ""
+
+    @transition(field=payment_state, source=PaymentState.PAYING, target=PaymentState.SETTLEMENT_PENDING)
+    def payment_pend(self, reason_code: str = "settlement_pending") -> None:
+        self.reason_code = reason_code
+
+    @transition(
+        field=payment_state,
+        source=[PaymentState.UNPAID, PaymentState.PAYING, PaymentState.SETTLEMENT_PENDING],
+        target=PaymentState.PAID,
+    )
+    def payment_complete(self, paid_at: Any) -> None:
+        self.paid_at = paid_at
+        self.reason_code = ""
+
+    @transition(
+        field=payment_state,
+        source=[PaymentState.PAYING, PaymentState.SETTLEMENT_PENDING],
+        target=PaymentState.FAILED,
+    )
+    def payment_fail(self, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    # --- execute boundary -------------------------------------------------------
+    def is_payment_sufficient_for_execution(self) -> bool:
+        return self.payment_state == self.PaymentState.PAID
+
+    @transition(
+        field=fulfillment_state,
+        source=FulfillmentState.NOT_STARTED,
+        target=FulfillmentState.QUEUED,
+        conditions=[is_payment_sufficient_for_execution],
+    )
+    def fulfillment_queue(self) -> None:
+        pass
+
+    @transition(field=fulfillment_state, source=FulfillmentState.QUEUED, target=FulfillmentState.RUNNING)
+    def fulfillment_start(self) -> None:
+        pass
+
+    @transition(
+        field=fulfillment_state,
+        source=[FulfillmentState.RUNNING, FulfillmentState.UNKNOWN],
+        target=FulfillmentState.SUCCEEDED,
+    )
+    def fulfillment_succeed(self) -> None:
+        self.reason_code = ""
+
+    @transition(
+        field=fulfillment_state,
+        source=[FulfillmentState.RUNNING, FulfillmentState.UNKNOWN],
+        target=FulfillmentState.FAILED,
+    )
+    def fulfillment_fail(self, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    @transition(field=fulfillment_state, source=FulfillmentState.RUNNING, target=FulfillmentState.UNKNOWN)
+    def fulfillment_lose_track(self, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+
+class Escalation(ConcurrentTransitionMixin, models.Model):
+    """A purchase whose state could not be established safely, with an owner and a deadline."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        RESOLVED = "resolved"
+
+    class OwnerRole(models.TextChoices):
+        BUYER = "buyer"
+        RECONCILIATION = "reconciliation"
+        SUPPORT = "support"
+        FINANCE = "finance"
+
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="escalations")
+    owner = models.CharField(max_length=16, choices=OwnerRole.choices)
+    reason_code = models.CharField(max_length=64)
+    details = models.JSONField(default=dict, blank=True)
+    deadline_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=150, blank=True)
+    resolution = models.TextField(blank=True)
+    state = FSMField(default=State.OPEN, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["purchase", "reason_code"], condition=Q(state="open"),
+                name="one_open_escalation_per_reason",
+            ),
+        ]
+
+    @transition(field=state, source=State.OPEN, target=State.RESOLVED)
+    def resolve(self, *, by: str, resolution: str, at: Any) -> None:
+        self.resolved_by = by
+        self.resolution = resolution
+        self.resolved_at = at
+
+    def __str__(self) -> str:
+        return f"{self.purchase.ref}: {self.reason_code} -> {self.owner}"
+
+
+class PurchaseEvent(models.Model):
+    """Append-only timeline, written in the same transaction as every transition."""
+
+    class ActorType(models.TextChoices):
+        AGENT = "agent"
+        STAFF = "staff"
+        SYSTEM = "system"
+
+    purchase = models.ForeignKey(
+        Purchase, on_delete=models.PROTECT, null=True, blank=True, related_name="events"
+    )
+    quote = models.ForeignKey(Quote, on_delete=models.PROTECT, null=True, blank=True, related_name="events")
+    subject = models.CharField(max_length=64, help_text="What changed, e.g. purchase.payment.")
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    actor_type = models.CharField(max_length=16, choices=ActorType.choices)
+    actor = models.CharField(max_length=150, blank=True)
+    reason_code = models.CharField(max_length=64, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValueError("purchase events are append-only")
+        super().save(*args, **kwargs)
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.from_state} -> {self.to_state} ({self.reason_code})"
+
+
+class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
+    """One payment id in one scope: who used it, for what request, and the answer given."""
+
+    class State(models.TextChoices):
+        IN_FLIGHT = "in_flight"
+        COMPLETED = "completed"
+
+    scope = models.CharField(max_length=32, help_text="Endpoint family the key belongs to.")
+    key = models.CharField(max_length=128)
+    principal = models.CharField(max_length=64, help_text="Buyer ref or payer wallet that sent it.")
+    request_fingerprint = models.CharField(max_length=64)
+    purchase = models.ForeignKey(
+        Purchase, on_delete=models.PROTECT, null=True, blank=True, related_name="idempotency_records"
+    )
+    lease_token = models.CharField(max_length=32, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    response_headers = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    state = FSMField(default=State.IN_FLIGHT, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="unique_payment_id_per_scope"),
+        ]
+
+    @transition(field=state, source=State.IN_FLIGHT, target=State.COMPLETED)
+    def complete(self, *, status: int, body: Any, headers: dict[str, str], at: Any) -> None:
+        self.response_status = status
+        self.response_body = body
+        self.response_headers = headers
+        self.completed_at = at
+        self.locked_until = None
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key[:6]}…"
