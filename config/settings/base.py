@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "purchases",
     "payments",
     "fulfillment",
@@ -95,6 +96,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Quotes, purchases, results and receipts for AI agents. See docs/api.md.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Served from the sidecar package: the docs page works with no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
 }
 
 # --- Celery -----------------------------------------------------------------------
@@ -150,4 +154,14 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+
+# The beat schedule lives in code; each entry says why it exists.
+CELERY_BEAT_SCHEDULE = {
+    # on_commit enqueues die with their process: re-enqueue paid purchases nobody is running,
+    # and resume executions whose worker stopped renewing its lease.
+    "sweep-stalled-executions": {
+        "task": "purchases.tasks.purchase_sweep_stalled_task",
+        "schedule": env.float("TOLLBOOTH_SWEEP_EVERY_SECONDS", default=30.0),
+    },
 }

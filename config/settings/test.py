@@ -1,9 +1,10 @@
 """Tests: PostgreSQL and Redis when DATABASE_URL / REDIS_URL are set (always in CI)."""
 
+import os
 from datetime import timedelta
 
 from .base import *  # noqa: F403
-from .base import DATABASES, TOLLBOOTH, env
+from .base import DATABASES, REDIS_URL, TOLLBOOTH, env
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -14,3 +15,8 @@ TOLLBOOTH = {
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.05),
 }
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+
+# Tests that need a broker run a real worker on Redis; the rest never reach a broker.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+# One queue per test session, so a worker never picks up another run's messages.
+CELERY_TASK_DEFAULT_QUEUE = env.str("TOLLBOOTH_CELERY_QUEUE", default=f"tollbooth-tests-{os.getpid()}")

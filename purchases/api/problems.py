@@ -1,0 +1,61 @@
+"""RFC 9457 problem+json for every error the API can give."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.http import Http404
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+from purchases.errors import DomainError, ErrorCode
+
+logger = logging.getLogger(__name__)
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+_DRF_CODES: list[tuple[type[Exception], ErrorCode]] = [
+    (exceptions.NotAuthenticated, ErrorCode.NOT_AUTHENTICATED),
+    (exceptions.AuthenticationFailed, ErrorCode.NOT_AUTHENTICATED),
+    (exceptions.PermissionDenied, ErrorCode.PERMISSION_DENIED),
+    (exceptions.NotFound, ErrorCode.NOT_FOUND),
+    (Http404, ErrorCode.NOT_FOUND),
+    (exceptions.MethodNotAllowed, ErrorCode.METHOD_NOT_ALLOWED),
+    (exceptions.UnsupportedMediaType, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
+    (exceptions.Throttled, ErrorCode.THROTTLED),
+    (exceptions.ParseError, ErrorCode.INVALID_REQUEST),
+    (exceptions.ValidationError, ErrorCode.INVALID_REQUEST),
+]
+
+
+def problem_response(error: DomainError) -> Response:
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    return Response(error.as_problem(), status=error.spec.status, headers=headers,
+                    content_type=PROBLEM_CONTENT_TYPE)
+
+
+def _from_drf(exc: Exception) -> DomainError | None:
+    for exc_type, code in _DRF_CODES:
+        if isinstance(exc, exc_type):
+            extra: dict[str, Any] = {}
+            detail = str(getattr(exc, "detail", "")) or ""
+            if isinstance(exc, exceptions.ValidationError):
+                extra["errors"] = exc.detail
+                detail = "The request body is invalid."
+            error = DomainError(code, detail, extra=extra)
+            if isinstance(exc, exceptions.Throttled) and exc.wait:
+                error.retry_after = int(exc.wait)
+            return error
+    return None
+
+
+def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    """DRF's exception handler: anticipated errors as problems, anything else a logged 500."""
+    error = exc if isinstance(exc, DomainError) else _from_drf(exc)
+    if error is None:
+        logger.exception("unanticipated error in %s", context.get("view").__class__.__name__)
+        error = DomainError(ErrorCode.INTERNAL_ERROR)
+    response = problem_response(error)
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        response["WWW-Authenticate"] = 'Bearer realm="tollbooth"'
+    return response

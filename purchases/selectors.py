@@ -1,0 +1,143 @@
+"""Reads for the agent API and the admin: each boundary's state and whose move is next."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.urls import reverse
+
+from fulfillment import selectors as fulfillment_selectors
+from payments import selectors as payment_selectors
+from payments.models import Refund
+from purchases.errors import DomainError, ErrorCode
+from purchases.models import Buyer, Escalation, Purchase, Quote
+
+PAY = Purchase.PaymentState
+RUN = Purchase.FulfillmentState
+
+
+def purchase_get_for_buyer(*, buyer: Buyer, ref: str) -> Purchase:
+    """Another buyer's purchase is indistinguishable from a missing one.
+
+    Raises DomainError: purchase_not_found.
+    """
+    purchase = Purchase.objects.select_related("quote", "offering").filter(ref=ref, buyer=buyer).first()
+    if purchase is None:
+        raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
+    return purchase
+
+
+def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
+    quote = Quote.objects.select_related("offering").filter(public_id=public_id, buyer=buyer).first()
+    if quote is None:
+        raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
+    return quote
+
+
+def _delivery_state(purchase: Purchase, now: datetime) -> str:
+    result = fulfillment_selectors.result_for_purchase(purchase=purchase)
+    if result is None:
+        return "pending" if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING) else "none"
+    if fulfillment_selectors.result_is_expired(result=result, now=now):
+        return "expired"
+    return "delivered" if result.first_delivered_at else "available"
+
+
+def _remedy(purchase: Purchase) -> dict[str, Any]:
+    refunds = payment_selectors.refunds_for_purchase(purchase=purchase)
+    escalations = list(purchase.escalations.order_by("pk"))
+    open_escalations = [e for e in escalations if e.state == Escalation.State.OPEN]
+    if open_escalations:
+        state = "escalated"
+    elif any(r.state == Refund.State.OWED for r in refunds):
+        state = "refund_owed"
+    elif refunds:
+        state = "refunded"
+    else:
+        state = "none"
+    return {
+        "state": state,
+        "refunds": [{"amount": str(r.amount), "asset": r.asset, "method": r.method, "state": r.state,
+                     "reason_code": r.reason_code} for r in refunds],
+        "escalations": [{"owner": e.owner, "reason_code": e.reason_code, "state": e.state,
+                         "deadline_at": e.deadline_at.isoformat()} for e in escalations],
+    }
+
+
+def _next_move(purchase: Purchase, delivery: str, remedy: str) -> tuple[str, str]:
+    """(next_action, owner): what should happen next and who has to do it."""
+    if remedy == "escalated":
+        return "wait_for_support", "support"
+    if purchase.payment_state in (PAY.UNPAID, PAY.FAILED):
+        return "new_payment", "buyer"
+    if purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
+        return "poll_purchase", "reconciliation"
+    if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING):
+        return "poll_result", "system"
+    if purchase.fulfillment_state == RUN.SUCCEEDED:
+        return ("use_receipt", "none") if delivery == "expired" else ("fetch_result", "buyer")
+    if remedy == "refund_owed":
+        return "wait_for_refund", "finance"
+    return "none", "none"
+
+
+def _settlement(purchase: Purchase) -> dict[str, Any]:
+    attempt = payment_selectors.payment_attempt_latest(purchase=purchase)
+    if attempt is None:
+        return {"state": "none", "network": None, "transaction": None}
+    return {
+        "state": attempt.state,
+        "network": attempt.network,
+        "transaction": attempt.tx_hash or attempt.settlement_reference or None,
+    }
+
+
+def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
+    """The purchase as an agent sees it: every boundary, the reason, the next move."""
+    quote = purchase.quote
+    delivery = _delivery_state(purchase, now)
+    remedy = _remedy(purchase)
+    next_action, owner = _next_move(purchase, delivery, remedy["state"])
+    receipt = fulfillment_selectors.receipt_for_purchase(purchase=purchase)
+    return {
+        "purchase": purchase.ref,
+        "offering": purchase.offering.slug,
+        "amount": str(purchase.amount),
+        "asset": purchase.asset,
+        "network": purchase.network,
+        "rail": purchase.rail,
+        "quote": {"id": quote.public_id, "state": quote.state, "version": quote.offering_version,
+                  "expires_at": quote.expires_at.isoformat()},
+        "payment": {"state": purchase.payment_state,
+                    "paid_at": purchase.paid_at.isoformat() if purchase.paid_at else None},
+        "settlement": _settlement(purchase),
+        "execution": {"state": purchase.fulfillment_state},
+        "delivery": {"state": delivery},
+        "remedy": remedy,
+        "reason_code": purchase.reason_code or None,
+        "next_action": next_action,
+        "owner": owner,
+        "links": {
+            "self": reverse("api:purchase-detail", kwargs={"ref": purchase.ref}),
+            "result": reverse("api:purchase-result", kwargs={"ref": purchase.ref}),
+            "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None,
+        },
+    }
+
+
+def quote_representation(*, quote: Quote) -> dict[str, Any]:
+    return {
+        "id": quote.public_id,
+        "offering": quote.offering.slug,
+        "price": str(quote.price),
+        "asset": quote.asset,
+        "network": quote.network,
+        "pay_to": quote.pay_to,
+        "version": quote.offering_version,
+        "input_hash": quote.input_hash,
+        "holds_stock": quote.holds_stock,
+        "state": quote.state,
+        "expires_at": quote.expires_at.isoformat(),
+        "links": {"purchase": reverse("api:quote-purchase", kwargs={"public_id": quote.public_id})},
+    }

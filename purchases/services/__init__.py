@@ -1,0 +1,1 @@
+"""Purchase orchestration: the services that walk a purchase across the recovery boundaries."""

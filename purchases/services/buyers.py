@@ -1,0 +1,51 @@
+"""Agent accounts and their API keys."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from django.db import transaction
+from django.utils import timezone
+
+from purchases.models import ApiKey, Buyer, BuyerWallet
+
+KEY_PREFIX = "tbk"
+
+
+def _hash_key(raw_key: str) -> str:
+    # Keys are 32 random bytes: a fast hash is enough, there is nothing to brute-force.
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+@transaction.atomic
+def buyer_create(*, name: str, spend_cap: int | None = None, wallets: list[str] | None = None) -> Buyer:
+    buyer = Buyer.objects.create(name=name, spend_cap=spend_cap)
+    for address in wallets or []:
+        BuyerWallet.objects.create(buyer=buyer, address=address.lower())
+    return buyer
+
+
+def api_key_issue(*, buyer: Buyer, label: str = "") -> str:
+    """Create a key and return it in clear: the only time it is ever shown."""
+    prefix = secrets.token_hex(6)
+    raw_key = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+    ApiKey.objects.create(buyer=buyer, prefix=prefix, key_hash=_hash_key(raw_key), label=label)
+    return raw_key
+
+
+def api_key_authenticate(*, raw_key: str) -> Buyer | None:
+    parts = raw_key.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_PREFIX:
+        return None
+    key = ApiKey.objects.select_related("buyer").filter(prefix=parts[1], revoked_at__isnull=True).first()
+    if key is None or not key.buyer.is_active:
+        return None
+    if not hmac.compare_digest(key.key_hash, _hash_key(raw_key)):
+        return None
+    return key.buyer
+
+
+def api_key_revoke(*, key: ApiKey) -> None:
+    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())

@@ -1,0 +1,109 @@
+"""Quotes: validated, canonical, idempotent per (buyer, offering, input), holding stock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+
+from purchases.canonical import canonical_json, sha256_hex, strip_volatile
+from purchases.clock import now_or
+from purchases.errors import DomainError, ErrorCode
+from purchases.events import Actor, event_record
+from purchases.models import Buyer, Offering, Quote
+
+
+@dataclass(frozen=True)
+class QuoteOutcome:
+    quote: Quote
+    created: bool
+
+
+def offering_get_active(*, slug: str) -> Offering:
+    offering = Offering.objects.filter(slug=slug, is_active=True).first()
+    if offering is None:
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {slug!r}.")
+    return offering
+
+
+def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str, Any]:
+    """Validate against the offering's schema, then strip volatile fields.
+
+    Raises DomainError(invalid_input) listing every schema violation.
+    """
+    if not isinstance(raw_input, dict):
+        raise DomainError(ErrorCode.INVALID_INPUT, "The input must be a JSON object.")
+    validator = jsonschema.Draft202012Validator(offering.input_schema or {})
+    errors = sorted(validator.iter_errors(raw_input), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise DomainError(
+            ErrorCode.INVALID_INPUT,
+            extra={"errors": [{"path": "/".join(map(str, e.absolute_path)), "message": e.message}
+                              for e in errors[:20]]},
+        )
+    return strip_volatile(raw_input, list(offering.volatile_fields or []))
+
+
+def quote_key_for(*, buyer: Buyer | None, offering: Offering, input_hash: str) -> str:
+    principal = buyer.ref if buyer else "anonymous"
+    return sha256_hex(f"{principal}|{offering.slug}|{offering.version}|{input_hash}")
+
+
+def quote_create(*, buyer: Buyer, offering_slug: str, raw_input: Any, now: datetime | None = None) -> QuoteOutcome:
+    """Return the buyer's open quote for this canonical input, or open a new one.
+
+    Raises DomainError: offering_not_found, invalid_input, sold_out.
+    """
+    now = now_or(now)
+    offering = offering_get_active(slug=offering_slug)
+    canonical = quote_input_canonicalize(offering=offering, raw_input=raw_input)
+    input_hash = sha256_hex(canonical_json(canonical))
+    key = quote_key_for(buyer=buyer, offering=offering, input_hash=input_hash)
+    for _ in range(3):
+        try:
+            return _quote_find_or_open(buyer, offering, canonical, input_hash, key, now)
+        except IntegrityError:
+            continue  # a racing request opened the same quote first: read theirs
+    raise RuntimeError("quote creation kept racing")  # pragma: no cover - needs three lost races
+
+
+@transaction.atomic
+def _quote_find_or_open(buyer: Buyer, offering: Offering, canonical: dict[str, Any], input_hash: str,
+                        key: str, now: datetime) -> QuoteOutcome:
+    existing = Quote.objects.select_for_update().filter(quote_key=key, state=Quote.State.OPEN).first()
+    if existing is not None and existing.expires_at > now:
+        return QuoteOutcome(existing, created=False)
+    if existing is not None:
+        quote_expire(quote=existing, actor=Actor.system())
+    holds_stock = offering.stock is not None
+    if holds_stock:
+        # A conditional decrement: the row can never go below zero, whatever races.
+        taken = Offering.objects.filter(pk=offering.pk, stock__gt=0).update(stock=F("stock") - 1)
+        if not taken:
+            raise DomainError(ErrorCode.SOLD_OUT)
+    quote = Quote.objects.create(
+        offering=offering, buyer=buyer, quote_key=key, canonical_input=canonical, input_hash=input_hash,
+        price=offering.price, asset=offering.asset, network=offering.network, pay_to=offering.pay_to,
+        offering_version=offering.version, holds_stock=holds_stock,
+        expires_at=now + settings.TOLLBOOTH["QUOTE_TTL"],
+    )
+    event_record(subject="quote", quote=quote, actor=Actor.agent(buyer.ref), to_state=quote.state,
+                 evidence={"offering": offering.slug, "price": str(quote.price), "input_hash": input_hash,
+                           "holds_stock": holds_stock})
+    return QuoteOutcome(quote, created=True)
+
+
+def quote_expire(*, quote: Quote, actor: Actor) -> None:
+    """Close an open quote and give its stock back. Caller holds the quote row lock."""
+    released = quote.holds_stock
+    quote.expire()
+    quote.save(update_fields=["state", "holds_stock"])
+    if released:
+        Offering.objects.filter(pk=quote.offering_id).update(stock=F("stock") + 1)
+    event_record(subject="quote", quote=quote, actor=actor, from_state=Quote.State.OPEN, to_state=quote.state,
+                 reason_code="quote_expired", evidence={"stock_released": released})

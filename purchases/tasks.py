@@ -1,0 +1,48 @@
+"""Celery interfaces: parse ids, make one domain call. Keyword-only ids, acks_late, bounded retries."""
+
+from __future__ import annotations
+
+import logging
+import random
+import socket
+from typing import Any
+
+from celery import shared_task
+
+from purchases.services.execution import (
+    ExecutionRetryable,
+    purchase_execute,
+    purchase_execution_give_up,
+)
+from purchases.services.sweeper import purchases_awaiting_execution
+
+logger = logging.getLogger(__name__)
+EXECUTE_MAX_RETRIES = 8
+
+
+def _worker_name(task: Any) -> str:
+    return f"{task.request.hostname or socket.gethostname()}:{task.request.id}"
+
+
+@shared_task(bind=True, acks_late=True, max_retries=EXECUTE_MAX_RETRIES)
+def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
+    try:
+        return purchase_execute(purchase_id=purchase_id, worker=_worker_name(self)).value
+    except ExecutionRetryable as exc:
+        if self.request.retries >= EXECUTE_MAX_RETRIES:
+            purchase_execution_give_up(purchase_id=purchase_id, worker=_worker_name(self),
+                                       reason_code=exc.reason_code)
+            return "escalated"
+        # Exponential backoff with jitter: 2 s, 4 s ... capped at 10 min.
+        countdown = min(600, 2 ** (self.request.retries + 1)) + random.uniform(0, 1)  # noqa: S311
+        raise self.retry(exc=exc, countdown=countdown) from exc
+
+
+@shared_task(acks_late=True)
+def purchase_sweep_stalled_task() -> int:
+    ids = purchases_awaiting_execution()
+    for purchase_id in ids:
+        purchase_execute_task.delay(purchase_id=purchase_id)
+    if ids:
+        logger.info("sweeper re-enqueued %d purchases", len(ids))
+    return len(ids)
