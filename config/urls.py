@@ -5,8 +5,16 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("purchases.api.urls", namespace="api")),
-    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
-         name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[],
-                                                     authentication_classes=[]), name="api-docs"),
+    path(
+        "api/schema/",
+        SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),
+        name="schema",
+    ),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(
+            url_name="schema", permission_classes=[], authentication_classes=[]
+        ),
+        name="api-docs",
+    ),
 ]

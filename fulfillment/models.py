@@ -20,13 +20,19 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
         FAILED = "failed"
         UNKNOWN = "unknown", "Effect unknown, escalated"
 
-    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="execution_attempts")
+    purchase = models.ForeignKey(
+        "purchases.Purchase", on_delete=models.PROTECT, related_name="execution_attempts"
+    )
     executor = models.CharField(max_length=64)
     worker = models.CharField(max_length=120, help_text="Who holds the lease now.")
     lease_token = models.CharField(max_length=32)
     lease_expires_at = models.DateTimeField()
-    takeovers = models.PositiveIntegerField(default=0, help_text="Leases taken over after a worker died.")
-    job_ref = models.CharField(max_length=200, blank=True, help_text="Saved the moment the job exists.")
+    takeovers = models.PositiveIntegerField(
+        default=0, help_text="Leases taken over after a worker died."
+    )
+    job_ref = models.CharField(
+        max_length=200, blank=True, help_text="Saved the moment the job exists."
+    )
     job_idempotency_key = models.CharField(max_length=120)
     reason_code = models.CharField(max_length=64, blank=True)
     started_at = models.DateTimeField()
@@ -36,7 +42,9 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["purchase"], condition=Q(state="running"), name="one_live_execution_per_purchase"
+                fields=["purchase"],
+                condition=Q(state="running"),
+                name="one_live_execution_per_purchase",
             ),
         ]
 
@@ -59,8 +67,12 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
 
 
 class Result(models.Model):
-    purchase = models.OneToOneField("purchases.Purchase", on_delete=models.PROTECT, related_name="result")
-    execution = models.OneToOneField(ExecutionAttempt, on_delete=models.PROTECT, related_name="result")
+    purchase = models.OneToOneField(
+        "purchases.Purchase", on_delete=models.PROTECT, related_name="result"
+    )
+    execution = models.OneToOneField(
+        ExecutionAttempt, on_delete=models.PROTECT, related_name="result"
+    )
     content_type = models.CharField(max_length=100)
     body = models.BinaryField(help_text="Emptied when retention ends; the hash stays.")
     sha256 = models.CharField(max_length=64)
@@ -77,7 +89,9 @@ class Receipt(models.Model):
     """Public proof of a purchase. Never shows a client-supplied id."""
 
     public_id = models.CharField(max_length=40, unique=True, editable=False)
-    purchase = models.OneToOneField("purchases.Purchase", on_delete=models.PROTECT, related_name="receipt")
+    purchase = models.OneToOneField(
+        "purchases.Purchase", on_delete=models.PROTECT, related_name="receipt"
+    )
     payer = models.CharField(max_length=64)
     amount = models.PositiveBigIntegerField()
     asset = models.CharField(max_length=64)

@@ -46,7 +46,9 @@ def execution_live_attempt(*, purchase: Purchase) -> ExecutionAttempt | None:
     )
 
 
-def execution_claim(*, purchase: Purchase, worker: str, now: datetime, actor: Actor) -> ExecutionClaim | None:
+def execution_claim(
+    *, purchase: Purchase, worker: str, now: datetime, actor: Actor
+) -> ExecutionClaim | None:
     """Claim the purchase's execution for `worker`, or return None if someone else holds it.
 
     The caller holds the purchase row lock; the partial unique index on running attempts
@@ -63,20 +65,40 @@ def execution_claim(*, purchase: Purchase, worker: str, now: datetime, actor: Ac
         live.worker, live.lease_token, live.lease_expires_at = worker, token, _lease_until(now)
         live.takeovers += 0 if is_own_retry else 1
         live.save(update_fields=["worker", "lease_token", "lease_expires_at", "takeovers"])
-        event_record(subject="execution_attempt", purchase=purchase, actor=actor, from_state=live.state,
-                     to_state=live.state,
-                     reason_code="lease_resumed_by_retry" if is_own_retry else "lease_expired_taken_over",
-                     evidence={"attempt": live.pk, "previous_worker": previous_worker, "worker": worker,
-                               "job_ref": live.job_ref})
-        return ExecutionClaim(live.pk, token, live.job_ref, live.job_idempotency_key, is_takeover=True)
+        event_record(
+            subject="execution_attempt",
+            purchase=purchase,
+            actor=actor,
+            from_state=live.state,
+            to_state=live.state,
+            reason_code="lease_resumed_by_retry" if is_own_retry else "lease_expired_taken_over",
+            evidence={
+                "attempt": live.pk,
+                "previous_worker": previous_worker,
+                "worker": worker,
+                "job_ref": live.job_ref,
+            },
+        )
+        return ExecutionClaim(
+            live.pk, token, live.job_ref, live.job_idempotency_key, is_takeover=True
+        )
     attempt = ExecutionAttempt.objects.create(
-        purchase=purchase, executor=purchase.offering.executor, worker=worker, lease_token=token,
-        lease_expires_at=_lease_until(now), started_at=now,
+        purchase=purchase,
+        executor=purchase.offering.executor,
+        worker=worker,
+        lease_token=token,
+        lease_expires_at=_lease_until(now),
+        started_at=now,
         # One key per purchase, not per attempt: a restarted attempt finds the first job.
         job_idempotency_key=f"tollbooth-{purchase.ref}",
     )
-    event_record(subject="execution_attempt", purchase=purchase, actor=actor, to_state=attempt.state,
-                 evidence={"attempt": attempt.pk, "worker": worker})
+    event_record(
+        subject="execution_attempt",
+        purchase=purchase,
+        actor=actor,
+        to_state=attempt.state,
+        evidence={"attempt": attempt.pk, "worker": worker},
+    )
     return ExecutionClaim(attempt.pk, token, "", attempt.job_idempotency_key, is_takeover=False)
 
 
@@ -94,7 +116,9 @@ def execution_record_job_ref(*, claim: ExecutionClaim, job_ref: str, now: dateti
     with transaction.atomic():
         attempt = _locked_own_attempt(claim)
         if attempt.job_ref and attempt.job_ref != job_ref:
-            raise RuntimeError(f"attempt {attempt.pk} already has job {attempt.job_ref}, got {job_ref}")
+            raise RuntimeError(
+                f"attempt {attempt.pk} already has job {attempt.job_ref}, got {job_ref}"
+            )
         attempt.job_ref = job_ref
         attempt.lease_expires_at = _lease_until(now)
         attempt.save(update_fields=["job_ref", "lease_expires_at"])
@@ -116,31 +140,65 @@ class PaymentEvidence:
     transaction: str
 
 
-def execution_succeed(*, purchase: Purchase, claim: ExecutionClaim, output: JobOutput,
-                      payment: PaymentEvidence, now: datetime, actor: Actor) -> Result:
+def execution_succeed(
+    *,
+    purchase: Purchase,
+    claim: ExecutionClaim,
+    output: JobOutput,
+    payment: PaymentEvidence,
+    now: datetime,
+    actor: Actor,
+) -> Result:
     """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock."""
     attempt = _locked_own_attempt(claim)
     attempt.succeed(at=now)
     attempt.save(update_fields=["state", "finished_at"])
     digest = hashlib.sha256(output.content).hexdigest()
     result = Result.objects.create(
-        purchase=purchase, execution=attempt, content_type=output.content_type, body=output.content,
-        sha256=digest, size=len(output.content), created_at=now,
+        purchase=purchase,
+        execution=attempt,
+        content_type=output.content_type,
+        body=output.content,
+        sha256=digest,
+        size=len(output.content),
+        created_at=now,
         expires_at=now + purchase.offering.result_retention,
     )
     Receipt.objects.create(
-        purchase=purchase, payer=payment.payer, amount=payment.amount, asset=payment.asset,
-        network=payment.network, transaction=payment.transaction, body_sha256=digest, delivered_at=now,
+        purchase=purchase,
+        payer=payment.payer,
+        amount=payment.amount,
+        asset=payment.asset,
+        network=payment.network,
+        transaction=payment.transaction,
+        body_sha256=digest,
+        delivered_at=now,
     )
-    event_record(subject="execution_attempt", purchase=purchase, actor=actor,
-                 from_state=ExecutionAttempt.State.RUNNING, to_state=attempt.state,
-                 evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref, "sha256": digest,
-                           "size": result.size})
+    event_record(
+        subject="execution_attempt",
+        purchase=purchase,
+        actor=actor,
+        from_state=ExecutionAttempt.State.RUNNING,
+        to_state=attempt.state,
+        evidence={
+            "attempt": attempt.pk,
+            "job_ref": attempt.job_ref,
+            "sha256": digest,
+            "size": result.size,
+        },
+    )
     return result
 
 
-def execution_end(*, claim: ExecutionClaim, reason_code: str, is_known_failure: bool, now: datetime,
-                  purchase: Purchase, actor: Actor) -> ExecutionAttempt:
+def execution_end(
+    *,
+    claim: ExecutionClaim,
+    reason_code: str,
+    is_known_failure: bool,
+    now: datetime,
+    purchase: Purchase,
+    actor: Actor,
+) -> ExecutionAttempt:
     """End an attempt as failed (the work provably did not happen) or unknown (it may have)."""
     attempt = _locked_own_attempt(claim)
     if is_known_failure:
@@ -148,12 +206,20 @@ def execution_end(*, claim: ExecutionClaim, reason_code: str, is_known_failure: 
     else:
         attempt.lose_track(reason_code=reason_code, at=now)
     attempt.save(update_fields=["state", "reason_code", "finished_at"])
-    event_record(subject="execution_attempt", purchase=purchase, actor=actor,
-                 from_state=ExecutionAttempt.State.RUNNING, to_state=attempt.state, reason_code=reason_code,
-                 evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref})
+    event_record(
+        subject="execution_attempt",
+        purchase=purchase,
+        actor=actor,
+        from_state=ExecutionAttempt.State.RUNNING,
+        to_state=attempt.state,
+        reason_code=reason_code,
+        evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref},
+    )
     return attempt
 
 
 def result_mark_delivered(*, result: Result, now: datetime) -> None:
     # A plain conditional update: delivery is a fact about the result, not a state transition.
-    Result.objects.filter(pk=result.pk, first_delivered_at__isnull=True).update(first_delivered_at=now)
+    Result.objects.filter(pk=result.pk, first_delivered_at__isnull=True).update(
+        first_delivered_at=now
+    )

@@ -20,7 +20,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
 
-    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="payment_attempts")
+    purchase = models.ForeignKey(
+        "purchases.Purchase", on_delete=models.PROTECT, related_name="payment_attempts"
+    )
     rail = models.CharField(max_length=16)
     scope = models.CharField(max_length=32)
     payment_id = models.CharField(max_length=128)
@@ -28,8 +30,12 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     network = models.CharField(max_length=64)
     asset = models.CharField(max_length=64)
     amount = models.PositiveBigIntegerField()
-    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of quote, amount, recipient, asset, network.")
-    authorization = models.JSONField(null=True, blank=True, help_text="The signed authorization, as received.")
+    fingerprint = models.CharField(
+        max_length=64, help_text="SHA-256 of quote, amount, recipient, asset, network."
+    )
+    authorization = models.JSONField(
+        null=True, blank=True, help_text="The signed authorization, as received."
+    )
     tx_hash = models.CharField(max_length=80, null=True, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
@@ -40,12 +46,16 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["purchase"], condition=Q(state__in=LIVE_ATTEMPT_STATES),
+                fields=["purchase"],
+                condition=Q(state__in=LIVE_ATTEMPT_STATES),
                 name="one_live_payment_attempt_per_purchase",
             ),
-            models.UniqueConstraint(fields=["scope", "payment_id"], name="unique_attempt_payment_id_per_scope"),
             models.UniqueConstraint(
-                fields=["network", "tx_hash"], condition=Q(tx_hash__isnull=False),
+                fields=["scope", "payment_id"], name="unique_attempt_payment_id_per_scope"
+            ),
+            models.UniqueConstraint(
+                fields=["network", "tx_hash"],
+                condition=Q(tx_hash__isnull=False),
                 name="unique_network_tx_hash",
             ),
         ]
@@ -54,7 +64,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     def pend(self, *, tx_hash: str | None) -> None:
         self.tx_hash = tx_hash
 
-    @transition(field=state, source=[State.RECORDED, State.SETTLEMENT_PENDING], target=State.SUCCEEDED)
+    @transition(
+        field=state, source=[State.RECORDED, State.SETTLEMENT_PENDING], target=State.SUCCEEDED
+    )
     def succeed(self, *, settlement_reference: str) -> None:
         self.settlement_reference = settlement_reference
 
@@ -75,14 +87,22 @@ class LedgerEntry(models.Model):
         REFUND_CREDIT = "refund_credit"
         ADJUSTMENT = "adjustment"
 
-    buyer = models.ForeignKey("purchases.Buyer", on_delete=models.PROTECT, related_name="ledger_entries")
+    buyer = models.ForeignKey(
+        "purchases.Buyer", on_delete=models.PROTECT, related_name="ledger_entries"
+    )
     asset = models.CharField(max_length=64)
-    amount = models.BigIntegerField(help_text="Signed atomic units: credits positive, debits negative.")
+    amount = models.BigIntegerField(
+        help_text="Signed atomic units: credits positive, debits negative."
+    )
     kind = models.CharField(max_length=32, choices=Kind.choices)
     # Unique per entry so a retried write can never post twice.
     reference = models.CharField(max_length=120, unique=True)
     purchase = models.ForeignKey(
-        "purchases.Purchase", on_delete=models.PROTECT, null=True, blank=True, related_name="ledger_entries"
+        "purchases.Purchase",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="ledger_entries",
     )
     memo = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -111,15 +131,21 @@ class Refund(ConcurrentTransitionMixin, models.Model):
         OWED = "owed"
         PAID = "paid"
 
-    purchase = models.ForeignKey("purchases.Purchase", on_delete=models.PROTECT, related_name="refunds")
-    payment_attempt = models.ForeignKey(PaymentAttempt, on_delete=models.PROTECT, related_name="refunds")
+    purchase = models.ForeignKey(
+        "purchases.Purchase", on_delete=models.PROTECT, related_name="refunds"
+    )
+    payment_attempt = models.ForeignKey(
+        PaymentAttempt, on_delete=models.PROTECT, related_name="refunds"
+    )
     method = models.CharField(max_length=16, choices=Method.choices)
     amount = models.PositiveBigIntegerField()
     asset = models.CharField(max_length=64)
     network = models.CharField(max_length=64)
     payer = models.CharField(max_length=64)
     reason_code = models.CharField(max_length=64)
-    transaction = models.CharField(max_length=80, blank=True, help_text="The transfer being refunded, if on chain.")
+    transaction = models.CharField(
+        max_length=80, blank=True, help_text="The transfer being refunded, if on chain."
+    )
     paid_reference = models.CharField(max_length=200, blank=True)
     paid_by = models.CharField(max_length=150, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
@@ -128,7 +154,9 @@ class Refund(ConcurrentTransitionMixin, models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"),
+            models.UniqueConstraint(
+                fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"
+            ),
         ]
 
     @transition(field=state, source=State.OWED, target=State.PAID)

@@ -21,19 +21,35 @@ PREPAID_NETWORK = "prepaid"
 
 
 def ledger_balance(*, buyer: Buyer, asset: str) -> int:
-    total = LedgerEntry.objects.filter(buyer=buyer, asset=asset).aggregate(total=Sum("amount"))["total"]
+    total = LedgerEntry.objects.filter(buyer=buyer, asset=asset).aggregate(total=Sum("amount"))[
+        "total"
+    ]
     return int(total or 0)
 
 
-def ledger_credit(*, buyer: Buyer, asset: str, amount: int, kind: str, reference: str, memo: str = "",
-                  purchase: Purchase | None = None) -> LedgerEntry:
+def ledger_credit(
+    *,
+    buyer: Buyer,
+    asset: str,
+    amount: int,
+    kind: str,
+    reference: str,
+    memo: str = "",
+    purchase: Purchase | None = None,
+) -> LedgerEntry:
     """Post a credit. The unique reference makes a retried top-up a no-op, not a double credit."""
     if amount <= 0:
         raise ValueError("credits are positive")
     entry, _ = LedgerEntry.objects.get_or_create(
         reference=reference,
-        defaults={"buyer": buyer, "asset": asset, "amount": amount, "kind": kind, "memo": memo,
-                  "purchase": purchase},
+        defaults={
+            "buyer": buyer,
+            "asset": asset,
+            "amount": amount,
+            "kind": kind,
+            "memo": memo,
+            "purchase": purchase,
+        },
     )
     return entry
 
@@ -46,8 +62,16 @@ def spend_in_window(*, buyer: Buyer, now: datetime) -> int:
     return int(total or 0)
 
 
-def prepaid_attempt_settle(*, purchase: Purchase, buyer: Buyer, payment_id: str, scope: str,
-                           fingerprint: str, now: datetime, actor: Actor) -> PaymentAttempt:
+def prepaid_attempt_settle(
+    *,
+    purchase: Purchase,
+    buyer: Buyer,
+    payment_id: str,
+    scope: str,
+    fingerprint: str,
+    now: datetime,
+    actor: Actor,
+) -> PaymentAttempt:
     """Debit the ledger and record a succeeded prepaid attempt, atomically.
 
     Raises DomainError: spend_cap_exceeded, insufficient_funds.
@@ -55,35 +79,61 @@ def prepaid_attempt_settle(*, purchase: Purchase, buyer: Buyer, payment_id: str,
     assert transaction.get_connection().in_atomic_block
     # The buyer row is the ledger's lock: two debits of one buyer never interleave.
     Buyer.objects.select_for_update().get(pk=buyer.pk)
-    if buyer.spend_cap is not None and spend_in_window(buyer=buyer, now=now) + purchase.amount > buyer.spend_cap:
+    if (
+        buyer.spend_cap is not None
+        and spend_in_window(buyer=buyer, now=now) + purchase.amount > buyer.spend_cap
+    ):
         raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase.ref)
     if ledger_balance(buyer=buyer, asset=purchase.asset) < purchase.amount:
         raise DomainError(ErrorCode.INSUFFICIENT_FUNDS, purchase=purchase.ref)
     attempt = PaymentAttempt.objects.create(
-        purchase=purchase, rail=Purchase.Rail.PREPAID, scope=scope, payment_id=payment_id,
-        payer=buyer.ref, network=PREPAID_NETWORK, asset=purchase.asset, amount=purchase.amount,
+        purchase=purchase,
+        rail=Purchase.Rail.PREPAID,
+        scope=scope,
+        payment_id=payment_id,
+        payer=buyer.ref,
+        network=PREPAID_NETWORK,
+        asset=purchase.asset,
+        amount=purchase.amount,
         fingerprint=fingerprint,
     )
     entry = LedgerEntry.objects.create(
-        buyer=buyer, asset=purchase.asset, amount=-purchase.amount,
-        kind=LedgerEntry.Kind.PURCHASE_DEBIT, reference=f"debit:{purchase.ref}:{attempt.pk}",
+        buyer=buyer,
+        asset=purchase.asset,
+        amount=-purchase.amount,
+        kind=LedgerEntry.Kind.PURCHASE_DEBIT,
+        reference=f"debit:{purchase.ref}:{attempt.pk}",
         purchase=purchase,
     )
     attempt.succeed(settlement_reference=entry.reference)
     attempt.save(update_fields=["state", "settlement_reference", "updated_at"])
-    event_record(subject="payment_attempt", purchase=purchase, actor=actor,
-                 from_state=PaymentAttempt.State.RECORDED, to_state=attempt.state,
-                 evidence={"attempt": attempt.pk, "rail": attempt.rail, "ledger_entry": entry.reference,
-                           "amount": str(attempt.amount)})
+    event_record(
+        subject="payment_attempt",
+        purchase=purchase,
+        actor=actor,
+        from_state=PaymentAttempt.State.RECORDED,
+        to_state=attempt.state,
+        evidence={
+            "attempt": attempt.pk,
+            "rail": attempt.rail,
+            "ledger_entry": entry.reference,
+            "amount": str(attempt.amount),
+        },
+    )
     return attempt
 
 
 def payment_attempt_settled(*, purchase: Purchase) -> PaymentAttempt | None:
-    return purchase.payment_attempts.filter(state=PaymentAttempt.State.SUCCEEDED).order_by("pk").first()
+    return (
+        purchase.payment_attempts.filter(state=PaymentAttempt.State.SUCCEEDED)
+        .order_by("pk")
+        .first()
+    )
 
 
-def refund_create(*, purchase: Purchase, attempt: PaymentAttempt, reason_code: str, now: datetime,
-                  actor: Actor) -> Refund:
+def refund_create(
+    *, purchase: Purchase, attempt: PaymentAttempt, reason_code: str, now: datetime, actor: Actor
+) -> Refund:
     """A refund linked to the purchase and the payment it returns.
 
     Prepaid money goes straight back to the balance (the refund is paid at once); on-chain
@@ -94,31 +144,60 @@ def refund_create(*, purchase: Purchase, attempt: PaymentAttempt, reason_code: s
         return existing
     is_prepaid = attempt.rail == Purchase.Rail.PREPAID
     refund = Refund.objects.create(
-        purchase=purchase, payment_attempt=attempt,
+        purchase=purchase,
+        payment_attempt=attempt,
         method=Refund.Method.LEDGER_CREDIT if is_prepaid else Refund.Method.PAY_BACK,
-        amount=attempt.amount, asset=attempt.asset, network=attempt.network, payer=attempt.payer,
-        reason_code=reason_code, transaction=attempt.tx_hash or "",
+        amount=attempt.amount,
+        asset=attempt.asset,
+        network=attempt.network,
+        payer=attempt.payer,
+        reason_code=reason_code,
+        transaction=attempt.tx_hash or "",
     )
-    event_record(subject="refund", purchase=purchase, actor=actor, to_state=refund.state,
-                 reason_code=reason_code, evidence={"refund": refund.pk, "method": refund.method,
-                                                    "amount": str(refund.amount)})
+    event_record(
+        subject="refund",
+        purchase=purchase,
+        actor=actor,
+        to_state=refund.state,
+        reason_code=reason_code,
+        evidence={"refund": refund.pk, "method": refund.method, "amount": str(refund.amount)},
+    )
     if is_prepaid and purchase.buyer is not None:
-        entry = ledger_credit(buyer=purchase.buyer, asset=attempt.asset, amount=attempt.amount,
-                              kind=LedgerEntry.Kind.REFUND_CREDIT, reference=f"refund:{refund.pk}",
-                              purchase=purchase, memo=reason_code)
-        refund_mark_paid(refund=refund, reference=entry.reference, by=actor.name or actor.type, now=now,
-                         actor=actor)
+        entry = ledger_credit(
+            buyer=purchase.buyer,
+            asset=attempt.asset,
+            amount=attempt.amount,
+            kind=LedgerEntry.Kind.REFUND_CREDIT,
+            reference=f"refund:{refund.pk}",
+            purchase=purchase,
+            memo=reason_code,
+        )
+        refund_mark_paid(
+            refund=refund,
+            reference=entry.reference,
+            by=actor.name or actor.type,
+            now=now,
+            actor=actor,
+        )
     return refund
 
 
-def refund_mark_paid(*, refund: Refund, reference: str, by: str, now: datetime, actor: Actor) -> Refund:
-    """Close a refund with the reference of the money sent back. Idempotent for the same reference."""
+def refund_mark_paid(
+    *, refund: Refund, reference: str, by: str, now: datetime, actor: Actor
+) -> Refund:
+    """Close a refund with the reference of the money sent back. Idempotent."""
     if refund.state == Refund.State.PAID:
         return refund
     if not reference.strip():
         raise ValueError("a paid-back refund needs the reference of the payment")
     refund.mark_paid(reference=reference, by=by, at=now)
     refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
-    event_record(subject="refund", purchase=refund.purchase, actor=actor, from_state=Refund.State.OWED,
-                 to_state=refund.state, evidence={"refund": refund.pk, "reference": reference})
+    event_record(
+        subject="refund",
+        purchase=refund.purchase,
+        actor=actor,
+        from_state=Refund.State.OWED,
+        to_state=refund.state,
+        evidence={"refund": refund.pk, "reference": reference},
+    )
     return refund

@@ -17,6 +17,7 @@ class Owner(StrEnum):
     RECONCILIATION = "reconciliation"
     SUPPORT = "support"
     FINANCE = "finance"
+    SYSTEM = "system"
     NONE = "none"
 
 
@@ -64,32 +65,102 @@ class CodeSpec:
 
 
 CODE_SPECS: dict[ErrorCode, CodeSpec] = {
-    ErrorCode.INVALID_REQUEST: CodeSpec(400, Owner.BUYER, "fix_request", False, "The request is malformed."),
-    ErrorCode.NOT_AUTHENTICATED: CodeSpec(401, Owner.BUYER, "send_api_key", False, "A valid API key is required."),
-    ErrorCode.PERMISSION_DENIED: CodeSpec(403, Owner.BUYER, "none", False, "This key may not do that."),
+    ErrorCode.INVALID_REQUEST: CodeSpec(
+        400, Owner.BUYER, "fix_request", False, "The request is malformed."
+    ),
+    ErrorCode.NOT_AUTHENTICATED: CodeSpec(
+        401, Owner.BUYER, "send_api_key", False, "A valid API key is required."
+    ),
+    ErrorCode.PERMISSION_DENIED: CodeSpec(
+        403, Owner.BUYER, "none", False, "This key may not do that."
+    ),
     ErrorCode.NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such resource."),
-    ErrorCode.METHOD_NOT_ALLOWED: CodeSpec(405, Owner.BUYER, "fix_request", False, "Method not allowed."),
-    ErrorCode.UNSUPPORTED_MEDIA_TYPE: CodeSpec(415, Owner.BUYER, "send_json", False, "Send application/json."),
+    ErrorCode.METHOD_NOT_ALLOWED: CodeSpec(
+        405, Owner.BUYER, "fix_request", False, "Method not allowed."
+    ),
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: CodeSpec(
+        415, Owner.BUYER, "send_json", False, "Send application/json."
+    ),
     ErrorCode.THROTTLED: CodeSpec(429, Owner.BUYER, "retry_later", True, "Too many requests."),
-    ErrorCode.IDEMPOTENCY_KEY_MISSING: CodeSpec(400, Owner.BUYER, "send_idempotency_key", False, "An Idempotency-Key header is required."),
-    ErrorCode.IDEMPOTENCY_KEY_INVALID: CodeSpec(400, Owner.BUYER, "fix_idempotency_key", False, "The Idempotency-Key must be 16-128 characters of [A-Za-z0-9_-]."),
-    ErrorCode.OFFERING_NOT_FOUND: CodeSpec(404, Owner.BUYER, "choose_offering", False, "No such offering."),
-    ErrorCode.INVALID_INPUT: CodeSpec(422, Owner.BUYER, "fix_input", False, "The input does not match the offering's schema."),
-    ErrorCode.SOLD_OUT: CodeSpec(409, Owner.BUYER, "retry_later", True, "The offering is sold out."),
+    ErrorCode.IDEMPOTENCY_KEY_MISSING: CodeSpec(
+        400, Owner.BUYER, "send_idempotency_key", False, "An Idempotency-Key header is required."
+    ),
+    ErrorCode.IDEMPOTENCY_KEY_INVALID: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_idempotency_key",
+        False,
+        "The Idempotency-Key must be 16-128 characters of [A-Za-z0-9_-].",
+    ),
+    ErrorCode.OFFERING_NOT_FOUND: CodeSpec(
+        404, Owner.BUYER, "choose_offering", False, "No such offering."
+    ),
+    ErrorCode.INVALID_INPUT: CodeSpec(
+        422, Owner.BUYER, "fix_input", False, "The input does not match the offering's schema."
+    ),
+    ErrorCode.SOLD_OUT: CodeSpec(
+        409, Owner.BUYER, "retry_later", True, "The offering is sold out."
+    ),
     ErrorCode.QUOTE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "request_quote", False, "No such quote."),
-    ErrorCode.QUOTE_EXPIRED: CodeSpec(410, Owner.BUYER, "request_quote", False, "The quote has expired."),
-    ErrorCode.UNSUPPORTED_RAIL: CodeSpec(400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."),
-    ErrorCode.INSUFFICIENT_FUNDS: CodeSpec(402, Owner.BUYER, "top_up_balance", False, "The prepaid balance does not cover the price."),
-    ErrorCode.SPEND_CAP_EXCEEDED: CodeSpec(402, Owner.BUYER, "raise_spend_cap_or_wait", False, "The purchase would exceed the spend cap."),
-    ErrorCode.QUOTE_ALREADY_PAID: CodeSpec(402, Owner.BUYER, "poll_existing_purchase", False, "The quote already has a payment."),
-    ErrorCode.PAYMENT_IN_FLIGHT: CodeSpec(409, Owner.BUYER, "retry_same_key_later", True, "A request with this payment id is still running."),
-    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT: CodeSpec(409, Owner.BUYER, "use_new_payment_id", False, "This payment id was used for a different request."),
+    ErrorCode.QUOTE_EXPIRED: CodeSpec(
+        410, Owner.BUYER, "request_quote", False, "The quote has expired."
+    ),
+    ErrorCode.UNSUPPORTED_RAIL: CodeSpec(
+        400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."
+    ),
+    ErrorCode.INSUFFICIENT_FUNDS: CodeSpec(
+        402, Owner.BUYER, "top_up_balance", False, "The prepaid balance does not cover the price."
+    ),
+    ErrorCode.SPEND_CAP_EXCEEDED: CodeSpec(
+        402,
+        Owner.BUYER,
+        "raise_spend_cap_or_wait",
+        False,
+        "The purchase would exceed the spend cap.",
+    ),
+    ErrorCode.QUOTE_ALREADY_PAID: CodeSpec(
+        402, Owner.BUYER, "poll_existing_purchase", False, "The quote already has a payment."
+    ),
+    ErrorCode.PAYMENT_IN_FLIGHT: CodeSpec(
+        409,
+        Owner.BUYER,
+        "retry_same_key_later",
+        True,
+        "A request with this payment id is still running.",
+    ),
+    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT: CodeSpec(
+        409,
+        Owner.BUYER,
+        "use_new_payment_id",
+        False,
+        "This payment id was used for a different request.",
+    ),
     ErrorCode.PURCHASE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such purchase."),
-    ErrorCode.PAYMENT_NOT_COMPLETE: CodeSpec(409, Owner.RECONCILIATION, "poll_purchase", True, "The payment has not completed; the result is held until it does."),
-    ErrorCode.EXECUTION_FAILED: CodeSpec(409, Owner.SUPPORT, "see_remedy", False, "The paid work failed; a refund or escalation is linked."),
-    ErrorCode.RESULT_EXPIRED: CodeSpec(410, Owner.NONE, "use_receipt", False, "The result is past its retention period; the receipt remains."),
+    ErrorCode.PAYMENT_NOT_COMPLETE: CodeSpec(
+        409,
+        Owner.RECONCILIATION,
+        "poll_purchase",
+        True,
+        "The payment has not completed; the result is held until it does.",
+    ),
+    ErrorCode.EXECUTION_FAILED: CodeSpec(
+        409,
+        Owner.SUPPORT,
+        "see_remedy",
+        False,
+        "The paid work failed; a refund or escalation is linked.",
+    ),
+    ErrorCode.RESULT_EXPIRED: CodeSpec(
+        410,
+        Owner.NONE,
+        "use_receipt",
+        False,
+        "The result is past its retention period; the receipt remains.",
+    ),
     ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
-    ErrorCode.INTERNAL_ERROR: CodeSpec(500, Owner.SUPPORT, "retry_same_key_later", True, "Unexpected error."),
+    ErrorCode.INTERNAL_ERROR: CodeSpec(
+        500, Owner.SUPPORT, "retry_same_key_later", True, "Unexpected error."
+    ),
 }
 
 

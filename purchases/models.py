@@ -24,8 +24,12 @@ class Offering(models.Model):
     slug = models.SlugField(max_length=64, unique=True, help_text="Operation name agents ask for.")
     title = models.CharField(max_length=200)
     description = models.TextField(blank=True)
-    price = models.PositiveBigIntegerField(help_text="Atomic units of the asset (USDC: 6 decimals).")
-    asset = models.CharField(max_length=64, help_text="Token contract address, or a symbol for the ledger.")
+    price = models.PositiveBigIntegerField(
+        help_text="Atomic units of the asset (USDC: 6 decimals)."
+    )
+    asset = models.CharField(
+        max_length=64, help_text="Token contract address, or a symbol for the ledger."
+    )
     asset_symbol = models.CharField(max_length=16, default="USDC")
     asset_decimals = models.PositiveSmallIntegerField(default=6)
     network = models.CharField(max_length=64, help_text="CAIP-2 id, e.g. eip155:84532.")
@@ -35,11 +39,15 @@ class Offering(models.Model):
     )
     input_schema = models.JSONField(default=dict, blank=True)
     volatile_fields = models.JSONField(
-        default=list, blank=True, help_text="Input fields ignored when deciding two requests are the same."
+        default=list,
+        blank=True,
+        help_text="Input fields ignored when deciding two requests are the same.",
     )
     result_retention = models.DurationField(default=timedelta(days=7))
     executor = models.CharField(max_length=64)
-    refund_policy = models.CharField(max_length=16, choices=RefundPolicy.choices, default=RefundPolicy.REFUND)
+    refund_policy = models.CharField(
+        max_length=16, choices=RefundPolicy.choices, default=RefundPolicy.REFUND
+    )
     delivery_condition = models.CharField(
         max_length=16, choices=DeliveryCondition.choices, default=DeliveryCondition.SETTLED
     )
@@ -58,7 +66,9 @@ class Buyer(models.Model):
     ref = models.CharField(max_length=40, unique=True, editable=False)
     name = models.CharField(max_length=200)
     spend_cap = models.PositiveBigIntegerField(
-        null=True, blank=True, help_text="Most this buyer may spend per rolling window, atomic units."
+        null=True,
+        blank=True,
+        help_text="Most this buyer may spend per rolling window, atomic units.",
     )
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -79,7 +89,9 @@ class Buyer(models.Model):
 class ApiKey(models.Model):
     buyer = models.ForeignKey(Buyer, on_delete=models.CASCADE, related_name="api_keys")
     prefix = models.CharField(max_length=16, unique=True)
-    key_hash = models.CharField(max_length=64, help_text="SHA-256 of the secret; the key is shown once.")
+    key_hash = models.CharField(
+        max_length=64, help_text="SHA-256 of the secret; the key is shown once."
+    )
     label = models.CharField(max_length=100, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -104,8 +116,12 @@ class Quote(ConcurrentTransitionMixin, models.Model):
 
     public_id = models.CharField(max_length=40, unique=True, editable=False)
     offering = models.ForeignKey(Offering, on_delete=models.PROTECT, related_name="quotes")
-    buyer = models.ForeignKey(Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="quotes")
-    quote_key = models.CharField(max_length=64, help_text="Deterministic: buyer, offering, version, input.")
+    buyer = models.ForeignKey(
+        Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="quotes"
+    )
+    quote_key = models.CharField(
+        max_length=64, help_text="Deterministic: buyer, offering, version, input."
+    )
     canonical_input = models.JSONField()
     input_hash = models.CharField(max_length=64)
     price = models.PositiveBigIntegerField()
@@ -169,7 +185,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     # OneToOne is the database constraint "one purchase per quote".
     quote = models.OneToOneField(Quote, on_delete=models.PROTECT, related_name="purchase")
     offering = models.ForeignKey(Offering, on_delete=models.PROTECT, related_name="purchases")
-    buyer = models.ForeignKey(Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="purchases")
+    buyer = models.ForeignKey(
+        Buyer, on_delete=models.PROTECT, null=True, blank=True, related_name="purchases"
+    )
     amount = models.PositiveBigIntegerField()
     asset = models.CharField(max_length=64)
     network = models.CharField(max_length=64)
@@ -179,7 +197,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     paid_at = models.DateTimeField(null=True, blank=True)
-    payment_state = FSMField(default=PaymentState.UNPAID, choices=PaymentState.choices, protected=True)
+    payment_state = FSMField(
+        default=PaymentState.UNPAID, choices=PaymentState.choices, protected=True
+    )
     fulfillment_state = FSMField(
         default=FulfillmentState.NOT_STARTED, choices=FulfillmentState.choices, protected=True
     )
@@ -200,12 +220,16 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
 
     # --- payment boundary -------------------------------------------------------
     @transition(
-        field=payment_state, source=[PaymentState.UNPAID, PaymentState.FAILED], target=PaymentState.PAYING
+        field=payment_state,
+        source=[PaymentState.UNPAID, PaymentState.FAILED],
+        target=PaymentState.PAYING,
     )
     def payment_begin(self) -> None:
         self.reason_code = ""
 
-    @transition(field=payment_state, source=PaymentState.PAYING, target=PaymentState.SETTLEMENT_PENDING)
+    @transition(
+        field=payment_state, source=PaymentState.PAYING, target=PaymentState.SETTLEMENT_PENDING
+    )
     def payment_pend(self, reason_code: str = "settlement_pending") -> None:
         self.reason_code = reason_code
 
@@ -228,18 +252,20 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
 
     # --- execute boundary -------------------------------------------------------
     def is_payment_sufficient_for_execution(self) -> bool:
-        return self.payment_state == self.PaymentState.PAID
+        return self.payment_state == self.PaymentState.PAID  # type: ignore[comparison-overlap]
 
     @transition(
         field=fulfillment_state,
         source=FulfillmentState.NOT_STARTED,
         target=FulfillmentState.QUEUED,
-        conditions=[is_payment_sufficient_for_execution],
+        conditions=[is_payment_sufficient_for_execution],  # type: ignore[list-item]
     )
     def fulfillment_queue(self) -> None:
         pass
 
-    @transition(field=fulfillment_state, source=FulfillmentState.QUEUED, target=FulfillmentState.RUNNING)
+    @transition(
+        field=fulfillment_state, source=FulfillmentState.QUEUED, target=FulfillmentState.RUNNING
+    )
     def fulfillment_start(self) -> None:
         pass
 
@@ -259,7 +285,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     def fulfillment_fail(self, reason_code: str) -> None:
         self.reason_code = reason_code
 
-    @transition(field=fulfillment_state, source=FulfillmentState.RUNNING, target=FulfillmentState.UNKNOWN)
+    @transition(
+        field=fulfillment_state, source=FulfillmentState.RUNNING, target=FulfillmentState.UNKNOWN
+    )
     def fulfillment_lose_track(self, reason_code: str) -> None:
         self.reason_code = reason_code
 
@@ -291,7 +319,8 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["purchase", "reason_code"], condition=Q(state="open"),
+                fields=["purchase", "reason_code"],
+                condition=Q(state="open"),
                 name="one_open_escalation_per_reason",
             ),
         ]
@@ -317,7 +346,9 @@ class PurchaseEvent(models.Model):
     purchase = models.ForeignKey(
         Purchase, on_delete=models.PROTECT, null=True, blank=True, related_name="events"
     )
-    quote = models.ForeignKey(Quote, on_delete=models.PROTECT, null=True, blank=True, related_name="events")
+    quote = models.ForeignKey(
+        Quote, on_delete=models.PROTECT, null=True, blank=True, related_name="events"
+    )
     subject = models.CharField(max_length=64, help_text="What changed, e.g. purchase.payment.")
     from_state = models.CharField(max_length=32, blank=True)
     to_state = models.CharField(max_length=32, blank=True)
@@ -351,7 +382,11 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     principal = models.CharField(max_length=64, help_text="Buyer ref or payer wallet that sent it.")
     request_fingerprint = models.CharField(max_length=64)
     purchase = models.ForeignKey(
-        Purchase, on_delete=models.PROTECT, null=True, blank=True, related_name="idempotency_records"
+        Purchase,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="idempotency_records",
     )
     lease_token = models.CharField(max_length=32, blank=True)
     locked_until = models.DateTimeField(null=True, blank=True)

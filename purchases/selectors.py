@@ -22,14 +22,18 @@ def purchase_get_for_buyer(*, buyer: Buyer, ref: str) -> Purchase:
 
     Raises DomainError: purchase_not_found.
     """
-    purchase = Purchase.objects.select_related("quote", "offering").filter(ref=ref, buyer=buyer).first()
+    purchase = (
+        Purchase.objects.select_related("quote", "offering").filter(ref=ref, buyer=buyer).first()
+    )
     if purchase is None:
         raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
     return purchase
 
 
 def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
-    quote = Quote.objects.select_related("offering").filter(public_id=public_id, buyer=buyer).first()
+    quote = (
+        Quote.objects.select_related("offering").filter(public_id=public_id, buyer=buyer).first()
+    )
     if quote is None:
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
     return quote
@@ -38,7 +42,11 @@ def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
 def _delivery_state(purchase: Purchase, now: datetime) -> str:
     result = fulfillment_selectors.result_for_purchase(purchase=purchase)
     if result is None:
-        return "pending" if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING) else "none"
+        return (
+            "pending"
+            if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING)
+            else "none"
+        )
     if fulfillment_selectors.result_is_expired(result=result, now=now):
         return "expired"
     return "delivered" if result.first_delivered_at else "available"
@@ -58,10 +66,25 @@ def _remedy(purchase: Purchase) -> dict[str, Any]:
         state = "none"
     return {
         "state": state,
-        "refunds": [{"amount": str(r.amount), "asset": r.asset, "method": r.method, "state": r.state,
-                     "reason_code": r.reason_code} for r in refunds],
-        "escalations": [{"owner": e.owner, "reason_code": e.reason_code, "state": e.state,
-                         "deadline_at": e.deadline_at.isoformat()} for e in escalations],
+        "refunds": [
+            {
+                "amount": str(r.amount),
+                "asset": r.asset,
+                "method": r.method,
+                "state": r.state,
+                "reason_code": r.reason_code,
+            }
+            for r in refunds
+        ],
+        "escalations": [
+            {
+                "owner": e.owner,
+                "reason_code": e.reason_code,
+                "state": e.state,
+                "deadline_at": e.deadline_at.isoformat(),
+            }
+            for e in escalations
+        ],
     }
 
 
@@ -107,10 +130,16 @@ def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
         "asset": purchase.asset,
         "network": purchase.network,
         "rail": purchase.rail,
-        "quote": {"id": quote.public_id, "state": quote.state, "version": quote.offering_version,
-                  "expires_at": quote.expires_at.isoformat()},
-        "payment": {"state": purchase.payment_state,
-                    "paid_at": purchase.paid_at.isoformat() if purchase.paid_at else None},
+        "quote": {
+            "id": quote.public_id,
+            "state": quote.state,
+            "version": quote.offering_version,
+            "expires_at": quote.expires_at.isoformat(),
+        },
+        "payment": {
+            "state": purchase.payment_state,
+            "paid_at": purchase.paid_at.isoformat() if purchase.paid_at else None,
+        },
         "settlement": _settlement(purchase),
         "execution": {"state": purchase.fulfillment_state},
         "delivery": {"state": delivery},
@@ -121,7 +150,9 @@ def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
         "links": {
             "self": reverse("api:purchase-detail", kwargs={"ref": purchase.ref}),
             "result": reverse("api:purchase-result", kwargs={"ref": purchase.ref}),
-            "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None,
+            "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id})
+            if receipt
+            else None,
         },
     }
 

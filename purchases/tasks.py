@@ -1,4 +1,4 @@
-"""Celery interfaces: parse ids, make one domain call. Keyword-only ids, acks_late, bounded retries."""
+"""Celery interfaces: parse ids, make one domain call. Keyword-only ids, bounded retries."""
 
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
         return purchase_execute(purchase_id=purchase_id, worker=_worker_name(self)).value
     except ExecutionRetryable as exc:
         if self.request.retries >= EXECUTE_MAX_RETRIES:
-            purchase_execution_give_up(purchase_id=purchase_id, worker=_worker_name(self),
-                                       reason_code=exc.reason_code)
+            purchase_execution_give_up(
+                purchase_id=purchase_id, worker=_worker_name(self), reason_code=exc.reason_code
+            )
             return "escalated"
         # Exponential backoff with jitter: 2 s, 4 s ... capped at 10 min.
         countdown = min(600, 2 ** (self.request.retries + 1)) + random.uniform(0, 1)  # noqa: S311

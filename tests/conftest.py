@@ -15,7 +15,7 @@ from purchases.models import Buyer, Offering
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
-pytest_plugins = ["tests.fixtures.jobservice", "tests.fixtures.worker"]
+pytest_plugins = ["tests.fixtures.jobservice", "tests.fixtures.server", "tests.fixtures.worker"]
 
 CSV_INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}
 
@@ -25,7 +25,9 @@ def _uses_postgres() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needs_pg = [i for i in items if i.get_closest_marker("postgres") or i.get_closest_marker("worker")]
+    needs_pg = [
+        i for i in items if i.get_closest_marker("postgres") or i.get_closest_marker("worker")
+    ]
     needs_redis = [i for i in items if i.get_closest_marker("worker")]
     problems = []
     if needs_pg and not _uses_postgres():
@@ -43,12 +45,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def offering(db: Any) -> Offering:
-    return OfferingFactory()
+    return OfferingFactory.create()
 
 
 @pytest.fixture
 def buyer(db: Any) -> Buyer:
-    buyer = BuyerFactory()
+    buyer = BuyerFactory.create()
     fund(buyer, 10_000_000)
     return buyer
 

@@ -20,7 +20,7 @@ REPORT_SCHEMA_WITH_REQUEST_ID = {
 }
 
 
-class OfferingFactory(factory.django.DjangoModelFactory):
+class OfferingFactory(factory.django.DjangoModelFactory[Offering]):
     class Meta:
         model = Offering
         django_get_or_create = ("slug",)
@@ -40,14 +40,21 @@ class OfferingFactory(factory.django.DjangoModelFactory):
         with_stock = factory.Trait(stock=2)
         http_job = factory.Trait(
             executor="http_job",
-            input_schema={"type": "object", "required": ["text"],
-                          "properties": {"text": {"type": "string"}, "duration_ms": {"type": "integer"},
-                                         "fail": {"type": "boolean"}, "request_id": {"type": "string"}}},
+            input_schema={
+                "type": "object",
+                "required": ["text"],
+                "properties": {
+                    "text": {"type": "string"},
+                    "duration_ms": {"type": "integer"},
+                    "fail": {"type": "boolean"},
+                    "request_id": {"type": "string"},
+                },
+            },
         )
         escalating = factory.Trait(refund_policy=Offering.RefundPolicy.ESCALATE)
 
 
-class BuyerFactory(factory.django.DjangoModelFactory):
+class BuyerFactory(factory.django.DjangoModelFactory[Buyer]):
     class Meta:
         model = Buyer
 
@@ -56,6 +63,9 @@ class BuyerFactory(factory.django.DjangoModelFactory):
 
 def fund(buyer: Buyer, amount: int, asset: str = USDC_LOCAL) -> LedgerEntry:
     return LedgerEntry.objects.create(
-        buyer=buyer, asset=asset, amount=amount, kind=LedgerEntry.Kind.TOP_UP,
+        buyer=buyer,
+        asset=asset,
+        amount=amount,
+        kind=LedgerEntry.Kind.TOP_UP,
         reference=f"topup:{buyer.ref}:{timezone.now().timestamp()}:{LedgerEntry.objects.count()}",
     )

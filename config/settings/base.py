@@ -130,7 +130,9 @@ TOLLBOOTH = {
         hours=env.int("TOLLBOOTH_IDEMPOTENCY_RETENTION_HOURS", default=24)
     ),
     # A request holding a payment id this long without finishing is presumed dead.
-    "IDEMPOTENCY_LEASE": timedelta(seconds=env.int("TOLLBOOTH_IDEMPOTENCY_LEASE_SECONDS", default=60)),
+    "IDEMPOTENCY_LEASE": timedelta(
+        seconds=env.int("TOLLBOOTH_IDEMPOTENCY_LEASE_SECONDS", default=60)
+    ),
     # Seconds an agent is told to wait before polling again.
     "RETRY_AFTER_SECONDS": env.int("TOLLBOOTH_RETRY_AFTER_SECONDS", default=2),
     # A worker must renew its claim on an execution within this lease.
@@ -142,7 +144,9 @@ TOLLBOOTH = {
     # Rows waiting on a task longer than this are re-enqueued by the sweeper.
     "SWEEP_GRACE": timedelta(seconds=env.int("TOLLBOOTH_SWEEP_GRACE_SECONDS", default=60)),
     # Escalations are due this long after they are opened.
-    "ESCALATION_DEADLINE": timedelta(hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)),
+    "ESCALATION_DEADLINE": timedelta(
+        hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)
+    ),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),

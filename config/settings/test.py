@@ -19,4 +19,6 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 # Tests that need a broker run a real worker on Redis; the rest never reach a broker.
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 # One queue per test session, so a worker never picks up another run's messages.
-CELERY_TASK_DEFAULT_QUEUE = env.str("TOLLBOOTH_CELERY_QUEUE", default=f"tollbooth-tests-{os.getpid()}")
+CELERY_TASK_DEFAULT_QUEUE = env.str(
+    "TOLLBOOTH_CELERY_QUEUE", default=f"tollbooth-tests-{os.getpid()}"
+)

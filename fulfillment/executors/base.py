@@ -55,6 +55,9 @@ class ExecutorError(Exception):
 
 class Executor(Protocol):
     name: str
+    # True for pure, in-process work: resuming calls `start` again (same input, same bytes)
+    # instead of poll/fetch, because nothing outside the process kept the output.
+    finishes_in_start: bool
 
     def start(self, job: JobSpec) -> Started: ...
 
@@ -78,7 +81,9 @@ def get_executor(name: str) -> Executor:
     try:
         dotted = _REGISTRY[name]
     except KeyError as exc:
-        raise ExecutorError("executor_not_registered", f"no executor named {name!r}", definitive=True) from exc
+        raise ExecutorError(
+            "executor_not_registered", f"no executor named {name!r}", definitive=True
+        ) from exc
     module_name, _, attr = dotted.rpartition(".")
     factory = getattr(importlib.import_module(module_name), attr)
     executor: Executor = factory()

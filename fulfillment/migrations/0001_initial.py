@@ -6,65 +6,137 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('purchases', '0001_initial'),
+        ("purchases", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ExecutionAttempt',
+            name="ExecutionAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('executor', models.CharField(max_length=64)),
-                ('worker', models.CharField(help_text='Who holds the lease now.', max_length=120)),
-                ('lease_token', models.CharField(max_length=32)),
-                ('lease_expires_at', models.DateTimeField()),
-                ('takeovers', models.PositiveIntegerField(default=0, help_text='Leases taken over after a worker died.')),
-                ('job_ref', models.CharField(blank=True, help_text='Saved the moment the job exists.', max_length=200)),
-                ('job_idempotency_key', models.CharField(max_length=120)),
-                ('reason_code', models.CharField(blank=True, max_length=64)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('state', django_fsm.FSMField(choices=[('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed'), ('unknown', 'Effect unknown, escalated')], default='running', max_length=50, protected=True)),
-                ('purchase', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='execution_attempts', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("executor", models.CharField(max_length=64)),
+                ("worker", models.CharField(help_text="Who holds the lease now.", max_length=120)),
+                ("lease_token", models.CharField(max_length=32)),
+                ("lease_expires_at", models.DateTimeField()),
+                (
+                    "takeovers",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Leases taken over after a worker died."
+                    ),
+                ),
+                (
+                    "job_ref",
+                    models.CharField(
+                        blank=True, help_text="Saved the moment the job exists.", max_length=200
+                    ),
+                ),
+                ("job_idempotency_key", models.CharField(max_length=120)),
+                ("reason_code", models.CharField(blank=True, max_length=64)),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                            ("unknown", "Effect unknown, escalated"),
+                        ],
+                        default="running",
+                        max_length=50,
+                        protected=True,
+                    ),
+                ),
+                (
+                    "purchase",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="execution_attempts",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
             bases=(django_fsm.ConcurrentTransitionMixin, models.Model),
         ),
         migrations.CreateModel(
-            name='Receipt',
+            name="Receipt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(editable=False, max_length=40, unique=True)),
-                ('payer', models.CharField(max_length=64)),
-                ('amount', models.PositiveBigIntegerField()),
-                ('asset', models.CharField(max_length=64)),
-                ('network', models.CharField(max_length=64)),
-                ('transaction', models.CharField(max_length=120)),
-                ('body_sha256', models.CharField(max_length=64)),
-                ('delivered_at', models.DateTimeField()),
-                ('purchase', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='receipt', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("public_id", models.CharField(editable=False, max_length=40, unique=True)),
+                ("payer", models.CharField(max_length=64)),
+                ("amount", models.PositiveBigIntegerField()),
+                ("asset", models.CharField(max_length=64)),
+                ("network", models.CharField(max_length=64)),
+                ("transaction", models.CharField(max_length=120)),
+                ("body_sha256", models.CharField(max_length=64)),
+                ("delivered_at", models.DateTimeField()),
+                (
+                    "purchase",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="receipt",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Result',
+            name="Result",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('content_type', models.CharField(max_length=100)),
-                ('body', models.BinaryField(help_text='Emptied when retention ends; the hash stays.')),
-                ('sha256', models.CharField(max_length=64)),
-                ('size', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField()),
-                ('expires_at', models.DateTimeField()),
-                ('first_delivered_at', models.DateTimeField(blank=True, null=True)),
-                ('execution', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='result', to='fulfillment.executionattempt')),
-                ('purchase', models.OneToOneField(on_delete=django.db.models.deletion.PROTECT, related_name='result', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("content_type", models.CharField(max_length=100)),
+                (
+                    "body",
+                    models.BinaryField(help_text="Emptied when retention ends; the hash stays."),
+                ),
+                ("sha256", models.CharField(max_length=64)),
+                ("size", models.PositiveIntegerField()),
+                ("created_at", models.DateTimeField()),
+                ("expires_at", models.DateTimeField()),
+                ("first_delivered_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "execution",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="result",
+                        to="fulfillment.executionattempt",
+                    ),
+                ),
+                (
+                    "purchase",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="result",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
         ),
         migrations.AddConstraint(
-            model_name='executionattempt',
-            constraint=models.UniqueConstraint(condition=models.Q(('state', 'running')), fields=('purchase',), name='one_live_execution_per_purchase'),
+            model_name="executionattempt",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state", "running")),
+                fields=("purchase",),
+                name="one_live_execution_per_purchase",
+            ),
         ),
     ]

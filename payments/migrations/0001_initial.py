@@ -6,90 +6,219 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('purchases', '0001_initial'),
+        ("purchases", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='PaymentAttempt',
+            name="PaymentAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('rail', models.CharField(max_length=16)),
-                ('scope', models.CharField(max_length=32)),
-                ('payment_id', models.CharField(max_length=128)),
-                ('payer', models.CharField(max_length=64)),
-                ('network', models.CharField(max_length=64)),
-                ('asset', models.CharField(max_length=64)),
-                ('amount', models.PositiveBigIntegerField()),
-                ('fingerprint', models.CharField(help_text='SHA-256 of quote, amount, recipient, asset, network.', max_length=64)),
-                ('authorization', models.JSONField(blank=True, help_text='The signed authorization, as received.', null=True)),
-                ('tx_hash', models.CharField(blank=True, max_length=80, null=True)),
-                ('settlement_reference', models.CharField(blank=True, max_length=120)),
-                ('reason_code', models.CharField(blank=True, max_length=64)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('state', django_fsm.FSMField(choices=[('recorded', 'Recorded, not yet settled'), ('settlement_pending', 'Broadcast, finality unknown'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='recorded', max_length=50, protected=True)),
-                ('purchase', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='payment_attempts', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("rail", models.CharField(max_length=16)),
+                ("scope", models.CharField(max_length=32)),
+                ("payment_id", models.CharField(max_length=128)),
+                ("payer", models.CharField(max_length=64)),
+                ("network", models.CharField(max_length=64)),
+                ("asset", models.CharField(max_length=64)),
+                ("amount", models.PositiveBigIntegerField()),
+                (
+                    "fingerprint",
+                    models.CharField(
+                        help_text="SHA-256 of quote, amount, recipient, asset, network.",
+                        max_length=64,
+                    ),
+                ),
+                (
+                    "authorization",
+                    models.JSONField(
+                        blank=True, help_text="The signed authorization, as received.", null=True
+                    ),
+                ),
+                ("tx_hash", models.CharField(blank=True, max_length=80, null=True)),
+                ("settlement_reference", models.CharField(blank=True, max_length=120)),
+                ("reason_code", models.CharField(blank=True, max_length=64)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[
+                            ("recorded", "Recorded, not yet settled"),
+                            ("settlement_pending", "Broadcast, finality unknown"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        default="recorded",
+                        max_length=50,
+                        protected=True,
+                    ),
+                ),
+                (
+                    "purchase",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="payment_attempts",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
             bases=(django_fsm.ConcurrentTransitionMixin, models.Model),
         ),
         migrations.CreateModel(
-            name='Refund',
+            name="Refund",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('method', models.CharField(choices=[('ledger_credit', 'Credited to the prepaid balance'), ('pay_back', 'Owed back to the payer (finance pays it)')], max_length=16)),
-                ('amount', models.PositiveBigIntegerField()),
-                ('asset', models.CharField(max_length=64)),
-                ('network', models.CharField(max_length=64)),
-                ('payer', models.CharField(max_length=64)),
-                ('reason_code', models.CharField(max_length=64)),
-                ('transaction', models.CharField(blank=True, help_text='The transfer being refunded, if on chain.', max_length=80)),
-                ('paid_reference', models.CharField(blank=True, max_length=200)),
-                ('paid_by', models.CharField(blank=True, max_length=150)),
-                ('paid_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('state', django_fsm.FSMField(choices=[('owed', 'Owed'), ('paid', 'Paid')], default='owed', max_length=50, protected=True)),
-                ('payment_attempt', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='refunds', to='payments.paymentattempt')),
-                ('purchase', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='refunds', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "method",
+                    models.CharField(
+                        choices=[
+                            ("ledger_credit", "Credited to the prepaid balance"),
+                            ("pay_back", "Owed back to the payer (finance pays it)"),
+                        ],
+                        max_length=16,
+                    ),
+                ),
+                ("amount", models.PositiveBigIntegerField()),
+                ("asset", models.CharField(max_length=64)),
+                ("network", models.CharField(max_length=64)),
+                ("payer", models.CharField(max_length=64)),
+                ("reason_code", models.CharField(max_length=64)),
+                (
+                    "transaction",
+                    models.CharField(
+                        blank=True,
+                        help_text="The transfer being refunded, if on chain.",
+                        max_length=80,
+                    ),
+                ),
+                ("paid_reference", models.CharField(blank=True, max_length=200)),
+                ("paid_by", models.CharField(blank=True, max_length=150)),
+                ("paid_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "state",
+                    django_fsm.FSMField(
+                        choices=[("owed", "Owed"), ("paid", "Paid")],
+                        default="owed",
+                        max_length=50,
+                        protected=True,
+                    ),
+                ),
+                (
+                    "payment_attempt",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="refunds",
+                        to="payments.paymentattempt",
+                    ),
+                ),
+                (
+                    "purchase",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="refunds",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
             bases=(django_fsm.ConcurrentTransitionMixin, models.Model),
         ),
         migrations.CreateModel(
-            name='LedgerEntry',
+            name="LedgerEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('asset', models.CharField(max_length=64)),
-                ('amount', models.BigIntegerField(help_text='Signed atomic units: credits positive, debits negative.')),
-                ('kind', models.CharField(choices=[('top_up', 'Top Up'), ('purchase_debit', 'Purchase Debit'), ('refund_credit', 'Refund Credit'), ('adjustment', 'Adjustment')], max_length=32)),
-                ('reference', models.CharField(max_length=120, unique=True)),
-                ('memo', models.CharField(blank=True, max_length=200)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('buyer', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='purchases.buyer')),
-                ('purchase', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='ledger_entries', to='purchases.purchase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("asset", models.CharField(max_length=64)),
+                (
+                    "amount",
+                    models.BigIntegerField(
+                        help_text="Signed atomic units: credits positive, debits negative."
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("top_up", "Top Up"),
+                            ("purchase_debit", "Purchase Debit"),
+                            ("refund_credit", "Refund Credit"),
+                            ("adjustment", "Adjustment"),
+                        ],
+                        max_length=32,
+                    ),
+                ),
+                ("reference", models.CharField(max_length=120, unique=True)),
+                ("memo", models.CharField(blank=True, max_length=200)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "buyer",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_entries",
+                        to="purchases.buyer",
+                    ),
+                ),
+                (
+                    "purchase",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="ledger_entries",
+                        to="purchases.purchase",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'ledger entries',
-                'indexes': [models.Index(fields=['buyer', 'asset'], name='payments_le_buyer_i_2f44fd_idx')],
+                "verbose_name_plural": "ledger entries",
+                "indexes": [
+                    models.Index(fields=["buyer", "asset"], name="payments_le_buyer_i_2f44fd_idx")
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='paymentattempt',
-            constraint=models.UniqueConstraint(condition=models.Q(('state__in', ('recorded', 'settlement_pending', 'succeeded'))), fields=('purchase',), name='one_live_payment_attempt_per_purchase'),
+            model_name="paymentattempt",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("state__in", ("recorded", "settlement_pending", "succeeded"))),
+                fields=("purchase",),
+                name="one_live_payment_attempt_per_purchase",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='paymentattempt',
-            constraint=models.UniqueConstraint(fields=('scope', 'payment_id'), name='unique_attempt_payment_id_per_scope'),
+            model_name="paymentattempt",
+            constraint=models.UniqueConstraint(
+                fields=("scope", "payment_id"), name="unique_attempt_payment_id_per_scope"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='paymentattempt',
-            constraint=models.UniqueConstraint(condition=models.Q(('tx_hash__isnull', False)), fields=('network', 'tx_hash'), name='unique_network_tx_hash'),
+            model_name="paymentattempt",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("tx_hash__isnull", False)),
+                fields=("network", "tx_hash"),
+                name="unique_network_tx_hash",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='refund',
-            constraint=models.UniqueConstraint(fields=('payment_attempt', 'reason_code'), name='one_refund_per_payment_reason'),
+            model_name="refund",
+            constraint=models.UniqueConstraint(
+                fields=("payment_attempt", "reason_code"), name="one_refund_per_payment_reason"
+            ),
         ),
     ]

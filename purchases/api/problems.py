@@ -30,8 +30,12 @@ _DRF_CODES: list[tuple[type[Exception], ErrorCode]] = [
 
 def problem_response(error: DomainError) -> Response:
     headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
-    return Response(error.as_problem(), status=error.spec.status, headers=headers,
-                    content_type=PROBLEM_CONTENT_TYPE)
+    return Response(
+        error.as_problem(),
+        status=error.spec.status,
+        headers=headers,
+        content_type=PROBLEM_CONTENT_TYPE,
+    )
 
 
 def _from_drf(exc: Exception) -> DomainError | None:
@@ -43,8 +47,9 @@ def _from_drf(exc: Exception) -> DomainError | None:
                 extra["errors"] = exc.detail
                 detail = "The request body is invalid."
             error = DomainError(code, detail, extra=extra)
-            if isinstance(exc, exceptions.Throttled) and exc.wait:
-                error.retry_after = int(exc.wait)
+            wait = getattr(exc, "wait", None)
+            if isinstance(exc, exceptions.Throttled) and wait:
+                error.retry_after = int(wait)
             return error
     return None
 

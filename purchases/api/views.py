@@ -29,7 +29,10 @@ from purchases.services.quotes import quote_create
 
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(
-    "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=True,
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
     description="Your payment id: 16-128 characters of [A-Za-z0-9_-]. Store it before sending.",
 )
 
@@ -43,12 +46,25 @@ class OfferingListApi(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="What can be bought")
     def get(self, request: Request) -> Response:
         offerings = Offering.objects.filter(is_active=True).order_by("slug")
-        return Response({"offerings": [
-            {"offering": o.slug, "title": o.title, "description": o.description, "price": str(o.price),
-             "asset": o.asset, "asset_symbol": o.asset_symbol, "decimals": o.asset_decimals,
-             "network": o.network, "input_schema": o.input_schema, "stock": o.stock}
-            for o in offerings
-        ]})
+        return Response(
+            {
+                "offerings": [
+                    {
+                        "offering": o.slug,
+                        "title": o.title,
+                        "description": o.description,
+                        "price": str(o.price),
+                        "asset": o.asset,
+                        "asset_symbol": o.asset_symbol,
+                        "decimals": o.asset_decimals,
+                        "network": o.network,
+                        "input_schema": o.input_schema,
+                        "stock": o.stock,
+                    }
+                    for o in offerings
+                ]
+            }
+        )
 
 
 class BalanceDetailApi(APIView):
@@ -56,63 +72,110 @@ class BalanceDetailApi(APIView):
     def get(self, request: Request) -> Response:
         buyer = _buyer(request)
         assets = sorted(set(buyer.ledger_entries.values_list("asset", flat=True)))
-        return Response({"buyer": buyer.ref, "balances": [
-            {"asset": a, "amount": str(ledger_balance(buyer=buyer, asset=a))} for a in assets]})
+        return Response(
+            {
+                "buyer": buyer.ref,
+                "balances": [
+                    {"asset": a, "amount": str(ledger_balance(buyer=buyer, asset=a))}
+                    for a in assets
+                ],
+            }
+        )
 
 
 class QuoteCreateApi(APIView):
-    @extend_schema(request=QuoteCreateInputSerializer, responses={200: OpenApiTypes.OBJECT,
-                   201: OpenApiTypes.OBJECT, 404: PROBLEM, 409: PROBLEM, 422: PROBLEM},
-                   summary="Get a quote (the same input while it is open returns the same quote)")
+    @extend_schema(
+        request=QuoteCreateInputSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            201: OpenApiTypes.OBJECT,
+            404: PROBLEM,
+            409: PROBLEM,
+            422: PROBLEM,
+        },
+        summary="Get a quote (the same input while it is open returns the same quote)",
+    )
     def post(self, request: Request) -> Response:
         serializer = QuoteCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        outcome = quote_create(buyer=_buyer(request), offering_slug=serializer.validated_data["offering"],
-                               raw_input=serializer.validated_data["input"])
-        return Response(quote_representation(quote=outcome.quote), status=201 if outcome.created else 200)
+        outcome = quote_create(
+            buyer=_buyer(request),
+            offering_slug=serializer.validated_data["offering"],
+            raw_input=serializer.validated_data["input"],
+        )
+        return Response(
+            quote_representation(quote=outcome.quote), status=201 if outcome.created else 200
+        )
 
 
 class QuotePurchaseApi(APIView):
-    @extend_schema(request=PurchaseCreateInputSerializer, parameters=[IDEMPOTENCY_KEY],
-                   responses={201: OpenApiTypes.OBJECT, 400: PROBLEM, 402: PROBLEM, 409: PROBLEM,
-                              410: PROBLEM},
-                   summary="Pay a quote from the prepaid balance, exactly once per payment id")
+    @extend_schema(
+        request=PurchaseCreateInputSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: OpenApiTypes.OBJECT,
+            400: PROBLEM,
+            402: PROBLEM,
+            409: PROBLEM,
+            410: PROBLEM,
+        },
+        summary="Pay a quote from the prepaid balance, exactly once per payment id",
+    )
     def post(self, request: Request, public_id: str) -> Response:
         serializer = PurchaseCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         if serializer.validated_data["rail"] != "prepaid":
-            raise DomainError(ErrorCode.UNSUPPORTED_RAIL,
-                              "This endpoint takes rail 'prepaid'; pay over x402 at the offering's paid URL.")
+            raise DomainError(
+                ErrorCode.UNSUPPORTED_RAIL,
+                "This endpoint takes rail 'prepaid'; pay over x402 at the offering's paid URL.",
+            )
         answer, is_replay = purchase_pay_prepaid(
-            buyer=_buyer(request), quote_id=public_id, payment_id=request.headers.get("Idempotency-Key"))
+            buyer=_buyer(request),
+            quote_id=public_id,
+            payment_id=request.headers.get("Idempotency-Key"),
+        )
         headers: dict[str, Any] = dict(answer.headers)
         content_type = headers.pop("Content-Type", None)
         if is_replay:
             headers["Idempotent-Replayed"] = "true"
         if answer.purchase_ref and answer.status < 300:
             headers["Location"] = f"/api/v1/purchases/{answer.purchase_ref}"
-        return Response(answer.body, status=answer.status, headers=headers, content_type=content_type)
+        return Response(
+            answer.body, status=answer.status, headers=headers, content_type=content_type
+        )
 
 
 class PurchaseDetailApi(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
-                   summary="Every boundary's state, the reason and the next move")
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        summary="Every boundary's state, the reason and the next move",
+    )
     def get(self, request: Request, ref: str) -> Response:
         purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref)
         return Response(purchase_status(purchase=purchase, now=now_or(None)))
 
 
 class PurchaseResultApi(APIView):
-    @extend_schema(responses={(200, "*/*"): OpenApiTypes.BINARY, 202: OpenApiTypes.OBJECT,
-                              404: PROBLEM, 409: PROBLEM, 410: PROBLEM},
-                   summary="The stored result (202 with Retry-After while the work runs)")
+    @extend_schema(
+        responses={
+            (200, "*/*"): OpenApiTypes.BINARY,
+            202: OpenApiTypes.OBJECT,
+            404: PROBLEM,
+            409: PROBLEM,
+            410: PROBLEM,
+        },
+        summary="The stored result (202 with Retry-After while the work runs)",
+    )
     def get(self, request: Request, ref: str) -> Response | HttpResponse:
         purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref)
         try:
             delivery = purchase_result_deliver(purchase=purchase)
         except DeliveryPending as pending:
-            return Response(pending.status, status=202,
-                            headers={"Retry-After": str(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])})
+            return Response(
+                pending.status,
+                status=202,
+                headers={"Retry-After": str(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])},
+            )
         response = HttpResponse(delivery.body, content_type=delivery.content_type)
         response["Repr-Digest"] = f"sha-256=:{delivery.sha256_b64}:"
         response["Link"] = f'<{delivery.receipt_url}>; rel="receipt"'
@@ -123,8 +186,10 @@ class ReceiptDetailApi(APIView):
     authentication_classes: list[type] = []
     permission_classes = [AllowAny]
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, 404: PROBLEM}, auth=[],
-                   summary="Public proof of a purchase")
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        auth=[],
+        summary="Public proof of a purchase",
+    )
     def get(self, request: Request, public_id: str) -> Response:
         return Response(receipt_public(public_id=public_id))
-

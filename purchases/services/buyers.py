@@ -20,7 +20,9 @@ def _hash_key(raw_key: str) -> str:
 
 
 @transaction.atomic
-def buyer_create(*, name: str, spend_cap: int | None = None, wallets: list[str] | None = None) -> Buyer:
+def buyer_create(
+    *, name: str, spend_cap: int | None = None, wallets: list[str] | None = None
+) -> Buyer:
     buyer = Buyer.objects.create(name=name, spend_cap=spend_cap)
     for address in wallets or []:
         BuyerWallet.objects.create(buyer=buyer, address=address.lower())
@@ -39,7 +41,11 @@ def api_key_authenticate(*, raw_key: str) -> Buyer | None:
     parts = raw_key.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         return None
-    key = ApiKey.objects.select_related("buyer").filter(prefix=parts[1], revoked_at__isnull=True).first()
+    key = (
+        ApiKey.objects.select_related("buyer")
+        .filter(prefix=parts[1], revoked_at__isnull=True)
+        .first()
+    )
     if key is None or not key.buyer.is_active:
         return None
     if not hmac.compare_digest(key.key_hash, _hash_key(raw_key)):

@@ -30,8 +30,9 @@ PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 UNSTORED_CODES = {ErrorCode.PAYMENT_IN_FLIGHT, ErrorCode.PAYMENT_IDENTIFIER_CONFLICT}
 
 
-def purchase_pay_prepaid(*, buyer: Buyer, quote_id: str, payment_id: str | None,
-                         now: datetime | None = None) -> tuple[StoredAnswer, bool]:
+def purchase_pay_prepaid(
+    *, buyer: Buyer, quote_id: str, payment_id: str | None, now: datetime | None = None
+) -> tuple[StoredAnswer, bool]:
     """Pay a quote from the buyer's balance. Returns (answer, is_replay).
 
     Raises DomainError: idempotency_key_missing, idempotency_key_invalid,
@@ -42,8 +43,9 @@ def purchase_pay_prepaid(*, buyer: Buyer, quote_id: str, payment_id: str | None,
     now = now_or(now)
     key = payment_id_validate(key=payment_id)
     request_fingerprint = fingerprint({"quote": quote_id, "rail": "prepaid"})
-    claim = payment_id_claim(scope=PREPAID_SCOPE, key=key, principal=buyer.ref,
-                             fingerprint=request_fingerprint, now=now)
+    claim = payment_id_claim(
+        scope=PREPAID_SCOPE, key=key, principal=buyer.ref, fingerprint=request_fingerprint, now=now
+    )
     if claim.replay is not None:
         return claim.replay, True
     try:
@@ -51,7 +53,9 @@ def purchase_pay_prepaid(*, buyer: Buyer, quote_id: str, payment_id: str | None,
     except DomainError as error:
         if error.code in UNSTORED_CODES:
             raise
-        answer = StoredAnswer(error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase)
+        answer = StoredAnswer(
+            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
+        )
         payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=now)
         return answer, False
     except Exception:
@@ -60,23 +64,50 @@ def purchase_pay_prepaid(*, buyer: Buyer, quote_id: str, payment_id: str | None,
 
 
 @transaction.atomic
-def _pay_and_answer(buyer: Buyer, quote_id: str, key: str, request_fingerprint: str, claim: KeyClaim,
-                    now: datetime) -> StoredAnswer:
+def _pay_and_answer(
+    buyer: Buyer, quote_id: str, key: str, request_fingerprint: str, claim: KeyClaim, now: datetime
+) -> StoredAnswer:
     actor = Actor.agent(buyer.ref)
     purchase = _purchase_for_payment(buyer, quote_id, now, actor)
-    payment_services.prepaid_attempt_settle(purchase=purchase, buyer=buyer, payment_id=key,
-                                            scope=PREPAID_SCOPE, fingerprint=request_fingerprint,
-                                            now=now, actor=actor)
+    payment_services.prepaid_attempt_settle(
+        purchase=purchase,
+        buyer=buyer,
+        payment_id=key,
+        scope=PREPAID_SCOPE,
+        fingerprint=request_fingerprint,
+        now=now,
+        actor=actor,
+    )
     previous = purchase.payment_state
     purchase.payment_complete(paid_at=now)
     purchase.rail, purchase.payer = Purchase.Rail.PREPAID, buyer.ref
     purchase.fulfillment_queue()
-    purchase.save(update_fields=["payment_state", "fulfillment_state", "paid_at", "reason_code", "rail",
-                                 "payer", "updated_at"])
-    event_record(subject="purchase.payment", purchase=purchase, actor=actor, from_state=previous,
-                 to_state=purchase.payment_state, evidence={"rail": "prepaid"})
-    event_record(subject="purchase.fulfillment", purchase=purchase, actor=actor,
-                 from_state=Purchase.FulfillmentState.NOT_STARTED, to_state=purchase.fulfillment_state)
+    purchase.save(
+        update_fields=[
+            "payment_state",
+            "fulfillment_state",
+            "paid_at",
+            "reason_code",
+            "rail",
+            "payer",
+            "updated_at",
+        ]
+    )
+    event_record(
+        subject="purchase.payment",
+        purchase=purchase,
+        actor=actor,
+        from_state=previous,
+        to_state=purchase.payment_state,
+        evidence={"rail": "prepaid"},
+    )
+    event_record(
+        subject="purchase.fulfillment",
+        purchase=purchase,
+        actor=actor,
+        from_state=Purchase.FulfillmentState.NOT_STARTED,
+        to_state=purchase.fulfillment_state,
+    )
     answer = StoredAnswer(201, purchase_status(purchase=purchase, now=now), {}, purchase.ref)
     payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=now)
     from purchases.tasks import purchase_execute_task  # tasks import services; break the cycle here
@@ -90,25 +121,43 @@ def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Act
 
     Raises DomainError: quote_not_found, quote_expired, quote_already_paid.
     """
-    quote = Quote.objects.select_for_update().select_related("offering").filter(
-        public_id=quote_id, buyer=buyer).first()
+    quote = (
+        Quote.objects.select_for_update(of=("self",))
+        .select_related("offering")
+        .filter(public_id=quote_id, buyer=buyer)
+        .first()
+    )
     if quote is None:
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
     purchase = Purchase.objects.select_for_update().filter(quote=quote).first()
     if purchase is not None and purchase.payment_state != Purchase.PaymentState.FAILED:
-        raise DomainError(ErrorCode.QUOTE_ALREADY_PAID, purchase=purchase.ref,
-                          extra={"existing_purchase": purchase.ref})
+        raise DomainError(
+            ErrorCode.QUOTE_ALREADY_PAID,
+            purchase=purchase.ref,
+            extra={"existing_purchase": purchase.ref},
+        )
     if quote.state == Quote.State.EXPIRED or quote.expires_at <= now:
         raise DomainError(ErrorCode.QUOTE_EXPIRED, purchase=purchase.ref if purchase else None)
     if purchase is not None:
         return purchase
     purchase = Purchase.objects.create(
-        quote=quote, offering=quote.offering, buyer=buyer, amount=quote.price, asset=quote.asset,
-        network=quote.network, rail=Purchase.Rail.PREPAID, payer=buyer.ref,
+        quote=quote,
+        offering=quote.offering,
+        buyer=buyer,
+        amount=quote.price,
+        asset=quote.asset,
+        network=quote.network,
+        rail=Purchase.Rail.PREPAID,
+        payer=buyer.ref,
     )
     quote.accept()
     quote.save(update_fields=["state"])
-    event_record(subject="quote", quote=quote, purchase=purchase, actor=actor, from_state=Quote.State.OPEN,
-                 to_state=quote.state)
+    event_record(
+        subject="quote",
+        quote=quote,
+        purchase=purchase,
+        actor=actor,
+        from_state=Quote.State.OPEN,
+        to_state=quote.state,
+    )
     return purchase
-

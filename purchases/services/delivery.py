@@ -38,7 +38,9 @@ class DeliveryPending(Exception):
 
 def _receipt_url(purchase: Purchase) -> str | None:
     receipt = fulfillment_selectors.receipt_for_purchase(purchase=purchase)
-    return reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None
+    return (
+        reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None
+    )
 
 
 def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) -> Delivery:
@@ -49,20 +51,28 @@ def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) 
     """
     now = now_or(now)
     if purchase.payment_state != PAY.PAID:
-        raise DomainError(ErrorCode.PAYMENT_NOT_COMPLETE, purchase=purchase.ref,
-                          extra={"payment_state": purchase.payment_state})
+        raise DomainError(
+            ErrorCode.PAYMENT_NOT_COMPLETE,
+            purchase=purchase.ref,
+            extra={"payment_state": purchase.payment_state},
+        )
     if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING):
         raise DeliveryPending(purchase_status(purchase=purchase, now=now))
     if purchase.fulfillment_state in (RUN.FAILED, RUN.UNKNOWN):
         status = purchase_status(purchase=purchase, now=now)
-        raise DomainError(ErrorCode.EXECUTION_FAILED, purchase=purchase.ref,
-                          extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state})
+        raise DomainError(
+            ErrorCode.EXECUTION_FAILED,
+            purchase=purchase.ref,
+            extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state},
+        )
     result = fulfillment_selectors.result_for_purchase(purchase=purchase)
     receipt_url = _receipt_url(purchase)
     if result is None or receipt_url is None:
         raise RuntimeError(f"purchase {purchase.ref} succeeded without a stored result and receipt")
     if fulfillment_selectors.result_is_expired(result=result, now=now):
-        raise DomainError(ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url})
+        raise DomainError(
+            ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
+        )
     fulfillment_services.result_mark_delivered(result=result, now=now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)

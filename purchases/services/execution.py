@@ -15,7 +15,14 @@ from django.conf import settings
 from django.db import transaction
 
 from fulfillment import services as fulfillment_services
-from fulfillment.executors import Executor, ExecutorError, JobOutput, JobSpec, JobStatus, get_executor
+from fulfillment.executors import (
+    Executor,
+    ExecutorError,
+    JobOutput,
+    JobSpec,
+    JobStatus,
+    get_executor,
+)
 from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
 from payments import services as payment_services
 from purchases.clock import now_or
@@ -35,7 +42,7 @@ class ExecutionOutcome(StrEnum):
 
 
 class ExecutionRetryable(Exception):
-    """The executor's state is unknown for now; the task retries with backoff and the lease stays."""
+    """The executor's state is unknown for now: the task retries, the lease stays."""
 
     def __init__(self, reason_code: str) -> None:
         super().__init__(reason_code)
@@ -74,31 +81,49 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
 def _claim(purchase_id: int, worker: str) -> _Claimed | None:
     actor = Actor.system(worker)
     with transaction.atomic():
-        purchase = Purchase.objects.select_for_update().select_related("offering", "quote").get(pk=purchase_id)
+        purchase = (
+            Purchase.objects.select_for_update(of=("self",))
+            .select_related("offering", "quote")
+            .get(pk=purchase_id)
+        )
         if purchase.fulfillment_state not in (RUN.QUEUED, RUN.RUNNING):
             return None  # finished, failed or not paid yet: nothing for a worker to do
         now = now_or(None)
-        claim = fulfillment_services.execution_claim(purchase=purchase, worker=worker, now=now, actor=actor)
+        claim = fulfillment_services.execution_claim(
+            purchase=purchase, worker=worker, now=now, actor=actor
+        )
         if claim is None:
             return None
         if purchase.fulfillment_state == RUN.QUEUED:
             purchase.fulfillment_start()
             purchase.save(update_fields=["fulfillment_state", "updated_at"])
-            event_record(subject="purchase.fulfillment", purchase=purchase, actor=actor,
-                         from_state=RUN.QUEUED, to_state=purchase.fulfillment_state)
-        spec = JobSpec(purchase_ref=purchase.ref, operation=purchase.offering.slug,
-                       input=purchase.quote.canonical_input, idempotency_key=claim.job_idempotency_key)
+            event_record(
+                subject="purchase.fulfillment",
+                purchase=purchase,
+                actor=actor,
+                from_state=RUN.QUEUED,
+                to_state=purchase.fulfillment_state,
+            )
+        spec = JobSpec(
+            purchase_ref=purchase.ref,
+            operation=purchase.offering.slug,
+            input=purchase.quote.canonical_input,
+            idempotency_key=claim.job_idempotency_key,
+        )
         return _Claimed(claim, spec, purchase.offering.executor)
 
 
 def _run(executor: Executor, claimed: _Claimed) -> JobOutput:
     claim = claimed.claim
     job_ref = claim.job_ref
-    if not job_ref:
+    if not job_ref or executor.finishes_in_start:
         # Safe even after a crash between "job created" and "job ref saved": the job service
         # answers a repeated start with the same idempotency key with the job it already has.
         started = executor.start(claimed.spec)
-        fulfillment_services.execution_record_job_ref(claim=claim, job_ref=started.job_ref, now=now_or(None))
+        if started.job_ref != job_ref:
+            fulfillment_services.execution_record_job_ref(
+                claim=claim, job_ref=started.job_ref, now=now_or(None)
+            )
         if started.output is not None:
             return started.output
         job_ref = started.job_ref
@@ -127,38 +152,69 @@ def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
     attempt = payment_services.payment_attempt_settled(purchase=purchase)
     if attempt is None:
         raise RuntimeError(f"purchase {purchase.ref} executed without a settled payment")
-    return PaymentEvidence(payer=attempt.payer, amount=attempt.amount, asset=attempt.asset,
-                           network=attempt.network, transaction=attempt.tx_hash or attempt.settlement_reference)
+    return PaymentEvidence(
+        payer=attempt.payer,
+        amount=attempt.amount,
+        asset=attempt.asset,
+        network=attempt.network,
+        transaction=attempt.tx_hash or attempt.settlement_reference,
+    )
 
 
 def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> ExecutionOutcome:
     with transaction.atomic():
-        purchase = Purchase.objects.select_for_update().select_related("offering").get(pk=purchase_id)
+        purchase = (
+            Purchase.objects.select_for_update(of=("self",))
+            .select_related("offering")
+            .get(pk=purchase_id)
+        )
         actor = Actor.system("executor")
         now = now_or(None)
         try:
-            fulfillment_services.execution_succeed(purchase=purchase, claim=claim, output=output,
-                                                   payment=_payment_evidence(purchase), now=now, actor=actor)
+            fulfillment_services.execution_succeed(
+                purchase=purchase,
+                claim=claim,
+                output=output,
+                payment=_payment_evidence(purchase),
+                now=now,
+                actor=actor,
+            )
         except LeaseLost:
             return ExecutionOutcome.LEASE_LOST
         previous = purchase.fulfillment_state
         purchase.fulfillment_succeed()
         purchase.save(update_fields=["fulfillment_state", "reason_code", "updated_at"])
-        event_record(subject="purchase.fulfillment", purchase=purchase, actor=actor, from_state=previous,
-                     to_state=purchase.fulfillment_state)
+        event_record(
+            subject="purchase.fulfillment",
+            purchase=purchase,
+            actor=actor,
+            from_state=previous,
+            to_state=purchase.fulfillment_state,
+        )
     return ExecutionOutcome.SUCCEEDED
 
 
-def _end(purchase_id: int, claim: ExecutionClaim, reason_code: str, *, is_known_failure: bool) -> None:
+def _end(
+    purchase_id: int, claim: ExecutionClaim, reason_code: str, *, is_known_failure: bool
+) -> None:
     """Record a failed (provably did not run) or unknown (may have run) execution and its remedy."""
     with transaction.atomic():
-        purchase = Purchase.objects.select_for_update().select_related("offering").get(pk=purchase_id)
+        purchase = (
+            Purchase.objects.select_for_update(of=("self",))
+            .select_related("offering")
+            .get(pk=purchase_id)
+        )
         actor = Actor.system("executor")
         now = now_or(None)
         try:
-            fulfillment_services.execution_end(claim=claim, reason_code=reason_code,
-                                               is_known_failure=is_known_failure, now=now,
-                                               purchase=purchase, actor=actor)
+            fulfillment_services.execution_end(
+                claim=claim,
+                reason_code=reason_code,
+                is_known_failure=is_known_failure,
+                now=now,
+                purchase=purchase,
+                actor=actor,
+            )
         except LeaseLost:
             return
         previous = purchase.fulfillment_state
@@ -167,10 +223,21 @@ def _end(purchase_id: int, claim: ExecutionClaim, reason_code: str, *, is_known_
         else:
             purchase.fulfillment_lose_track(reason_code=reason_code)
         purchase.save(update_fields=["fulfillment_state", "reason_code", "updated_at"])
-        event_record(subject="purchase.fulfillment", purchase=purchase, actor=actor, from_state=previous,
-                     to_state=purchase.fulfillment_state, reason_code=reason_code)
-        purchase_remedy_after_failure(purchase=purchase, reason_code=reason_code,
-                                      is_known_failure=is_known_failure, now=now, actor=actor)
+        event_record(
+            subject="purchase.fulfillment",
+            purchase=purchase,
+            actor=actor,
+            from_state=previous,
+            to_state=purchase.fulfillment_state,
+            reason_code=reason_code,
+        )
+        purchase_remedy_after_failure(
+            purchase=purchase,
+            reason_code=reason_code,
+            is_known_failure=is_known_failure,
+            now=now,
+            actor=actor,
+        )
 
 
 def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: str) -> None:
@@ -183,5 +250,7 @@ def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: st
         live = fulfillment_services.execution_live_attempt(purchase=purchase)
         if live is None or purchase.fulfillment_state != RUN.RUNNING:
             return
-        claim = ExecutionClaim(live.pk, live.lease_token, live.job_ref, live.job_idempotency_key, False)
+        claim = ExecutionClaim(
+            live.pk, live.lease_token, live.job_ref, live.job_idempotency_key, False
+        )
     _end(purchase_id, claim, reason_code, is_known_failure=False)

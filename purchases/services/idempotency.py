@@ -58,7 +58,9 @@ def payment_id_validate(*, key: str | None) -> str:
     return key
 
 
-def payment_id_claim(*, scope: str, key: str, principal: str, fingerprint: str, now: datetime) -> KeyClaim:
+def payment_id_claim(
+    *, scope: str, key: str, principal: str, fingerprint: str, now: datetime
+) -> KeyClaim:
     """Claim a payment id, or learn that it already has an answer.
 
     Raises DomainError: payment_identifier_conflict, payment_in_flight.
@@ -68,27 +70,51 @@ def payment_id_claim(*, scope: str, key: str, principal: str, fingerprint: str, 
     try:
         with transaction.atomic():
             record = IdempotencyRecord.objects.create(
-                scope=scope, key=key, principal=principal, request_fingerprint=fingerprint,
-                lease_token=token, locked_until=lease_until, created_at=now,
+                scope=scope,
+                key=key,
+                principal=principal,
+                request_fingerprint=fingerprint,
+                lease_token=token,
+                locked_until=lease_until,
+                created_at=now,
             )
             return KeyClaim(record.pk, token)
     except IntegrityError:
         pass  # the key exists: decide from what it recorded
     with transaction.atomic():
-        record = IdempotencyRecord.objects.select_for_update().select_related("purchase").get(scope=scope, key=key)
+        record = (
+            IdempotencyRecord.objects.select_for_update(of=("self",))
+            .select_related("purchase")
+            .get(scope=scope, key=key)
+        )
         purchase_ref = record.purchase.ref if record.purchase else None
         if record.principal != principal or record.request_fingerprint != fingerprint:
             payment_id_conflicts.labels(scope=scope).inc()
-            logger.warning("payment id conflict scope=%s record=%s principal_matches=%s",
-                           scope, record.pk, record.principal == principal)
+            logger.warning(
+                "payment id conflict scope=%s record=%s principal_matches=%s",
+                scope,
+                record.pk,
+                record.principal == principal,
+            )
             # Never name the other party's purchase: the key may not be this caller's.
             raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
         if record.state == IdempotencyRecord.State.COMPLETED:
-            return KeyClaim(record.pk, "", StoredAnswer(record.response_status or 500, record.response_body,
-                                                        dict(record.response_headers), purchase_ref))
+            return KeyClaim(
+                record.pk,
+                "",
+                StoredAnswer(
+                    record.response_status or 500,
+                    record.response_body,
+                    dict(record.response_headers),
+                    purchase_ref,
+                ),
+            )
         if record.locked_until is not None and record.locked_until > now:
-            raise DomainError(ErrorCode.PAYMENT_IN_FLIGHT, purchase=purchase_ref,
-                              retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])
+            raise DomainError(
+                ErrorCode.PAYMENT_IN_FLIGHT,
+                purchase=purchase_ref,
+                retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
+            )
         # The request that held it died: take the lease and resume from the recorded state.
         logger.info("payment id lease taken over scope=%s record=%s", scope, record.pk)
         record.lease_token, record.locked_until = token, lease_until
@@ -97,28 +123,46 @@ def payment_id_claim(*, scope: str, key: str, principal: str, fingerprint: str, 
 
 
 def payment_id_link_purchase(*, claim: KeyClaim, purchase: Purchase) -> None:
-    """Name the purchase on the record as soon as it exists, so in-flight answers can point to it."""
-    IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=claim.lease_token).update(purchase=purchase)
+    """Name the purchase on the record as soon as it exists, for in-flight answers."""
+    IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=claim.lease_token).update(
+        purchase=purchase
+    )
 
 
-def payment_id_store_answer(*, claim: KeyClaim, answer: StoredAnswer, purchase: Purchase | None,
-                            now: datetime) -> None:
+def payment_id_store_answer(
+    *, claim: KeyClaim, answer: StoredAnswer, purchase: Purchase | None, now: datetime
+) -> None:
     """Store the answer. Runs inside the transaction of the work it answers for."""
     with transaction.atomic():
         record = IdempotencyRecord.objects.select_for_update().get(pk=claim.record_id)
-        if record.lease_token != claim.lease_token or record.state != IdempotencyRecord.State.IN_FLIGHT:
+        if (
+            record.lease_token != claim.lease_token
+            or record.state != IdempotencyRecord.State.IN_FLIGHT
+        ):
             # Our lease ran out and another request resumed: its answer stands, ours rolls back.
-            raise DomainError(ErrorCode.PAYMENT_IN_FLIGHT, purchase=purchase.ref if purchase else None,
-                              retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])
+            raise DomainError(
+                ErrorCode.PAYMENT_IN_FLIGHT,
+                purchase=purchase.ref if purchase else None,
+                retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
+            )
         if purchase is not None:
             record.purchase = purchase
         record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
-        record.save(update_fields=["state", "purchase", "response_status", "response_body",
-                                   "response_headers", "completed_at", "locked_until"])
+        record.save(
+            update_fields=[
+                "state",
+                "purchase",
+                "response_status",
+                "response_body",
+                "response_headers",
+                "completed_at",
+                "locked_until",
+            ]
+        )
 
 
 def payment_id_release(*, claim: KeyClaim) -> None:
-    """Give the key back without an answer (an unanticipated error): the next retry starts afresh."""
+    """Give the key back unanswered (an unanticipated error): the next retry starts afresh."""
     IdempotencyRecord.objects.filter(
         pk=claim.record_id, lease_token=claim.lease_token, state=IdempotencyRecord.State.IN_FLIGHT
     ).update(locked_until=None)

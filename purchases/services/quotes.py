@@ -43,8 +43,12 @@ def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str,
     if errors:
         raise DomainError(
             ErrorCode.INVALID_INPUT,
-            extra={"errors": [{"path": "/".join(map(str, e.absolute_path)), "message": e.message}
-                              for e in errors[:20]]},
+            extra={
+                "errors": [
+                    {"path": "/".join(map(str, e.absolute_path)), "message": e.message}
+                    for e in errors[:20]
+                ]
+            },
         )
     return strip_volatile(raw_input, list(offering.volatile_fields or []))
 
@@ -54,7 +58,9 @@ def quote_key_for(*, buyer: Buyer | None, offering: Offering, input_hash: str) -
     return sha256_hex(f"{principal}|{offering.slug}|{offering.version}|{input_hash}")
 
 
-def quote_create(*, buyer: Buyer, offering_slug: str, raw_input: Any, now: datetime | None = None) -> QuoteOutcome:
+def quote_create(
+    *, buyer: Buyer, offering_slug: str, raw_input: Any, now: datetime | None = None
+) -> QuoteOutcome:
     """Return the buyer's open quote for this canonical input, or open a new one.
 
     Raises DomainError: offering_not_found, invalid_input, sold_out.
@@ -73,9 +79,17 @@ def quote_create(*, buyer: Buyer, offering_slug: str, raw_input: Any, now: datet
 
 
 @transaction.atomic
-def _quote_find_or_open(buyer: Buyer, offering: Offering, canonical: dict[str, Any], input_hash: str,
-                        key: str, now: datetime) -> QuoteOutcome:
-    existing = Quote.objects.select_for_update().filter(quote_key=key, state=Quote.State.OPEN).first()
+def _quote_find_or_open(
+    buyer: Buyer,
+    offering: Offering,
+    canonical: dict[str, Any],
+    input_hash: str,
+    key: str,
+    now: datetime,
+) -> QuoteOutcome:
+    existing = (
+        Quote.objects.select_for_update().filter(quote_key=key, state=Quote.State.OPEN).first()
+    )
     if existing is not None and existing.expires_at > now:
         return QuoteOutcome(existing, created=False)
     if existing is not None:
@@ -87,14 +101,31 @@ def _quote_find_or_open(buyer: Buyer, offering: Offering, canonical: dict[str, A
         if not taken:
             raise DomainError(ErrorCode.SOLD_OUT)
     quote = Quote.objects.create(
-        offering=offering, buyer=buyer, quote_key=key, canonical_input=canonical, input_hash=input_hash,
-        price=offering.price, asset=offering.asset, network=offering.network, pay_to=offering.pay_to,
-        offering_version=offering.version, holds_stock=holds_stock,
+        offering=offering,
+        buyer=buyer,
+        quote_key=key,
+        canonical_input=canonical,
+        input_hash=input_hash,
+        price=offering.price,
+        asset=offering.asset,
+        network=offering.network,
+        pay_to=offering.pay_to,
+        offering_version=offering.version,
+        holds_stock=holds_stock,
         expires_at=now + settings.TOLLBOOTH["QUOTE_TTL"],
     )
-    event_record(subject="quote", quote=quote, actor=Actor.agent(buyer.ref), to_state=quote.state,
-                 evidence={"offering": offering.slug, "price": str(quote.price), "input_hash": input_hash,
-                           "holds_stock": holds_stock})
+    event_record(
+        subject="quote",
+        quote=quote,
+        actor=Actor.agent(buyer.ref),
+        to_state=quote.state,
+        evidence={
+            "offering": offering.slug,
+            "price": str(quote.price),
+            "input_hash": input_hash,
+            "holds_stock": holds_stock,
+        },
+    )
     return QuoteOutcome(quote, created=True)
 
 
@@ -105,5 +136,12 @@ def quote_expire(*, quote: Quote, actor: Actor) -> None:
     quote.save(update_fields=["state", "holds_stock"])
     if released:
         Offering.objects.filter(pk=quote.offering_id).update(stock=F("stock") + 1)
-    event_record(subject="quote", quote=quote, actor=actor, from_state=Quote.State.OPEN, to_state=quote.state,
-                 reason_code="quote_expired", evidence={"stock_released": released})
+    event_record(
+        subject="quote",
+        quote=quote,
+        actor=actor,
+        from_state=Quote.State.OPEN,
+        to_state=quote.state,
+        reason_code="quote_expired",
+        evidence={"stock_released": released},
+    )

@@ -1,4 +1,4 @@
-"""What happens after a paid purchase fails: a linked refund or a named escalation, never silence."""
+"""After a paid purchase fails: a linked refund or a named escalation, never silence."""
 
 from __future__ import annotations
 
@@ -11,22 +11,42 @@ from purchases.events import Actor, event_record
 from purchases.models import Escalation, Offering, Purchase
 
 
-def escalation_open(*, purchase: Purchase, owner: str, reason_code: str, now: datetime, actor: Actor,
-                    details: dict | None = None) -> Escalation:
+def escalation_open(
+    *,
+    purchase: Purchase,
+    owner: str,
+    reason_code: str,
+    now: datetime,
+    actor: Actor,
+    details: dict | None = None,
+) -> Escalation:
     """Open (or return the already open) escalation for this purchase and reason."""
-    existing = purchase.escalations.filter(reason_code=reason_code, state=Escalation.State.OPEN).first()
+    existing = purchase.escalations.filter(
+        reason_code=reason_code, state=Escalation.State.OPEN
+    ).first()
     if existing is not None:
         return existing
     escalation = Escalation.objects.create(
-        purchase=purchase, owner=owner, reason_code=reason_code, details=details or {},
+        purchase=purchase,
+        owner=owner,
+        reason_code=reason_code,
+        details=details or {},
         deadline_at=now + settings.TOLLBOOTH["ESCALATION_DEADLINE"],
     )
-    event_record(subject="escalation", purchase=purchase, actor=actor, to_state=escalation.state,
-                 reason_code=reason_code, evidence={"escalation": escalation.pk, "owner": owner})
+    event_record(
+        subject="escalation",
+        purchase=purchase,
+        actor=actor,
+        to_state=escalation.state,
+        reason_code=reason_code,
+        evidence={"escalation": escalation.pk, "owner": owner},
+    )
     return escalation
 
 
-def escalation_resolve(*, escalation: Escalation, by: str, resolution: str, now: datetime) -> Escalation:
+def escalation_resolve(
+    *, escalation: Escalation, by: str, resolution: str, now: datetime
+) -> Escalation:
     """Close an escalation with what was decided. Raises ValueError without a resolution text."""
     if not resolution.strip():
         raise ValueError("say how the escalation was resolved")
@@ -34,28 +54,46 @@ def escalation_resolve(*, escalation: Escalation, by: str, resolution: str, now:
         return escalation
     escalation.resolve(by=by, resolution=resolution, at=now)
     escalation.save(update_fields=["state", "resolved_by", "resolution", "resolved_at"])
-    event_record(subject="escalation", purchase=escalation.purchase, actor=Actor.staff(by),
-                 from_state=Escalation.State.OPEN, to_state=escalation.state,
-                 reason_code=escalation.reason_code, evidence={"escalation": escalation.pk,
-                                                                "resolution": resolution})
+    event_record(
+        subject="escalation",
+        purchase=escalation.purchase,
+        actor=Actor.staff(by),
+        from_state=Escalation.State.OPEN,
+        to_state=escalation.state,
+        reason_code=escalation.reason_code,
+        evidence={"escalation": escalation.pk, "resolution": resolution},
+    )
     return escalation
 
 
-def purchase_remedy_after_failure(*, purchase: Purchase, reason_code: str, is_known_failure: bool,
-                                  now: datetime, actor: Actor) -> None:
+def purchase_remedy_after_failure(
+    *, purchase: Purchase, reason_code: str, is_known_failure: bool, now: datetime, actor: Actor
+) -> None:
     """Apply the offering's policy to a paid purchase whose work failed. Caller holds the lock.
 
     An unknown outcome always escalates: refunding work that may have run is a guess.
     """
     attempt = payment_services.payment_attempt_settled(purchase=purchase)
     if not is_known_failure or attempt is None:
-        escalation_open(purchase=purchase, owner=Escalation.OwnerRole.SUPPORT,
-                        reason_code="execution_outcome_unknown" if not is_known_failure else reason_code,
-                        now=now, actor=actor, details={"execution_reason": reason_code})
+        escalation_open(
+            purchase=purchase,
+            owner=Escalation.OwnerRole.SUPPORT,
+            reason_code="execution_outcome_unknown" if not is_known_failure else reason_code,
+            now=now,
+            actor=actor,
+            details={"execution_reason": reason_code},
+        )
         return
     if purchase.offering.refund_policy == Offering.RefundPolicy.REFUND:
-        payment_services.refund_create(purchase=purchase, attempt=attempt, reason_code="execution_failed",
-                                       now=now, actor=actor)
+        payment_services.refund_create(
+            purchase=purchase, attempt=attempt, reason_code="execution_failed", now=now, actor=actor
+        )
     else:
-        escalation_open(purchase=purchase, owner=Escalation.OwnerRole.SUPPORT, reason_code="execution_failed",
-                        now=now, actor=actor, details={"execution_reason": reason_code})
+        escalation_open(
+            purchase=purchase,
+            owner=Escalation.OwnerRole.SUPPORT,
+            reason_code="execution_failed",
+            now=now,
+            actor=actor,
+            details={"execution_reason": reason_code},
+        )

@@ -20,15 +20,18 @@ KEY = "pay-0001-aaaaaaaaaaaa"
 
 
 def new_quote(client, offering, data=None) -> str:
-    response = client.post("/api/v1/quotes", {"offering": offering.slug, "input": data or CSV_INPUT},
-                           format="json")
+    response = client.post(
+        "/api/v1/quotes", {"offering": offering.slug, "input": data or CSV_INPUT}, format="json"
+    )
     assert response.status_code in (200, 201), response.content
     return response.json()["id"]
 
 
 def pay(client, quote_id, key=KEY, rail="prepaid"):
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
-    return client.post(f"/api/v1/quotes/{quote_id}/purchase", {"rail": rail}, format="json", **headers)
+    return client.post(
+        f"/api/v1/quotes/{quote_id}/purchase", {"rail": rail}, format="json", **headers
+    )
 
 
 def debits(buyer) -> int:
@@ -64,7 +67,7 @@ def test_same_key_same_request_replays_the_stored_answer(client_for_buyer, buyer
 
 
 def test_stored_error_is_replayed_even_after_the_cause_is_fixed(client_for_buyer, offering):
-    poor = BuyerFactory()
+    poor = BuyerFactory.create()
     fund(poor, 100)
     from purchases.services.buyers import api_key_issue
 
@@ -99,7 +102,7 @@ def test_same_key_changed_request_is_a_conflict(client_for_buyer, buyer, offerin
 def test_same_key_other_buyer_is_a_conflict(client_for_buyer, buyer, offering, make_client):
     quote_id = new_quote(client_for_buyer, offering)
     assert pay(client_for_buyer, quote_id).status_code == 201
-    other = BuyerFactory()
+    other = BuyerFactory.create()
     fund(other, 10_000_000)
     other_client = make_client(other)
     other_quote = new_quote(other_client, offering)
@@ -114,8 +117,13 @@ def test_same_key_still_running_is_in_flight_with_retry_after(client_for_buyer, 
     from purchases.canonical import fingerprint
 
     # A first request holding the key right now (claimed, work not yet committed).
-    payment_id_claim(scope="prepaid", key=KEY, principal=buyer.ref,
-                     fingerprint=fingerprint({"quote": quote_id, "rail": "prepaid"}), now=timezone.now())
+    payment_id_claim(
+        scope="prepaid",
+        key=KEY,
+        principal=buyer.ref,
+        fingerprint=fingerprint({"quote": quote_id, "rail": "prepaid"}),
+        now=timezone.now(),
+    )
     response = pay(client_for_buyer, quote_id)
     assert response.status_code == 409
     assert response.json()["code"] == "payment_in_flight"
@@ -123,7 +131,9 @@ def test_same_key_still_running_is_in_flight_with_retry_after(client_for_buyer, 
     assert int(response["Retry-After"]) >= 1
     assert debits(buyer) == 0
     # The holder died: once its lease runs out the retry resumes and completes.
-    IdempotencyRecord.objects.filter(key=KEY).update(locked_until=timezone.now() - timedelta(seconds=1))
+    IdempotencyRecord.objects.filter(key=KEY).update(
+        locked_until=timezone.now() - timedelta(seconds=1)
+    )
     resumed = pay(client_for_buyer, quote_id)
     assert resumed.status_code == 201
     assert debits(buyer) == 1
@@ -142,7 +152,9 @@ def test_quote_already_paid_under_another_key_names_the_purchase(client_for_buye
 
 def test_expired_quote(client_for_buyer, buyer, offering):
     quote_id = new_quote(client_for_buyer, offering)
-    Quote.objects.filter(public_id=quote_id).update(expires_at=timezone.now() - timedelta(seconds=1))
+    Quote.objects.filter(public_id=quote_id).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
     response = pay(client_for_buyer, quote_id)
     assert response.status_code == 410
     assert response.json()["code"] == "quote_expired"
@@ -154,16 +166,24 @@ def test_spend_cap(client_for_buyer, buyer, offering):
     buyer.spend_cap = 300_000
     buyer.save()
     assert pay(client_for_buyer, new_quote(client_for_buyer, offering)).status_code == 201
-    response = pay(client_for_buyer, new_quote(client_for_buyer, offering, {**CSV_INPUT, "title": "2"}),
-                   key="pay-0004-dddddddddddd")
+    response = pay(
+        client_for_buyer,
+        new_quote(client_for_buyer, offering, {**CSV_INPUT, "title": "2"}),
+        key="pay-0004-dddddddddddd",
+    )
     assert response.status_code == 402
     assert response.json()["code"] == "spend_cap_exceeded"
     assert debits(buyer) == 1
 
 
-@pytest.mark.parametrize(("key", "code"), [(None, "idempotency_key_missing"),
-                                           ("short", "idempotency_key_invalid"),
-                                           ("has spaces in it 12345", "idempotency_key_invalid")])
+@pytest.mark.parametrize(
+    ("key", "code"),
+    [
+        (None, "idempotency_key_missing"),
+        ("short", "idempotency_key_invalid"),
+        ("has spaces in it 12345", "idempotency_key_invalid"),
+    ],
+)
 def test_bad_or_missing_key_is_400(client_for_buyer, offering, key, code):
     response = pay(client_for_buyer, new_quote(client_for_buyer, offering), key=key)
     assert response.status_code == 400
@@ -180,7 +200,7 @@ def test_other_rails_are_refused_here(client_for_buyer, offering):
 def test_another_buyers_purchase_and_quote_answer_404(client_for_buyer, offering, make_client):
     quote_id = new_quote(client_for_buyer, offering)
     ref = pay(client_for_buyer, quote_id).json()["purchase"]
-    stranger = make_client(BuyerFactory())
+    stranger = make_client(BuyerFactory.create())
     for path in (f"/api/v1/purchases/{ref}", f"/api/v1/purchases/{ref}/result"):
         response = stranger.get(path)
         assert response.status_code == 404
@@ -189,7 +209,9 @@ def test_another_buyers_purchase_and_quote_answer_404(client_for_buyer, offering
     assert response.json()["code"] == "quote_not_found"
 
 
-def test_result_is_202_while_running_then_delivered_with_a_receipt(client_for_buyer, buyer, offering):
+def test_result_is_202_while_running_then_delivered_with_a_receipt(
+    client_for_buyer, buyer, offering
+):
     ref = pay(client_for_buyer, new_quote(client_for_buyer, offering)).json()["purchase"]
     pending = client_for_buyer.get(f"/api/v1/purchases/{ref}/result")
     assert pending.status_code == 202
@@ -228,7 +250,8 @@ def test_result_after_retention_is_result_expired_with_the_receipt(client_for_bu
     purchase = Purchase.objects.get(ref=ref)
     purchase_execute(purchase_id=purchase.pk, worker="test")
     purchase.result.__class__.objects.filter(pk=purchase.result.pk).update(
-        expires_at=timezone.now() - timedelta(seconds=1))
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
     response = client_for_buyer.get(f"/api/v1/purchases/{ref}/result")
     assert response.status_code == 410
     assert response.json()["code"] == "result_expired"

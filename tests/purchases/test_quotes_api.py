@@ -42,11 +42,13 @@ def test_same_canonical_input_while_open_returns_the_same_quote(client_for_buyer
 
 def test_different_input_or_buyer_gets_a_new_quote(client_for_buyer, offering, make_client):
     _, first = post_quote(client_for_buyer, offering.slug, CSV_INPUT)
-    status, other_input = post_quote(client_for_buyer, offering.slug, {**CSV_INPUT, "title": "Other"})
+    status, other_input = post_quote(
+        client_for_buyer, offering.slug, {**CSV_INPUT, "title": "Other"}
+    )
     assert status == 201 and other_input["id"] != first["id"]
     from tests.factories import BuyerFactory
 
-    status, other_buyer = post_quote(make_client(BuyerFactory()), offering.slug, CSV_INPUT)
+    status, other_buyer = post_quote(make_client(BuyerFactory.create()), offering.slug, CSV_INPUT)
     assert status == 201 and other_buyer["id"] != first["id"]
 
 
@@ -65,7 +67,7 @@ def test_expired_open_quote_is_replaced_and_its_stock_released(buyer, offering):
 
 
 def test_sold_out(client_for_buyer):
-    offering = OfferingFactory(stock=1)
+    offering = OfferingFactory.create(stock=1)
     assert post_quote(client_for_buyer, offering.slug, CSV_INPUT)[0] == 201
     status, body = post_quote(client_for_buyer, offering.slug, {**CSV_INPUT, "title": "again"})
     assert status == 409
@@ -81,8 +83,9 @@ def test_unknown_offering(client_for_buyer):
 
 
 def test_invalid_input_lists_schema_errors(client_for_buyer, offering):
-    response = client_for_buyer.post("/api/v1/quotes", {"offering": offering.slug, "input": {"title": 3}},
-                                     format="json")
+    response = client_for_buyer.post(
+        "/api/v1/quotes", {"offering": offering.slug, "input": {"title": 3}}, format="json"
+    )
     assert response.status_code == 422
     assert response["Content-Type"] == "application/problem+json"
     body = response.json()
@@ -102,7 +105,9 @@ def test_missing_body_fields_are_invalid_request(client_for_buyer):
 
 def test_api_requires_a_valid_key(offering):
     anonymous = APIClient()
-    response = anonymous.post("/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json")
+    response = anonymous.post(
+        "/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json"
+    )
     assert response.status_code == 401
     assert response.json()["code"] == "not_authenticated"
     anonymous.credentials(HTTP_AUTHORIZATION="Bearer tbk_nothere_secret")
