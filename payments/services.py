@@ -27,6 +27,10 @@ def ledger_balance(*, buyer: Buyer, asset: str) -> int:
     return int(total or 0)
 
 
+class LedgerReferenceConflict(ValueError):
+    """The reference already posted a different entry: refuse rather than pretend to credit."""
+
+
 def ledger_credit(
     *,
     buyer: Buyer,
@@ -37,7 +41,10 @@ def ledger_credit(
     memo: str = "",
     purchase: Purchase | None = None,
 ) -> LedgerEntry:
-    """Post a credit. The unique reference makes a retried top-up a no-op, not a double credit."""
+    """Post a credit once per reference: a retried top-up returns the first entry.
+
+    Raises LedgerReferenceConflict when the reference already holds a different entry.
+    """
     if amount <= 0:
         raise ValueError("credits are positive")
     entry, _ = LedgerEntry.objects.get_or_create(
@@ -51,6 +58,8 @@ def ledger_credit(
             "purchase": purchase,
         },
     )
+    if (entry.buyer_id, entry.asset, entry.amount, entry.kind) != (buyer.pk, asset, amount, kind):
+        raise LedgerReferenceConflict(f"reference {reference} already posted a different entry")
     return entry
 
 
@@ -185,19 +194,29 @@ def refund_create(
 def refund_mark_paid(
     *, refund: Refund, reference: str, by: str, now: datetime, actor: Actor
 ) -> Refund:
-    """Close a refund with the reference of the money sent back. Idempotent."""
-    if refund.state == Refund.State.PAID:
-        return refund
+    """Close a refund with the reference of the money sent back.
+
+    Idempotent for the same reference; raises ValueError for an empty reference or one
+    that differs from the reference the refund was already closed with.
+    """
     if not reference.strip():
         raise ValueError("a paid-back refund needs the reference of the payment")
-    refund.mark_paid(reference=reference, by=by, at=now)
-    refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
-    event_record(
-        subject="refund",
-        purchase=refund.purchase,
-        actor=actor,
-        from_state=Refund.State.OWED,
-        to_state=refund.state,
-        evidence={"refund": refund.pk, "reference": reference},
-    )
+    with transaction.atomic():
+        refund = Refund.objects.select_for_update().select_related("purchase").get(pk=refund.pk)
+        if refund.state == Refund.State.PAID:
+            if refund.paid_reference != reference:
+                raise ValueError(
+                    f"refund {refund.pk} was already paid back as {refund.paid_reference}"
+                )
+            return refund
+        refund.mark_paid(reference=reference, by=by, at=now)
+        refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
+        event_record(
+            subject="refund",
+            purchase=refund.purchase,
+            actor=actor,
+            from_state=Refund.State.OWED,
+            to_state=refund.state,
+            evidence={"refund": refund.pk, "reference": reference},
+        )
     return refund

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 
 from payments import services as payment_services
 from purchases.events import Actor, event_record
@@ -47,22 +48,29 @@ def escalation_open(
 def escalation_resolve(
     *, escalation: Escalation, by: str, resolution: str, now: datetime
 ) -> Escalation:
-    """Close an escalation with what was decided. Raises ValueError without a resolution text."""
+    """Close an escalation with what was decided; a second call returns it unchanged.
+
+    Raises ValueError without a resolution text.
+    """
     if not resolution.strip():
         raise ValueError("say how the escalation was resolved")
-    if escalation.state == Escalation.State.RESOLVED:
-        return escalation
-    escalation.resolve(by=by, resolution=resolution, at=now)
-    escalation.save(update_fields=["state", "resolved_by", "resolution", "resolved_at"])
-    event_record(
-        subject="escalation",
-        purchase=escalation.purchase,
-        actor=Actor.staff(by),
-        from_state=Escalation.State.OPEN,
-        to_state=escalation.state,
-        reason_code=escalation.reason_code,
-        evidence={"escalation": escalation.pk, "resolution": resolution},
-    )
+    with transaction.atomic():
+        escalation = (
+            Escalation.objects.select_for_update().select_related("purchase").get(pk=escalation.pk)
+        )
+        if escalation.state == Escalation.State.RESOLVED:
+            return escalation
+        escalation.resolve(by=by, resolution=resolution, at=now)
+        escalation.save(update_fields=["state", "resolved_by", "resolution", "resolved_at"])
+        event_record(
+            subject="escalation",
+            purchase=escalation.purchase,
+            actor=Actor.staff(by),
+            from_state=Escalation.State.OPEN,
+            to_state=escalation.state,
+            reason_code=escalation.reason_code,
+            evidence={"escalation": escalation.pk, "resolution": resolution},
+        )
     return escalation
 
 

@@ -11,7 +11,7 @@ from payments.models import LedgerEntry, PaymentAttempt
 from payments.services import ledger_balance
 from purchases.models import IdempotencyRecord, Purchase, Quote
 from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.idempotency import payment_id_claim
+from purchases.services.idempotency import payment_id_claim, payment_id_conflicts
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 
@@ -87,14 +87,20 @@ def test_stored_error_is_replayed_even_after_the_cause_is_fixed(client_for_buyer
     assert fresh.status_code == 201
 
 
-def test_same_key_changed_request_is_a_conflict(client_for_buyer, buyer, offering):
+def test_same_key_changed_request_is_a_conflict(client_for_buyer, buyer, offering, caplog):
     quote_a = new_quote(client_for_buyer, offering)
     quote_b = new_quote(client_for_buyer, offering, {**CSV_INPUT, "title": "B"})
     assert pay(client_for_buyer, quote_a).status_code == 201
+    conflicts_before = payment_id_conflicts.labels(scope="prepaid")._value.get()
     conflict = pay(client_for_buyer, quote_b)
     assert conflict.status_code == 409
     assert conflict.json()["code"] == "payment_identifier_conflict"
     assert conflict.json()["purchase"] is None
+    # Conflicts are logged and counted for alerting; plain replays are not.
+    assert payment_id_conflicts.labels(scope="prepaid")._value.get() == conflicts_before + 1
+    assert "payment id conflict" in caplog.text
+    pay(client_for_buyer, quote_a)
+    assert payment_id_conflicts.labels(scope="prepaid")._value.get() == conflicts_before + 1
     assert debits(buyer) == 1
     assert not Purchase.objects.filter(quote__public_id=quote_b).exists()
 

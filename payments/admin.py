@@ -1,0 +1,350 @@
+"""The back office for finance: the refund-owed list, the prepaid ledger, payment attempts.
+
+Refunds change only through refund_mark_paid and the ledger only through ledger_credit;
+nothing here edits a row.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Iterator
+from datetime import datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from payments.models import LedgerEntry, PaymentAttempt, Refund
+from payments.services import LedgerReferenceConflict, ledger_credit, refund_mark_paid
+from purchases.admin import ReadOnlyModelAdmin, amount_human
+from purchases.events import Actor
+from purchases.models import Buyer, Offering
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
+
+CSV_HEADER = (
+    "purchase",
+    "payer",
+    "amount_atomic",
+    "amount",
+    "asset",
+    "network",
+    "transaction",
+    "reason",
+    "state",
+    "created_at",
+    "paid_reference",
+    "paid_at",
+)
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value is not None else ""
+
+
+def refund_amount_human(refund: Refund) -> Decimal:
+    # The offering knows the asset's decimals (USDC: 6); the refund carries only the address.
+    return amount_human(refund.amount, refund.purchase.offering.asset_decimals)
+
+
+@admin.register(PaymentAttempt)
+class PaymentAttemptAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "pk",
+        "purchase",
+        "rail",
+        "payer",
+        "network",
+        "amount",
+        "state",
+        "tx_hash",
+        "created_at",
+    )
+    list_filter = ("rail", "state", "network")
+    list_select_related = ("purchase",)
+    search_fields = ("=purchase__ref", "=payer", "=tx_hash", "=settlement_reference")
+
+
+# --- refunds: the owed list, paid back with a reference, exported for the books ------
+class RefundStateFilter(admin.SimpleListFilter):
+    """Defaults to "owed": the list finance opens is the work still to do."""
+
+    title = "state"
+    parameter_name = "state"
+    default = Refund.State.OWED
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        return [("owed", "Owed"), ("paid", "Paid back"), ("all", "All")]
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value() or self.default
+        return queryset if value == "all" else queryset.filter(state=value)
+
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
+        current = self.value() or self.default
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": current == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+
+class MarkPaidForm(forms.Form):
+    """One reference per refund: each pay-back is its own transfer."""
+
+    def __init__(self, *args: Any, refunds: list[Refund], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for refund in refunds:
+            self.fields[f"reference_{refund.pk}"] = forms.CharField(
+                max_length=200,
+                label=f"{refund.purchase.ref}: {refund_amount_human(refund)} "
+                f"{refund.purchase.offering.asset_symbol} to {refund.payer} on {refund.network}",
+                help_text="Transaction hash or transfer reference of the money sent back.",
+            )
+
+
+class _Echo:
+    """csv.writer needs a file; this one hands each row straight to the response."""
+
+    def write(self, value: str) -> str:
+        return value
+
+
+@admin.register(Refund)
+class RefundAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "pk",
+        "purchase",
+        "payer",
+        "amount_human",
+        "amount",
+        "network",
+        "method",
+        "reason_code",
+        "state",
+        "created_at",
+        "paid_reference",
+    )
+    list_filter = (RefundStateFilter, "method", "network", "reason_code")
+    list_select_related = ("purchase", "purchase__offering")
+    search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
+    readonly_fields = ("amount_human",)
+    fields = (
+        "purchase",
+        "payment_attempt",
+        "method",
+        "amount",
+        "amount_human",
+        "asset",
+        "network",
+        "payer",
+        "transaction",
+        "reason_code",
+        "state",
+        "created_at",
+        "paid_reference",
+        "paid_by",
+        "paid_at",
+    )
+    actions = ("mark_paid_back", "export_csv")
+
+    @admin.display(description="amount (asset units)")
+    def amount_human(self, obj: Refund) -> str:
+        return f"{refund_amount_human(obj)} {obj.purchase.offering.asset_symbol}"
+
+    def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Marking paid is the one change this admin makes, so it rides on "change refund".
+        return request.user.has_perm("payments.change_refund")
+
+    @admin.action(description="Mark paid back", permissions=["mark_paid"])
+    def mark_paid_back(
+        self, request: HttpRequest, queryset: QuerySet[Refund]
+    ) -> HttpResponse | None:
+        if not self.has_mark_paid_permission(request):
+            raise PermissionDenied
+        owed = list(
+            queryset.filter(state=Refund.State.OWED)
+            .select_related("purchase__offering")
+            .order_by("pk")
+        )
+        if not owed:
+            self.message_user(request, "Nothing to mark: already paid back.", messages.WARNING)
+            return None
+        submitted = "apply" in request.POST
+        form = MarkPaidForm(request.POST if submitted else None, refunds=owed)
+        if submitted:
+            if form.is_valid():
+                count = self._mark_all(request, owed, form.cleaned_data)
+                self.message_user(request, f"Marked {count} refund(s) paid back.", messages.SUCCESS)
+                return None
+            self.message_user(
+                request,
+                "Every refund needs its payment reference; nothing was changed.",
+                messages.ERROR,
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Mark refunds paid back",
+            "opts": self.opts,
+            "form": form,
+            "refunds": owed,
+        }
+        return TemplateResponse(request, "admin/payments/refund/mark_paid.html", context)
+
+    def _mark_all(self, request: HttpRequest, refunds: list[Refund], data: dict[str, Any]) -> int:
+        username = request.user.get_username()
+        marked = 0
+        for refund in refunds:
+            now = timezone.now()
+            try:
+                locked = refund_mark_paid(
+                    refund=refund,
+                    reference=data[f"reference_{refund.pk}"],
+                    by=username,
+                    now=now,
+                    actor=Actor.staff(username),
+                )
+            except ValueError:
+                continue  # paid back by someone else, under another reference
+            # Paid by someone else between the list and the lock: not ours to count.
+            marked += locked.paid_at == now
+        return marked
+
+    @admin.action(description="Export CSV", permissions=["view"])
+    def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:
+        rows = queryset.select_related("purchase__offering").order_by("created_at", "pk")
+        writer = csv.writer(_Echo())
+        lines = (writer.writerow(row) for row in self._csv_rows(rows))
+        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="refunds.csv"'
+        return response
+
+    def _csv_rows(self, refunds: QuerySet[Refund]) -> Iterator[tuple[str, ...]]:
+        yield CSV_HEADER
+        for refund in refunds.iterator():
+            yield (
+                refund.purchase.ref,
+                refund.payer,
+                str(refund.amount),
+                str(refund_amount_human(refund)),
+                refund.asset,
+                refund.network,
+                refund.transaction,
+                refund.reason_code,
+                refund.state,
+                _iso(refund.created_at),
+                refund.paid_reference,
+                _iso(refund.paid_at),
+            )
+
+
+# --- the prepaid ledger: read-only, topped up through ledger_credit ---------------------
+def _asset_choices() -> list[tuple[str, str]]:
+    assets = Offering.objects.values_list("asset", "asset_symbol", "network").distinct()
+    return [(asset, f"{symbol} {asset} ({network})") for asset, symbol, network in assets]
+
+
+class TopUpForm(forms.Form):
+    buyer = forms.ModelChoiceField(queryset=Buyer.objects.filter(is_active=True).order_by("name"))
+    asset = forms.ChoiceField(choices=_asset_choices)
+    amount = forms.DecimalField(
+        min_value=Decimal("0.000001"), help_text="In asset units, e.g. 12.50 USDC."
+    )
+    reference = forms.CharField(
+        max_length=100,
+        help_text="The incoming payment's own reference (bank transfer, invoice, tx hash). "
+        "Posting the same reference twice credits once.",
+    )
+    memo = forms.CharField(max_length=150, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "asset" in data and "amount" in data:
+            offering = Offering.objects.filter(asset=data["asset"]).first()
+            decimals = offering.asset_decimals if offering is not None else 6
+            atomic = Decimal(data["amount"]).scaleb(decimals)
+            if atomic != atomic.to_integral_value():
+                self.add_error("amount", f"This asset has {decimals} decimals.")
+            else:
+                data["amount_atomic"] = int(atomic)
+        return data
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyModelAdmin):
+    list_display = ("reference", "buyer", "kind", "amount", "asset", "purchase", "created_at")
+    list_filter = ("kind", "asset")
+    list_select_related = ("buyer", "purchase")
+    search_fields = ("=reference", "=buyer__ref", "=purchase__ref")
+    change_list_template = "admin/payments/ledgerentry/change_list.html"
+
+    def has_top_up_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("payments.add_ledgerentry")
+
+    def get_urls(self) -> list[URLPattern]:
+        top_up = path(
+            "top-up/",
+            self.admin_site.admin_view(self.top_up_view),
+            name="payments_ledgerentry_top_up",
+        )
+        return [top_up, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "can_top_up": self.has_top_up_permission(request)}
+        return super().changelist_view(request, context)
+
+    def top_up_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_top_up_permission(request):
+            raise PermissionDenied
+        form = TopUpForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            self._top_up(request, form.cleaned_data)
+            return HttpResponseRedirect(reverse("admin:payments_ledgerentry_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Top up a prepaid balance",
+            "opts": self.opts,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/payments/ledgerentry/top_up.html", context)
+
+    def _top_up(self, request: HttpRequest, data: dict[str, Any]) -> None:
+        reference = f"top_up:{data['reference']}"
+        # The ledger row has no actor column: the memo is where "who posted it" lives.
+        who = f"top-up by {request.user.get_username()}"
+        memo = f"{who}: {data['memo']}" if data["memo"] else who
+        try:
+            ledger_credit(
+                buyer=data["buyer"],
+                asset=data["asset"],
+                amount=data["amount_atomic"],
+                kind=LedgerEntry.Kind.TOP_UP,
+                reference=reference,
+                memo=memo[:200],
+            )
+        except LedgerReferenceConflict:
+            # The reference already holds another entry: say so, never pretend to credit.
+            self.message_user(
+                request,
+                f"Reference {reference} is already used by another entry; nothing was posted.",
+                messages.ERROR,
+            )
+            return
+        self.message_user(
+            request,
+            f"Credited {data['amount']} to {data['buyer']} as {reference} "
+            "(once: the same reference never credits twice).",
+            messages.SUCCESS,
+        )

@@ -1,0 +1,544 @@
+"""The back office for support: purchases and their evidence, escalations, offerings, buyers.
+
+Thin on purpose: every change goes through one service call; state fields are never
+editable here (FSM fields are protected and the evidence admins are view-only).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import display_for_value, flatten_fieldsets, unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.db.models.expressions import OrderBy
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from fulfillment import selectors as fulfillment_selectors
+from fulfillment.models import ExecutionAttempt
+from payments.models import PaymentAttempt, Refund
+from purchases.models import (
+    ApiKey,
+    Buyer,
+    BuyerWallet,
+    Escalation,
+    IdempotencyRecord,
+    Offering,
+    Purchase,
+    PurchaseEvent,
+    Quote,
+)
+from purchases.services.buyers import api_key_issue, buyer_create
+from purchases.services.remedies import escalation_resolve
+
+admin.site.site_header = "Tollbooth back office"
+admin.site.site_title = "Tollbooth back office"
+admin.site.index_title = "Purchases, escalations and refunds"
+
+
+def amount_human(amount: int, decimals: int) -> Decimal:
+    """Atomic units to asset units, exactly (never float): 250000 at 6 is Decimal("0.250000")."""
+    return Decimal(amount).scaleb(-decimals)
+
+
+def _all_fields_read_only(model_admin: Any) -> list[str]:
+    # Non-editable fields (created_at, refs) only render when listed as read-only.
+    if model_admin.fieldsets:
+        return list(flatten_fieldsets(model_admin.fieldsets))
+    if model_admin.fields:
+        return [*model_admin.fields, *model_admin.readonly_fields]
+    names = [f.name for f in model_admin.model._meta.fields if not f.primary_key]
+    return [*names, *model_admin.readonly_fields]
+
+
+class ReadOnlyModelAdmin(admin.ModelAdmin):
+    """Evidence is looked at, never edited: records change only through services."""
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _all_fields_read_only(self)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return _all_fields_read_only(self)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+# --- purchase: the timeline and every record hanging under it ----------------------------
+class PurchaseEventInline(ReadOnlyInline):
+    model = PurchaseEvent
+    fk_name = "purchase"
+    verbose_name_plural = "timeline"
+    show_change_link = False
+    ordering = ("created_at", "pk")
+    fields = (
+        "created_at",
+        "subject",
+        "from_state",
+        "to_state",
+        "actor_type",
+        "actor",
+        "reason_code",
+        "evidence",
+    )
+
+
+class PaymentAttemptInline(ReadOnlyInline):
+    model = PaymentAttempt
+    ordering = ("pk",)
+    fields = (
+        "created_at",
+        "rail",
+        "payer",
+        "network",
+        "amount",
+        "state",
+        "tx_hash",
+        "settlement_reference",
+        "reason_code",
+    )
+
+
+class ExecutionAttemptInline(ReadOnlyInline):
+    model = ExecutionAttempt
+    ordering = ("pk",)
+    fields = (
+        "started_at",
+        "executor",
+        "worker",
+        "state",
+        "job_ref",
+        "takeovers",
+        "reason_code",
+        "finished_at",
+    )
+
+
+class RefundInline(ReadOnlyInline):
+    model = Refund
+    ordering = ("pk",)
+    fields = (
+        "created_at",
+        "method",
+        "amount",
+        "reason_code",
+        "state",
+        "paid_reference",
+        "paid_by",
+        "paid_at",
+    )
+
+
+class EscalationInline(ReadOnlyInline):
+    model = Escalation
+    ordering = ("pk",)
+    fields = (
+        "created_at",
+        "owner",
+        "reason_code",
+        "state",
+        "deadline_at",
+        "resolved_by",
+        "resolution",
+    )
+
+
+@admin.register(Purchase)
+class PurchaseAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "ref",
+        "offering",
+        "buyer",
+        "amount",
+        "rail",
+        "payment_state",
+        "fulfillment_state",
+        "reason_code",
+        "created_at",
+    )
+    list_filter = ("payment_state", "fulfillment_state", "rail", "offering")
+    list_select_related = ("offering", "buyer")
+    # "=" is an exact, case-insensitive match: wallets arrive both checksummed and lower-case.
+    search_fields = ("=ref", "=buyer__ref", "=payer", "=payment_attempts__tx_hash")
+    search_help_text = "Purchase ref, buyer ref, payer wallet or transaction hash."
+    date_hierarchy = "created_at"
+    readonly_fields = (
+        "amount_human",
+        "result_sha256",
+        "result_size",
+        "result_expires_at",
+        "result_first_delivered_at",
+        "receipt_id",
+    )
+    fieldsets = (
+        (None, {"fields": ("ref", "quote", "offering", "buyer", "payer", "rail")}),
+        ("Money", {"fields": ("amount", "amount_human", "asset", "network", "paid_at")}),
+        (
+            "State",
+            {"fields": ("payment_state", "fulfillment_state", "reason_code")},
+        ),
+        (
+            "Result and receipt (the body is never shown here)",
+            {
+                "fields": (
+                    "result_sha256",
+                    "result_size",
+                    "result_expires_at",
+                    "result_first_delivered_at",
+                    "receipt_id",
+                )
+            },
+        ),
+        ("Times", {"fields": ("created_at", "updated_at")}),
+    )
+    inlines = (
+        PurchaseEventInline,
+        PaymentAttemptInline,
+        ExecutionAttemptInline,
+        RefundInline,
+        EscalationInline,
+    )
+
+    @admin.display(description="amount (asset units)")
+    def amount_human(self, obj: Purchase) -> str:
+        return (
+            f"{amount_human(obj.amount, obj.offering.asset_decimals)} {obj.offering.asset_symbol}"
+        )
+
+    def _result_field(self, obj: Purchase, name: str) -> str:
+        result = fulfillment_selectors.result_for_purchase(purchase=obj)
+        # Formatted like the model fields around it (dates localised, None as "-").
+        return display_for_value(getattr(result, name, None), "-")
+
+    @admin.display(description="result SHA-256")
+    def result_sha256(self, obj: Purchase) -> str:
+        return self._result_field(obj, "sha256")
+
+    @admin.display(description="result size (bytes)")
+    def result_size(self, obj: Purchase) -> str:
+        return self._result_field(obj, "size")
+
+    @admin.display(description="result kept until")
+    def result_expires_at(self, obj: Purchase) -> str:
+        return self._result_field(obj, "expires_at")
+
+    @admin.display(description="result first delivered")
+    def result_first_delivered_at(self, obj: Purchase) -> str:
+        return self._result_field(obj, "first_delivered_at")
+
+    @admin.display(description="receipt")
+    def receipt_id(self, obj: Purchase) -> str:
+        receipt = fulfillment_selectors.receipt_for_purchase(purchase=obj)
+        return receipt.public_id if receipt is not None else "-"
+
+
+# --- escalations: resolve with a written decision --------------------------------------
+class ResolveForm(forms.Form):
+    # CharField strips, so a resolution of only spaces is as empty as none.
+    resolution = forms.CharField(
+        label="How was it resolved?",
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        help_text="Written to the escalation and the purchase timeline.",
+    )
+
+
+@admin.register(Escalation)
+class EscalationAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "purchase",
+        "owner",
+        "reason_code",
+        "state",
+        "deadline_at",
+        "is_overdue",
+        "created_at",
+        "resolved_by",
+    )
+    list_filter = ("state", "owner", "reason_code")
+    list_select_related = ("purchase",)
+    search_fields = ("=purchase__ref",)
+    readonly_fields = ("is_overdue",)
+    fields = (
+        "purchase",
+        "owner",
+        "reason_code",
+        "details",
+        "deadline_at",
+        "is_overdue",
+        "state",
+        "created_at",
+        "resolved_at",
+        "resolved_by",
+        "resolution",
+    )
+    actions = ("resolve_selected",)
+    change_form_template = "admin/purchases/escalation/change_form.html"
+
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        # Open first, then the nearest deadline: the top of the list is what is due next.
+        is_resolved = Case(
+            When(state=Escalation.State.OPEN, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return [OrderBy(is_resolved), "deadline_at", "pk"]
+
+    @admin.display(boolean=True, description="overdue")
+    def is_overdue(self, obj: Escalation) -> bool:
+        return obj.state == Escalation.State.OPEN and obj.deadline_at < timezone.now()
+
+    def has_resolve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Resolving is the one change this admin makes, so it rides on "change escalation".
+        return request.user.has_perm("purchases.change_escalation")
+
+    def get_urls(self) -> list[URLPattern]:
+        resolve = path(
+            "<path:object_id>/resolve/",
+            self.admin_site.admin_view(self.resolve_view),
+            name="purchases_escalation_resolve",
+        )
+        return [resolve, *super().get_urls()]
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "can_resolve": self.has_resolve_permission(request)}
+        return super().changeform_view(request, object_id, form_url, context)
+
+    @admin.action(description="Resolve selected escalations", permissions=["resolve"])
+    def resolve_selected(
+        self, request: HttpRequest, queryset: QuerySet[Escalation]
+    ) -> HttpResponse | None:
+        return self._resolve_page(request, queryset, is_action=True)
+
+    def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        escalation = self.get_object(request, unquote(object_id))  # None for a malformed id
+        if escalation is None:
+            raise Http404("no such escalation")
+        if not self.has_view_permission(request, escalation):
+            raise PermissionDenied
+        queryset = Escalation.objects.filter(pk=escalation.pk)
+        response = self._resolve_page(request, queryset, is_action=False)
+        change_url = reverse("admin:purchases_escalation_change", args=[escalation.pk])
+        return response or HttpResponseRedirect(change_url)
+
+    def _resolve_page(
+        self, request: HttpRequest, queryset: QuerySet[Escalation], *, is_action: bool
+    ) -> HttpResponse | None:
+        if not self.has_resolve_permission(request):
+            raise PermissionDenied
+        open_ones = list(queryset.filter(state=Escalation.State.OPEN).select_related("purchase"))
+        if not open_ones:
+            self.message_user(request, "Nothing to resolve: already resolved.", messages.WARNING)
+            return None
+        submitted = request.method == "POST" and "apply" in request.POST
+        form = ResolveForm(request.POST if submitted else None)
+        if submitted:
+            if form.is_valid():
+                count = self._resolve_all(request, open_ones, form.cleaned_data["resolution"])
+                self.message_user(request, f"Resolved {count} escalation(s).", messages.SUCCESS)
+                return None
+            self.message_user(
+                request, "Say how it was resolved; nothing was changed.", messages.ERROR
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Resolve escalations",
+            "opts": self.opts,
+            "form": form,
+            "escalations": open_ones,
+            "is_action": is_action,
+        }
+        return TemplateResponse(request, "admin/purchases/escalation/resolve.html", context)
+
+    def _resolve_all(self, request: HttpRequest, escalations: list[Escalation], text: str) -> int:
+        username = request.user.get_username()
+        resolved = 0
+        for pk in sorted(e.pk for e in escalations):
+            now = timezone.now()
+            escalation = escalation_resolve(
+                escalation=Escalation(pk=pk), by=username, resolution=text, now=now
+            )
+            # Someone else resolved it between the list and the lock: not ours to count.
+            resolved += escalation.resolved_at == now
+        return resolved
+
+
+# --- what is sold, and who buys it -------------------------------------------------------
+@admin.register(Offering)
+class OfferingAdmin(admin.ModelAdmin):
+    list_display = (
+        "slug",
+        "title",
+        "price",
+        "asset_symbol",
+        "network",
+        "stock",
+        "is_active",
+        "version",
+    )
+    list_filter = ("is_active", "network", "executor", "refund_policy")
+    search_fields = ("slug", "title")
+    readonly_fields = ("created_at",)
+    fieldsets = (
+        ("What is sold", {"fields": ("slug", "title", "description", "executor", "is_active")}),
+        (
+            "Price and payment",
+            {"fields": ("price", "asset", "asset_symbol", "asset_decimals", "network", "pay_to")},
+        ),
+        ("Input", {"fields": ("input_schema", "volatile_fields")}),
+        (
+            "Stock, delivery and remedies",
+            {
+                "fields": (
+                    "stock",
+                    "result_retention",
+                    "delivery_condition",
+                    "refund_policy",
+                    "irreversible",
+                )
+            },
+        ),
+        ("Terms version", {"fields": ("version", "created_at")}),
+    )
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "stock" and field is not None:
+            # Compare against the stock shown on the page, not the row re-read at save time,
+            # so stock is written only when someone actually typed a new number.
+            field.show_hidden_initial = True
+        return field
+
+    def save_model(self, request: HttpRequest, obj: Offering, form: Any, change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # Only the edited columns: a full-row save would put back stock that quotes took
+        # (by a conditional decrement) while the page was open, and oversell.
+        obj.save(update_fields=form.changed_data)
+
+
+class BuyerWalletForm(forms.ModelForm):
+    class Meta:
+        model = BuyerWallet
+        fields = ("address",)
+
+    def clean_address(self) -> str:
+        # Stored lower-case (as buyer_create does) so lookups by payer never miss on case.
+        return str(self.cleaned_data["address"]).strip().lower()
+
+
+class BuyerWalletInline(admin.TabularInline):
+    model = BuyerWallet
+    form = BuyerWalletForm
+    extra = 0
+
+
+class ApiKeyInline(ReadOnlyInline):
+    model = ApiKey
+    show_change_link = False
+    # Never the hash: the prefix is enough to tell keys apart.
+    fields = ("prefix", "label", "created_at", "revoked_at")
+    ordering = ("-created_at",)
+
+
+@admin.register(Buyer)
+class BuyerAdmin(admin.ModelAdmin):
+    list_display = ("ref", "name", "spend_cap", "is_active", "created_at")
+    list_filter = ("is_active",)
+    search_fields = ("=ref", "name", "=wallets__address")
+    readonly_fields = ("ref", "created_at")
+    inlines = (BuyerWalletInline, ApiKeyInline)
+    actions = ("issue_api_key",)
+
+    def get_fields(self, request: HttpRequest, obj: Buyer | None = None) -> list[Any]:
+        if obj is None:
+            return ["name", "spend_cap"]  # what buyer_create takes; the ref comes from it
+        return ["ref", "name", "spend_cap", "is_active", "created_at"]
+
+    def save_model(self, request: HttpRequest, obj: Buyer, form: Any, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        created = buyer_create(name=obj.name, spend_cap=obj.spend_cap)
+        # Hand the created row to the form so the wallet inline attaches to it.
+        obj.pk, obj.ref, obj.created_at = created.pk, created.ref, created.created_at
+        obj._state.adding = False
+        obj._state.db = created._state.db
+
+    @admin.action(description="Issue API key (shown once)", permissions=["change"])
+    def issue_api_key(self, request: HttpRequest, queryset: QuerySet[Buyer]) -> HttpResponse:
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        label = f"admin:{request.user.get_username()}"
+        for buyer in queryset.order_by("pk"):
+            raw_key = api_key_issue(buyer=buyer, label=label)
+            self.message_user(request, f"API key for {buyer}: {raw_key}", messages.WARNING)
+        # Rendered here instead of redirecting, so the key is never parked in a message cookie.
+        context = {**self.admin_site.each_context(request), "title": "API keys issued"}
+        context["opts"] = self.opts
+        return TemplateResponse(request, "admin/purchases/buyer/api_key_issued.html", context)
+
+
+# --- records kept as evidence -------------------------------------------------------------
+@admin.register(Quote)
+class QuoteAdmin(ReadOnlyModelAdmin):
+    list_display = ("public_id", "offering", "buyer", "price", "state", "expires_at", "created_at")
+    list_filter = ("state", "offering")
+    list_select_related = ("offering", "buyer")
+    search_fields = ("=public_id", "=buyer__ref", "=purchase__ref")
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
+    list_display = ("scope", "principal", "purchase", "state", "response_status", "created_at")
+    list_filter = ("scope", "state")
+    list_select_related = ("purchase",)
+    search_fields = ("=key", "=principal", "=purchase__ref")
+    # The stored answer is shown as evidence; the lease token is worker plumbing.
+    fields = (
+        "scope",
+        "key",
+        "principal",
+        "request_fingerprint",
+        "purchase",
+        "state",
+        "response_status",
+        "response_headers",
+        "response_body",
+        "created_at",
+        "completed_at",
+        "locked_until",
+    )

@@ -1,0 +1,130 @@
+"""Demo data: offerings, funded agents with API keys, a support and a finance login.
+
+Idempotent: the second run reuses what the first created and the credentials it saved.
+Every secret is generated here at run time and written only to the var/ directory.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import transaction
+
+from fulfillment.executors.report import REPORT_INPUT_SCHEMA
+from payments.models import LedgerEntry
+from payments.services import ledger_credit
+from purchases.models import Buyer, Offering
+from purchases.services.buyers import api_key_issue, buyer_create
+
+DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
+DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"
+DEMO_NETWORK = "eip155:31337"
+CREDENTIALS_FILE = "demo-credentials.json"
+
+OFFERINGS: list[dict[str, Any]] = [
+    {
+        "slug": "csv-report",
+        "title": "CSV statistics report",
+        "executor": "report",
+        "price": 250_000,
+        "description": "Per-column statistics of a CSV (Decimal exact).",
+        "input_schema": REPORT_INPUT_SCHEMA,
+    },
+    {
+        "slug": "word_stats",
+        "title": "Word statistics (external job service)",
+        "executor": "http_job",
+        "price": 100_000,
+        "description": "Word counts computed by the external job service.",
+        "input_schema": {
+            "type": "object",
+            "required": ["text"],
+            "additionalProperties": False,
+            "properties": {
+                "text": {"type": "string", "minLength": 1},
+                "duration_ms": {"type": "integer", "minimum": 0, "maximum": 60000},
+                "request_id": {"type": "string"},
+            },
+        },
+        "volatile_fields": ["request_id"],
+    },
+    {
+        "slug": "limited-report",
+        "title": "CSV report (limited edition)",
+        "executor": "report",
+        "price": 1_000_000,
+        "stock": 3,
+        "refund_policy": "escalate",
+        "description": "Same report, only three for sale.",
+        "input_schema": REPORT_INPUT_SCHEMA,
+    },
+]
+
+
+def _credentials_path() -> Path:
+    return Path(settings.VAR_DIR) / CREDENTIALS_FILE
+
+
+def _staff_user(username: str, group: str, saved: dict[str, Any]) -> dict[str, str]:
+    password = saved.get(username) or secrets.token_urlsafe(12)
+    user, _ = User.objects.get_or_create(username=username, defaults={"is_staff": True})
+    user.is_staff = True
+    user.set_password(password)
+    user.save()
+    user.groups.add(Group.objects.get(name=group))
+    return {"username": username, "password": password}
+
+
+def _agent(name: str, funds: int, asset: str, saved: dict[str, Any]) -> dict[str, str]:
+    buyer = Buyer.objects.filter(name=name).first()
+    if buyer is None or name not in saved:
+        buyer = buyer or buyer_create(name=name, spend_cap=50_000_000)
+        saved[name] = api_key_issue(buyer=buyer, label="demo")
+    ledger_credit(
+        buyer=buyer,
+        asset=asset,
+        amount=funds,
+        kind=LedgerEntry.Kind.TOP_UP,
+        reference=f"demo-top-up:{buyer.ref}:{asset}",
+    )
+    return {"buyer": buyer.ref, "name": name, "api_key": saved[name]}
+
+
+@transaction.atomic
+def demo_seed(
+    *, asset: str = DEMO_ASSET, network: str = DEMO_NETWORK, pay_to: str = DEMO_SELLER
+) -> dict[str, Any]:
+    """Create or refresh the demo data; return the logins and keys to print."""
+    from purchases.roles import roles_ensure
+
+    roles_ensure()
+    path = _credentials_path()
+    saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    for spec in OFFERINGS:
+        Offering.objects.update_or_create(
+            slug=spec["slug"],
+            defaults={
+                **spec,
+                "asset": asset,
+                "network": network,
+                "pay_to": pay_to,
+                "result_retention": timedelta(days=7),
+            },
+        )
+    agents = [
+        _agent("demo-agent-alice", 20_000_000, asset, saved),
+        _agent("demo-agent-bob", 1_000_000, asset, saved),
+    ]
+    staff = [_staff_user("support", "support", saved), _staff_user("finance", "finance", saved)]
+    superuser = _staff_user("admin", "support", saved)
+    User.objects.filter(username="admin").update(is_superuser=True)
+    saved.update({s["username"]: s["password"] for s in [*staff, superuser]})
+    path.write_text(json.dumps(saved, indent=2))
+    path.chmod(0o600)
+    return {"agents": agents, "staff": [*staff, superuser], "credentials_file": str(path)}

@@ -1,0 +1,18 @@
+import json
+
+from django.core.management.base import BaseCommand
+
+from purchases.demo import demo_seed
+
+
+class Command(BaseCommand):
+    help = "Create or refresh the demo offerings, agents and staff logins (prints them as JSON)."
+
+    def add_arguments(self, parser) -> None:  # type: ignore[no-untyped-def]
+        parser.add_argument("--asset", help="Token address the offerings are priced in.")
+        parser.add_argument("--pay-to", help="Seller wallet.")
+        parser.add_argument("--network", help="CAIP-2 network id.")
+
+    def handle(self, *args, **options) -> None:  # type: ignore[no-untyped-def]
+        overrides = {k: options[k] for k in ("asset", "pay_to", "network") if options.get(k)}
+        self.stdout.write(json.dumps(demo_seed(**overrides), indent=2))

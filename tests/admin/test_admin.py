@@ -1,0 +1,601 @@
+"""The back office, driven through the admin with real staff users in the real roles."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import Group, User
+from django.contrib.messages import get_messages
+from django.db import transaction
+from django.db.models import F
+from django.forms.models import model_to_dict
+from django.http import HttpResponse
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from fulfillment.models import ExecutionAttempt, Receipt, Result
+from payments.models import LedgerEntry, PaymentAttempt, Refund
+from payments.services import refund_create
+from purchases.events import Actor
+from purchases.models import (
+    ApiKey,
+    Buyer,
+    Escalation,
+    IdempotencyRecord,
+    Offering,
+    Purchase,
+    PurchaseEvent,
+    Quote,
+)
+from purchases.roles import roles_ensure
+from purchases.services.execution import ExecutionOutcome, purchase_execute
+from purchases.services.remedies import escalation_open, escalation_resolve
+from tests.conftest import CSV_INPUT
+from tests.factories import USDC_LOCAL, OfferingFactory
+
+pytestmark = pytest.mark.django_db
+
+WALLET = "0x" + "b7" * 20
+TX_HASH = "0x" + "3c" * 32
+CSV_HEADER = (
+    "purchase,payer,amount_atomic,amount,asset,network,transaction,reason,state,"
+    "created_at,paid_reference,paid_at\r\n"
+)
+
+
+@dataclass
+class World:
+    prepaid: Purchase
+    x402: Purchase
+    owed: Refund
+    paid: Refund
+    escalation: Escalation
+
+
+def _paid_prepaid_purchase(client: APIClient, offering: Offering) -> Purchase:
+    """The real way: quote and pay through the agent API, then run the work."""
+    quote = client.post(
+        "/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json"
+    )
+    assert quote.status_code == 201, quote.content
+    paid = client.post(
+        f"/api/v1/quotes/{quote.json()['id']}/purchase",
+        {"rail": "prepaid"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="pay-admin-0001-aaaa",
+    )
+    assert paid.status_code == 201, paid.content
+    purchase = Purchase.objects.get(ref=paid.json()["purchase"])
+    assert purchase_execute(purchase_id=purchase.pk, worker="test") == ExecutionOutcome.SUCCEEDED
+    return purchase
+
+
+def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
+    """An x402 purchase marked failed whose transfer landed anyway (built via the ORM)."""
+    now = timezone.now()
+    quote = Quote.objects.create(
+        offering=offering,
+        quote_key="k" * 64,
+        canonical_input=CSV_INPUT,
+        input_hash="h" * 64,
+        price=offering.price,
+        asset=offering.asset,
+        network=offering.network,
+        pay_to=offering.pay_to,
+        offering_version=offering.version,
+        expires_at=now + timedelta(minutes=15),
+        state=Quote.State.ACCEPTED,
+    )
+    purchase = Purchase.objects.create(
+        quote=quote,
+        offering=offering,
+        amount=offering.price,
+        asset=offering.asset,
+        network=offering.network,
+        rail=Purchase.Rail.X402,
+        payer=WALLET,
+        reason_code="settlement_failed",
+        payment_state=Purchase.PaymentState.FAILED,
+    )
+    attempt = PaymentAttempt.objects.create(
+        purchase=purchase,
+        rail="x402",
+        scope="x402",
+        payment_id="pay-x402-0001-bbbb",
+        payer=WALLET,
+        network=offering.network,
+        asset=offering.asset,
+        amount=offering.price,
+        fingerprint="f" * 64,
+        tx_hash=TX_HASH,
+        state=PaymentAttempt.State.SUCCEEDED,
+    )
+    return purchase, attempt
+
+
+@pytest.fixture
+def world(client_for_buyer: APIClient, offering: Offering) -> World:
+    prepaid = _paid_prepaid_purchase(client_for_buyer, offering)
+    x402, attempt = _late_x402_purchase(offering)
+    now = timezone.now()
+    system = Actor.system("test")
+    with transaction.atomic():
+        owed = refund_create(
+            purchase=x402, attempt=attempt, reason_code="late_confirmation", now=now, actor=system
+        )
+    with transaction.atomic():
+        # A prepaid refund is credited to the balance, so it is paid at once.
+        paid = refund_create(
+            purchase=prepaid,
+            attempt=prepaid.payment_attempts.get(),
+            reason_code="goodwill",
+            now=now,
+            actor=system,
+        )
+    with transaction.atomic():
+        escalation = escalation_open(
+            purchase=prepaid,
+            owner=Escalation.OwnerRole.SUPPORT,
+            reason_code="execution_outcome_unknown",
+            now=now,
+            actor=system,
+        )
+    return World(prepaid, x402, owed, paid, escalation)
+
+
+def _staff(username: str, group: str | None = None, *, superuser: bool = False) -> Client:
+    roles_ensure()
+    user = User.objects.create_user(username=username, is_staff=True, is_superuser=superuser)
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def support() -> Client:
+    return _staff("sam-support", "support")
+
+
+@pytest.fixture
+def finance() -> Client:
+    return _staff("fay-finance", "finance")
+
+
+@pytest.fixture
+def superuser() -> Client:
+    return _staff("root", superuser=True)
+
+
+def _messages(response: HttpResponse) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]  # type: ignore[attr-defined]
+
+
+def _changelist(model: type[Any]) -> str:
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+
+
+def _change(obj: Any) -> str:
+    opts = obj._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[obj.pk])
+
+
+def _action(client: Client, model: type[Any], action: str, pks: list[int], **data: Any) -> Any:
+    # Without "index" this is the intermediate page posting back, as Django's own do.
+    return client.post(_changelist(model), {"action": action, "_selected_action": pks, **data})
+
+
+# --- every screen renders, with data -------------------------------------------------
+OUR_MODELS = [
+    m for m in admin.site._registry if m._meta.app_label in ("purchases", "payments", "fulfillment")
+]
+
+
+def test_every_admin_renders_its_list_and_detail(world: World, superuser: Client) -> None:
+    assert {m.__name__ for m in OUR_MODELS} == {
+        "Offering",
+        "Buyer",
+        "Quote",
+        "Purchase",
+        "Escalation",
+        "IdempotencyRecord",
+        "PaymentAttempt",
+        "LedgerEntry",
+        "Refund",
+        "ExecutionAttempt",
+        "Result",
+        "Receipt",
+    }
+    for model in OUR_MODELS:
+        # Refunds open on the owed list; "all" shows the paid one too.
+        listing = superuser.get(_changelist(model), {"state": "all"} if model is Refund else {})
+        assert listing.status_code == 200, model
+        obj = model._default_manager.order_by("pk").first()
+        assert obj is not None, f"no {model.__name__} in the test data"
+        assert listing.context["cl"].result_count >= 1, model
+        detail = superuser.get(_change(obj))
+        assert detail.status_code == 200, model
+    for add_url in ("admin:purchases_offering_add", "admin:purchases_buyer_add"):
+        assert superuser.get(reverse(add_url)).status_code == 200
+
+
+def test_support_can_open_every_screen(world: World, support: Client) -> None:
+    for model in OUR_MODELS:
+        assert support.get(_changelist(model)).status_code == 200, model
+        obj = model._default_manager.order_by("pk").first()
+        assert support.get(_change(obj)).status_code == 200, model
+
+
+def test_site_header(superuser: Client) -> None:
+    assert "Tollbooth back office" in superuser.get(reverse("admin:index")).content.decode()
+
+
+def test_purchase_page_shows_timeline_evidence_and_result_metadata_never_the_body(
+    world: World, support: Client
+) -> None:
+    purchase = world.prepaid
+    result = Result.objects.get(purchase=purchase)
+    page = support.get(_change(purchase)).content.decode()
+    for subject in ("purchase.payment", "purchase.fulfillment", "escalation", "refund"):
+        assert subject in page
+    assert result.sha256 in page
+    assert str(result.size) in page
+    assert Receipt.objects.get(purchase=purchase).public_id in page
+    assert ExecutionAttempt.objects.get(purchase=purchase).worker in page
+    assert "execution_outcome_unknown" in page
+    assert "0.250000 USDC" in page
+    body = bytes(result.body).decode()
+    assert body not in html.unescape(page)
+    assert body not in html.unescape(support.get(_change(result)).content.decode())
+    timeline = [e.subject for e in purchase.events.order_by("created_at", "pk")]
+    positions = [page.index(f"<p>{subject}</p>") for subject in dict.fromkeys(timeline)]
+    assert positions == sorted(positions)  # rendered in timeline order
+
+
+def test_purchase_search_by_tx_hash(world: World, support: Client) -> None:
+    # Explorers show checksummed or upper-case hashes; the search must still match.
+    found = support.get(_changelist(Purchase), {"q": TX_HASH.upper()}).content.decode()
+    assert world.x402.ref in found
+    assert world.prepaid.ref not in found
+    by_payer = support.get(_changelist(Purchase), {"q": WALLET}).content.decode()
+    assert world.x402.ref in by_payer and world.prepaid.ref not in by_payer
+
+
+# --- state fields are not editable ------------------------------------------------------
+def test_state_fields_cannot_be_edited_through_the_admin(world: World, superuser: Client) -> None:
+    purchase, escalation, refund = world.x402, world.escalation, world.owed
+    edits = [
+        (purchase, {"payment_state": "paid", "fulfillment_state": "succeeded"}),
+        (escalation, {"state": "resolved", "resolution": "edited"}),
+        (refund, {"state": "paid", "paid_reference": "edited"}),
+    ]
+    for obj, data in edits:
+        assert superuser.post(_change(obj), data).status_code == 403
+    purchase.refresh_from_db()
+    escalation.refresh_from_db()
+    refund.refresh_from_db()
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("failed", "not_started")
+    assert (escalation.state, escalation.resolution) == ("open", "")
+    assert (refund.state, refund.paid_reference) == ("owed", "")
+    page = superuser.get(_change(purchase)).content.decode()
+    assert 'name="payment_state"' not in page
+
+
+# --- escalations ------------------------------------------------------------------------
+def test_resolve_action_asks_for_a_text_then_resolves_with_an_event(
+    world: World, support: Client
+) -> None:
+    escalation = world.escalation
+    ask = support.post(
+        _changelist(Escalation),
+        {"action": "resolve_selected", "_selected_action": [escalation.pk], "index": 0},
+    )
+    assert ask.status_code == 200
+    assert 'name="resolution"' in ask.content.decode()
+    escalation.refresh_from_db()
+    assert escalation.state == "open"
+
+    done = _action(
+        support,
+        Escalation,
+        "resolve_selected",
+        [escalation.pk],
+        apply="Resolve",
+        resolution="Job finished upstream; result redelivered.",
+    )
+    assert done.status_code == 302
+    assert _messages(done) == ["Resolved 1 escalation(s)."]
+    escalation.refresh_from_db()
+    assert escalation.state == "resolved"
+    assert escalation.resolution == "Job finished upstream; result redelivered."
+    assert escalation.resolved_by == "sam-support"
+    event = PurchaseEvent.objects.filter(subject="escalation").order_by("pk").last()
+    assert event is not None
+    assert (event.from_state, event.to_state) == ("open", "resolved")
+    assert (event.actor_type, event.actor) == ("staff", "sam-support")
+    assert event.evidence == {
+        "escalation": escalation.pk,
+        "resolution": "Job finished upstream; result redelivered.",
+    }
+
+
+def test_empty_resolution_changes_nothing(world: World, support: Client) -> None:
+    events = PurchaseEvent.objects.count()
+    response = _action(
+        support,
+        Escalation,
+        "resolve_selected",
+        [world.escalation.pk],
+        apply="Resolve",
+        resolution="   ",
+    )
+    assert response.status_code == 200
+    assert "Say how it was resolved; nothing was changed." in response.content.decode()
+    world.escalation.refresh_from_db()
+    assert (world.escalation.state, world.escalation.resolution) == ("open", "")
+    assert PurchaseEvent.objects.count() == events
+
+
+def test_resolve_button_on_the_escalation_page(world: World, support: Client) -> None:
+    escalation = world.escalation
+    resolve_url = reverse("admin:purchases_escalation_resolve", args=[escalation.pk])
+    assert resolve_url in support.get(_change(escalation)).content.decode()
+    assert 'name="resolution"' in support.get(resolve_url).content.decode()
+    done = support.post(resolve_url, {"apply": "Resolve", "resolution": "Refunded by hand."})
+    assert done.status_code == 302 and done["Location"] == _change(escalation)
+    escalation.refresh_from_db()
+    assert (escalation.state, escalation.resolution) == ("resolved", "Refunded by hand.")
+    assert resolve_url not in support.get(_change(escalation)).content.decode()
+
+
+def test_open_escalations_come_first_with_overdue_flag(world: World, support: Client) -> None:
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    overdue = Escalation.objects.create(
+        purchase=world.x402,
+        owner=Escalation.OwnerRole.FINANCE,
+        reason_code="late_confirmation",
+        deadline_at=an_hour_ago,
+    )
+    closed = Escalation.objects.create(
+        purchase=world.x402,
+        owner=Escalation.OwnerRole.SUPPORT,
+        reason_code="payment_unclear",
+        deadline_at=an_hour_ago - timedelta(hours=1),
+    )
+    with transaction.atomic():
+        escalation_resolve(escalation=closed, by="someone", resolution="done", now=timezone.now())
+    page = support.get(_changelist(Escalation)).content.decode()
+    rows = [page.index(f"/{e.pk}/change/") for e in (overdue, world.escalation, closed)]
+    assert rows == sorted(rows)  # open by deadline, then the resolved one
+    assert page.count('alt="True"') == 1  # only the open, past-deadline one is overdue
+
+
+def test_finance_cannot_resolve_escalations(world: World, finance: Client) -> None:
+    escalation = world.escalation
+    resolve_url = reverse("admin:purchases_escalation_resolve", args=[escalation.pk])
+    by_action = _action(
+        finance, Escalation, "resolve_selected", [escalation.pk], apply="1", resolution="x"
+    )
+    assert by_action.status_code == 403
+    assert finance.post(resolve_url, {"apply": "1", "resolution": "x"}).status_code == 403
+    escalation.refresh_from_db()
+    assert (escalation.state, escalation.resolution) == ("open", "")
+
+
+# --- refunds ----------------------------------------------------------------------------
+def test_refund_list_defaults_to_owed_with_human_amounts(world: World, finance: Client) -> None:
+    page = finance.get(_changelist(Refund)).content.decode()
+    assert world.x402.ref in page
+    assert "0.250000 USDC" in page
+    assert world.prepaid.ref not in page  # its refund is already paid
+    every = finance.get(_changelist(Refund), {"state": "all"}).content.decode()
+    assert world.prepaid.ref in every
+
+
+def test_mark_paid_needs_a_reference_and_writes_an_event(world: World, finance: Client) -> None:
+    refund = world.owed
+    field = f"reference_{refund.pk}"
+    ask = _action(finance, Refund, "mark_paid_back", [refund.pk])
+    assert ask.status_code == 200 and f'name="{field}"' in ask.content.decode()
+
+    empty = _action(finance, Refund, "mark_paid_back", [refund.pk], apply="1", **{field: " "})
+    assert empty.status_code == 200
+    assert "nothing was changed" in empty.content.decode()
+    refund.refresh_from_db()
+    assert (refund.state, refund.paid_reference) == ("owed", "")
+
+    payback = "0x" + "9d" * 32
+    done = _action(finance, Refund, "mark_paid_back", [refund.pk], apply="1", **{field: payback})
+    assert done.status_code == 302
+    assert _messages(done) == ["Marked 1 refund(s) paid back."]
+    refund.refresh_from_db()
+    assert (refund.state, refund.paid_reference, refund.paid_by) == (
+        "paid",
+        payback,
+        "fay-finance",
+    )
+    assert refund.paid_at is not None
+    event = refund.purchase.events.filter(subject="refund").order_by("pk").last()
+    assert event is not None
+    assert (event.from_state, event.to_state, event.actor_type, event.actor) == (
+        "owed",
+        "paid",
+        "staff",
+        "fay-finance",
+    )
+    assert event.evidence == {"refund": refund.pk, "reference": payback}
+
+
+def test_support_cannot_mark_refunds_paid(world: World, support: Client) -> None:
+    refund = world.owed
+    field = f"reference_{refund.pk}"
+    response = _action(
+        support, Refund, "mark_paid_back", [refund.pk], apply="1", index=0, **{field: "0xdead"}
+    )
+    assert response.status_code == 302
+    assert _messages(response) == ["No action selected."]
+    refund.refresh_from_db()
+    assert (refund.state, refund.paid_reference) == ("owed", "")
+    assert 'value="mark_paid_back"' not in support.get(_changelist(Refund)).content.decode()
+
+
+def test_export_csv_is_exact(world: World, finance: Client) -> None:
+    owed, paid = Refund.objects.get(pk=world.owed.pk), Refund.objects.get(pk=world.paid.pk)
+    assert paid.paid_at is not None
+    buyer = world.prepaid.buyer
+    assert buyer is not None
+    response = finance.post(
+        _changelist(Refund) + "?state=all",
+        {"action": "export_csv", "_selected_action": [owed.pk, paid.pk], "index": 0},
+    )
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/csv; charset=utf-8"
+    assert response["Content-Disposition"] == 'attachment; filename="refunds.csv"'
+    body = b"".join(response.streaming_content).decode()  # type: ignore[attr-defined]
+    assert body == (
+        CSV_HEADER
+        + f"{world.x402.ref},{WALLET},250000,0.250000,{USDC_LOCAL},eip155:31337,{TX_HASH},"
+        f"late_confirmation,owed,{owed.created_at.isoformat()},,\r\n"
+        + f"{world.prepaid.ref},{buyer.ref},250000,0.250000,{USDC_LOCAL},"
+        f"prepaid,,goodwill,paid,{paid.created_at.isoformat()},refund:{paid.pk},"
+        f"{paid.paid_at.isoformat()}\r\n"
+    )
+
+
+# --- buyers, keys and the ledger ---------------------------------------------------------
+def test_issue_api_key_shows_it_once_and_keeps_only_the_hash(superuser: Client) -> None:
+    from purchases.services.buyers import buyer_create
+
+    buyer = buyer_create(name="agent-admin", wallets=[WALLET.upper().replace("0X", "0x")])
+    response = superuser.post(
+        _changelist(Buyer),
+        {"action": "issue_api_key", "_selected_action": [buyer.pk], "index": 0},
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    key = ApiKey.objects.get(buyer=buyer)
+    raw = page[page.index(f"tbk_{key.prefix}_") :].split("<")[0].strip()
+    assert hashlib.sha256(raw.encode()).hexdigest() == key.key_hash
+    assert key.label == "admin:root"
+    # Shown on this page only: not left in a message cookie for the next request.
+    assert not getattr(response.cookies.get("messages"), "value", "")
+    detail = superuser.get(_change(buyer)).content.decode()
+    assert key.prefix in detail and WALLET in detail
+    assert raw not in detail and key.key_hash not in detail
+
+
+def test_new_buyer_goes_through_the_service(superuser: Client) -> None:
+    response = superuser.post(
+        reverse("admin:purchases_buyer_add"),
+        {
+            "name": "agent-new",
+            "spend_cap": "5000000",
+            "wallets-TOTAL_FORMS": "1",
+            "wallets-INITIAL_FORMS": "0",
+            "wallets-0-address": WALLET.upper().replace("0X", "0x"),
+            "api_keys-TOTAL_FORMS": "0",
+            "api_keys-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 302, response.content
+    buyer = Buyer.objects.get(name="agent-new")
+    assert buyer.ref.startswith("buy_") and buyer.spend_cap == 5_000_000
+    assert list(buyer.wallets.values_list("address", flat=True)) == [WALLET]
+
+
+def test_finance_tops_up_once_per_reference(world: World, finance: Client) -> None:
+    buyer = world.prepaid.buyer
+    assert buyer is not None
+    url = reverse("admin:payments_ledgerentry_top_up")
+    assert url in finance.get(_changelist(LedgerEntry)).content.decode()
+    data = {"buyer": buyer.pk, "asset": USDC_LOCAL, "amount": "12.5", "reference": "bank-77"}
+    for _ in range(2):  # a double submit
+        assert finance.post(url, data).status_code == 302
+    entry = LedgerEntry.objects.get(reference="top_up:bank-77")
+    assert (entry.buyer_id, entry.amount, entry.kind) == (buyer.pk, 12_500_000, "top_up")
+    assert entry.memo == "top-up by fay-finance"
+    too_fine = finance.post(url, {**data, "amount": "1.0000001", "reference": "bank-78"})
+    assert "This asset has 6 decimals." in too_fine.content.decode()
+    assert not LedgerEntry.objects.filter(reference="top_up:bank-78").exists()
+
+
+def test_ledger_is_read_only_and_support_cannot_top_up(world: World, support: Client) -> None:
+    entry = LedgerEntry.objects.order_by("pk").first()
+    assert entry is not None
+    assert support.post(_change(entry), {"amount": "1"}).status_code == 403
+    url = reverse("admin:payments_ledgerentry_top_up")
+    assert url not in support.get(_changelist(LedgerEntry)).content.decode()
+    assert support.get(url).status_code == 403
+
+
+def test_offering_is_editable(world: World, superuser: Client) -> None:
+    offering = world.prepaid.offering
+    page = superuser.get(_change(offering)).content.decode()
+    for group in ("What is sold", "Price and payment", "Stock, delivery and remedies"):
+        assert group in page
+    assert 'name="price"' in page
+
+
+def test_editing_an_offering_never_puts_back_stock_taken_meanwhile(superuser: Client) -> None:
+    offering = OfferingFactory.create(with_stock=True)  # stock 2
+    shown = model_to_dict(offering)
+    # A quote takes one unit while the page is open (the service's conditional decrement).
+    Offering.objects.filter(pk=offering.pk).update(stock=F("stock") - 1)
+    form = {
+        **{k: "" if v is None else v for k, v in shown.items() if k != "id"},
+        "title": "Renamed",
+        "input_schema": json.dumps(shown["input_schema"]),
+        "volatile_fields": json.dumps(shown["volatile_fields"]),
+        "result_retention": "7 00:00:00",
+        "initial-stock": "2",
+    }
+    response = superuser.post(_change(offering), form)
+    assert response.status_code == 302, response.content
+    offering.refresh_from_db()
+    assert (offering.title, offering.stock) == ("Renamed", 1)
+    superuser.post(_change(offering), {**form, "stock": "10", "initial-stock": "1"})
+    offering.refresh_from_db()
+    assert offering.stock == 10  # a deliberate restock is written
+
+
+def test_idempotency_record_shows_no_editable_response(world: World, superuser: Client) -> None:
+    record = IdempotencyRecord.objects.get()
+    page = superuser.get(_change(record)).content.decode()
+    assert 'name="response_body"' not in page
+    assert record.key in page
+
+
+# --- roles --------------------------------------------------------------------------------
+def _codenames(group: Group) -> set[str]:
+    return set(group.permissions.values_list("codename", flat=True))
+
+
+def test_roles_are_idempotent_and_exact() -> None:
+    first = {name: _codenames(group) for name, group in roles_ensure().items()}
+    Group.objects.get(name="finance").permissions.clear()
+    second = {name: _codenames(group) for name, group in roles_ensure().items()}
+    assert first == second
+    assert Group.objects.filter(name__in=["support", "finance"]).count() == 2
+    assert second["finance"] == {
+        "view_refund",
+        "change_refund",
+        "view_ledgerentry",
+        "add_ledgerentry",
+        "view_purchase",
+        "view_purchaseevent",
+        "view_paymentattempt",
+    }
+    support = second["support"]
+    assert {"view_purchase", "view_refund", "view_ledgerentry", "view_result"} <= support
+    assert "change_escalation" in support
+    assert not {"change_refund", "add_ledgerentry", "change_purchase"} & support
