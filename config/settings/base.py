@@ -152,6 +152,54 @@ TOLLBOOTH = {
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),
 }
 
+# --- x402 on EVM ------------------------------------------------------------------
+# One entry per network, by CAIP-2 id. `mode` is "direct" (our relayer key broadcasts)
+# or "facilitator" (X402_FACILITATOR_URL settles). Keys only ever come from the environment.
+X402_FACILITATOR_URL = env.str("X402_FACILITATOR_URL", default="")
+X402_DEFAULT_MODE = "facilitator" if X402_FACILITATOR_URL else "direct"
+X402_NETWORKS = {
+    "eip155:31337": {  # local anvil: the demo and the tests
+        "chain_id": 31337,
+        "rpc_url": env.str("X402_LOCAL_RPC_URL", default="http://127.0.0.1:8545"),
+        "token_address": env.str("X402_LOCAL_TOKEN", default=""),
+        "token_name": "USDC",
+        "token_version": "2",
+        "confirmations": env.int("X402_LOCAL_CONFIRMATIONS", default=1),
+        "confirmation_timeout": env.float("X402_LOCAL_CONFIRMATION_TIMEOUT", default=5.0),
+        "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
+        "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+    },
+    "eip155:84532": {  # Base Sepolia
+        "chain_id": 84532,
+        "rpc_url": env.str("X402_BASE_SEPOLIA_RPC_URL", default="https://sepolia.base.org"),
+        "token_address": env.str(
+            "X402_BASE_SEPOLIA_TOKEN", default="0x036CbD53842c5426634e7929541eC2318f3dCF7e"
+        ),
+        "token_name": "USDC",
+        "token_version": "2",
+        "confirmations": env.int("X402_BASE_SEPOLIA_CONFIRMATIONS", default=2),
+        "confirmation_timeout": env.float("X402_BASE_SEPOLIA_CONFIRMATION_TIMEOUT", default=30.0),
+        "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
+        "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+    },
+    "eip155:8453": {  # Base mainnet
+        "chain_id": 8453,
+        "rpc_url": env.str("X402_BASE_RPC_URL", default="https://mainnet.base.org"),
+        "token_address": env.str(
+            "X402_BASE_TOKEN", default="0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+        ),
+        "token_name": "USD Coin",
+        "token_version": "2",
+        "confirmations": env.int("X402_BASE_CONFIRMATIONS", default=3),
+        "confirmation_timeout": env.float("X402_BASE_CONFIRMATION_TIMEOUT", default=60.0),
+        "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
+        "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+    },
+}
+X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
+# Anonymous 402s open a quote that lives this long and holds no stock.
+X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,0 +1,35 @@
+"""Network configuration from settings, one place."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from payments.x402.types import NetworkConfig
+
+
+class UnknownNetwork(LookupError):
+    pass
+
+
+def network_config(caip2: str) -> NetworkConfig:
+    """Raises UnknownNetwork for a network we do not settle on."""
+    raw = settings.X402_NETWORKS.get(caip2)
+    if raw is None:
+        raise UnknownNetwork(caip2)
+    return NetworkConfig(
+        caip2=caip2,
+        chain_id=int(raw["chain_id"]),
+        rpc_url=raw["rpc_url"],
+        token_address=raw["token_address"],
+        token_name=raw["token_name"],
+        token_version=raw["token_version"],
+        confirmations=int(raw["confirmations"]),
+        confirmation_timeout=float(raw["confirmation_timeout"]),
+        mode=raw["mode"],
+        facilitator_url=raw.get("facilitator_url") or settings.X402_FACILITATOR_URL,
+        facilitator_timeout=float(
+            raw.get("facilitator_timeout") or settings.X402_FACILITATOR_TIMEOUT
+        ),
+        relayer_private_key=raw.get("relayer_private_key", ""),
+        max_timeout_seconds=int(raw.get("max_timeout_seconds", 300)),
+    )

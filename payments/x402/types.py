@@ -1,0 +1,119 @@
+"""Shared types of the x402 rail. Amounts are ints of atomic units, never floats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """One EVM network as settings describe it (see X402_NETWORKS in config/settings/base.py)."""
+
+    caip2: str  # "eip155:31337"
+    chain_id: int
+    rpc_url: str
+    token_address: str  # the USDC (or test USDC) contract
+    token_name: str  # EIP-712 domain name, e.g. "USDC"
+    token_version: str  # EIP-712 domain version, e.g. "2"
+    confirmations: int  # blocks (including the one holding the tx) before we call it settled
+    confirmation_timeout: float  # seconds to wait for them before answering "pending"
+    mode: str  # "direct" (our relayer broadcasts) or "facilitator"
+    facilitator_url: str = ""
+    facilitator_timeout: float = 10.0
+    relayer_private_key: str = field(default="", repr=False)
+    max_timeout_seconds: int = 300  # advertised in PAYMENT-REQUIRED
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """What the seller asked for: one `accepts` entry of our PAYMENT-REQUIRED."""
+
+    network: str
+    asset: str
+    amount: int
+    pay_to: str
+    max_timeout_seconds: int
+    quote_id: str
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """A signed EIP-3009 TransferWithAuthorization, as the buyer sent it."""
+
+    payer: str  # `from`
+    to: str
+    value: int
+    valid_after: int
+    valid_before: int
+    nonce: str  # 0x + 64 hex chars
+    signature: str  # 0x hex
+
+    def as_wire(self) -> dict[str, Any]:
+        return {
+            "signature": self.signature,
+            "authorization": {
+                "from": self.payer,
+                "to": self.to,
+                "value": str(self.value),
+                "validAfter": str(self.valid_after),
+                "validBefore": str(self.valid_before),
+                "nonce": self.nonce,
+            },
+        }
+
+
+class VerificationFailed(Exception):
+    """The payment evidence does not satisfy the requirement. Nothing is recorded as paying."""
+
+    def __init__(self, reason_code: str, detail: str = "") -> None:
+        super().__init__(detail or reason_code)
+        self.reason_code = reason_code
+        self.detail = detail or reason_code
+
+
+class SettlementStatus(StrEnum):
+    CONFIRMED = "confirmed"  # proven: the transfer is on chain with enough confirmations
+    FAILED = "failed"  # proven: it did not and cannot happen with this broadcast
+    PENDING = "pending"  # anything else: unknown is not failed
+
+
+@dataclass(frozen=True)
+class SettlementOutcome:
+    status: SettlementStatus
+    tx_hash: str | None = None
+    reason_code: str = ""
+    block_number: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreparedBroadcast:
+    """What is written down before anything leaves the building.
+
+    Direct mode signs the relayer transaction first, so its hash (and the raw bytes, for an
+    identical rebroadcast) are committed before the broadcast. Facilitator mode knows none.
+    """
+
+    tx_hash: str | None = None
+    raw_transaction: str | None = None
+    relayer_nonce: int | None = None
+
+
+class Settler(Protocol):
+    """One way to put an authorization on chain. Implementations never raise for network
+    faults: they answer PENDING with whatever they know."""
+
+    def prepare(
+        self, *, authorization: Authorization, network: NetworkConfig
+    ) -> PreparedBroadcast: ...
+
+    def broadcast(
+        self,
+        *,
+        authorization: Authorization,
+        requirements: Requirements,
+        network: NetworkConfig,
+        prepared: PreparedBroadcast,
+    ) -> SettlementOutcome: ...
