@@ -37,6 +37,15 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
         null=True, blank=True, help_text="The signed authorization, as received."
     )
     tx_hash = models.CharField(max_length=80, null=True, blank=True)
+    # EIP-3009 evidence for reconciling "by (payer, nonce)" without parsing JSON.
+    authorization_nonce = models.CharField(max_length=66, blank=True)
+    valid_before_at = models.DateTimeField(null=True, blank=True)
+    # Direct mode signs the relayer transaction before broadcasting: hash and bytes are
+    # committed first, so a crash after the send still names the transaction.
+    relayer_nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    raw_transaction = models.TextField(blank=True)
+    broadcast_started_at = models.DateTimeField(null=True, blank=True)
+    block_number = models.PositiveBigIntegerField(null=True, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -44,6 +53,7 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     state = FSMField(default=State.RECORDED, choices=State.choices, protected=True)
 
     class Meta:
+        indexes = [models.Index(fields=["payer", "authorization_nonce"])]
         constraints = [
             models.UniqueConstraint(
                 fields=["purchase"],
@@ -167,3 +177,26 @@ class Refund(ConcurrentTransitionMixin, models.Model):
 
     def __str__(self) -> str:
         return f"refund {self.pk} {self.amount} ({self.state})"
+
+
+class RelayerAccount(models.Model):
+    """Our broadcasting account on one network, and the next account nonce to hand out.
+
+    Nonces are allocated under this row's lock, so concurrent settlements pipeline with
+    distinct nonces instead of racing the node's pending count.
+    """
+
+    network = models.CharField(max_length=64)
+    address = models.CharField(max_length=64)
+    next_nonce = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["network", "address"], name="one_relayer_row_per_network"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.address} on {self.network} (next {self.next_nonce})"

@@ -393,6 +393,9 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
     response_headers = models.JSONField(default=dict, blank=True)
+    # x402 success and pending answers follow the purchase as it moves (pending -> paid ->
+    # result), so a replay is answered from the purchase's current state, not a snapshot.
+    answer_is_live = models.BooleanField(default=False)
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
     state = FSMField(default=State.IN_FLIGHT, choices=State.choices, protected=True)
