@@ -2,9 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from purchases.api.x402_views import X402PaidApi
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("purchases.api.urls", namespace="api")),
+    path("x402/<slug:offering>", X402PaidApi.as_view(), name="x402-paid"),
     path(
         "api/schema/",
         SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),

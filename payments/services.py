@@ -140,6 +140,10 @@ def payment_attempt_settled(*, purchase: Purchase) -> PaymentAttempt | None:
     )
 
 
+def payment_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:
+    return purchase.payment_attempts.filter(state__in=LIVE_ATTEMPT_STATES).order_by("-pk").first()
+
+
 def refund_create(
     *, purchase: Purchase, attempt: PaymentAttempt, reason_code: str, now: datetime, actor: Actor
 ) -> Refund:

@@ -45,6 +45,23 @@ class ErrorCode(StrEnum):
     QUOTE_ALREADY_PAID = "quote_already_paid"
     PAYMENT_IN_FLIGHT = "payment_in_flight"
     PAYMENT_IDENTIFIER_CONFLICT = "payment_identifier_conflict"
+    # x402: authorize + verify boundary.
+    PAYMENT_REQUIRED = "payment_required"
+    PAYMENT_SIGNATURE_MALFORMED = "payment_signature_malformed"
+    INVALID_PAYLOAD = "invalid_payload"
+    UNSUPPORTED_SCHEME = "unsupported_scheme"
+    NETWORK_MISMATCH = "network_mismatch"
+    ASSET_MISMATCH = "asset_mismatch"
+    INVALID_SIGNATURE = "invalid_signature"
+    RECIPIENT_MISMATCH = "recipient_mismatch"
+    AMOUNT_MISMATCH = "amount_mismatch"
+    AUTHORIZATION_NOT_YET_VALID = "authorization_not_yet_valid"
+    AUTHORIZATION_EXPIRED = "authorization_expired"
+    AUTHORIZATION_USED = "authorization_used"
+    INSUFFICIENT_BALANCE = "insufficient_balance"
+    VERIFICATION_UNAVAILABLE = "verification_unavailable"
+    # x402: settle boundary.
+    PAYMENT_FAILED = "payment_failed"
     # Execute and deliver boundary.
     PURCHASE_NOT_FOUND = "purchase_not_found"
     PAYMENT_NOT_COMPLETE = "payment_not_complete"
@@ -134,6 +151,83 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "use_new_payment_id",
         False,
         "This payment id was used for a different request.",
+    ),
+    ErrorCode.PAYMENT_REQUIRED: CodeSpec(
+        402, Owner.BUYER, "sign_and_pay", False, "Payment required: see PAYMENT-REQUIRED."
+    ),
+    ErrorCode.PAYMENT_SIGNATURE_MALFORMED: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_payment_signature",
+        False,
+        "PAYMENT-SIGNATURE is not a base64 x402 v2 payment payload.",
+    ),
+    ErrorCode.INVALID_PAYLOAD: CodeSpec(
+        402,
+        Owner.BUYER,
+        "sign_new_authorization",
+        False,
+        "The authorization in the payload is malformed.",
+    ),
+    ErrorCode.UNSUPPORTED_SCHEME: CodeSpec(
+        402, Owner.BUYER, "sign_new_authorization", False, "Only the 'exact' scheme is accepted."
+    ),
+    ErrorCode.NETWORK_MISMATCH: CodeSpec(
+        402, Owner.BUYER, "sign_new_authorization", False, "The payment is for another network."
+    ),
+    ErrorCode.ASSET_MISMATCH: CodeSpec(
+        402, Owner.BUYER, "sign_new_authorization", False, "The payment is in another asset."
+    ),
+    ErrorCode.INVALID_SIGNATURE: CodeSpec(
+        402,
+        Owner.BUYER,
+        "sign_new_authorization",
+        False,
+        "The EIP-712 signature is not the payer's under the token's domain.",
+    ),
+    ErrorCode.RECIPIENT_MISMATCH: CodeSpec(
+        402, Owner.BUYER, "sign_new_authorization", False, "The authorization pays someone else."
+    ),
+    ErrorCode.AMOUNT_MISMATCH: CodeSpec(
+        402,
+        Owner.BUYER,
+        "sign_new_authorization",
+        False,
+        "The authorized value is not the quoted price.",
+    ),
+    ErrorCode.AUTHORIZATION_NOT_YET_VALID: CodeSpec(
+        402, Owner.BUYER, "sign_new_authorization", False, "validAfter is in the future."
+    ),
+    ErrorCode.AUTHORIZATION_EXPIRED: CodeSpec(
+        402,
+        Owner.BUYER,
+        "sign_new_authorization",
+        False,
+        "validBefore is past, or too close to cover settlement.",
+    ),
+    ErrorCode.AUTHORIZATION_USED: CodeSpec(
+        402,
+        Owner.BUYER,
+        "look_up_purchase",
+        False,
+        "This authorization's nonce is already used on chain.",
+    ),
+    ErrorCode.INSUFFICIENT_BALANCE: CodeSpec(
+        402, Owner.BUYER, "fund_wallet", False, "The payer's token balance is below the price."
+    ),
+    ErrorCode.VERIFICATION_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.RECONCILIATION,
+        "retry_same_payment_id_later",
+        True,
+        "The chain could not be read to verify the payment; nothing was recorded.",
+    ),
+    ErrorCode.PAYMENT_FAILED: CodeSpec(
+        402,
+        Owner.BUYER,
+        "sign_new_authorization",
+        False,
+        "Settlement provably failed; no money moved. `reason` says why.",
     ),
     ErrorCode.PURCHASE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such purchase."),
     ErrorCode.PAYMENT_NOT_COMPLETE: CodeSpec(

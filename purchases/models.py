@@ -252,7 +252,15 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
 
     # --- execute boundary -------------------------------------------------------
     def is_payment_sufficient_for_execution(self) -> bool:
-        return self.payment_state == self.PaymentState.PAID  # type: ignore[comparison-overlap]
+        """Settled, or verified and broadcast when the offering delivers on verification."""
+        state = str(self.payment_state)
+        if state == self.PaymentState.PAID:
+            return True
+        on_verification = self.offering.delivery_condition == Offering.DeliveryCondition.VERIFIED
+        return on_verification and state in (
+            self.PaymentState.PAYING,
+            self.PaymentState.SETTLEMENT_PENDING,
+        )
 
     @transition(
         field=fulfillment_state,

@@ -199,6 +199,8 @@ X402_NETWORKS = {
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
+# After settlement the request waits this long for a fast job, then answers 202.
+X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
 
 LOGGING = {
     "version": 1,

@@ -50,7 +50,7 @@ def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) 
     execution_failed, result_expired (naming the receipt).
     """
     now = now_or(now)
-    if purchase.payment_state != PAY.PAID:
+    if not purchase.is_payment_sufficient_for_execution():
         raise DomainError(
             ErrorCode.PAYMENT_NOT_COMPLETE,
             purchase=purchase.ref,

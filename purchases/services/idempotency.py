@@ -40,6 +40,8 @@ class StoredAnswer:
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
     purchase_ref: str | None = None
+    # Live answers are recomputed from the purchase on every replay (x402 pending -> paid).
+    is_live: bool = False
 
 
 @dataclass(frozen=True)
@@ -99,16 +101,14 @@ def payment_id_claim(
             # Never name the other party's purchase: the key may not be this caller's.
             raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
         if record.state == IdempotencyRecord.State.COMPLETED:
-            return KeyClaim(
-                record.pk,
-                "",
-                StoredAnswer(
-                    record.response_status or 500,
-                    record.response_body,
-                    dict(record.response_headers),
-                    purchase_ref,
-                ),
+            stored = StoredAnswer(
+                record.response_status or 500,
+                record.response_body,
+                dict(record.response_headers),
+                purchase_ref,
+                is_live=record.answer_is_live,
             )
+            return KeyClaim(record.pk, "", stored)
         if record.locked_until is not None and record.locked_until > now:
             raise DomainError(
                 ErrorCode.PAYMENT_IN_FLIGHT,
@@ -148,6 +148,7 @@ def payment_id_store_answer(
         if purchase is not None:
             record.purchase = purchase
         record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
+        record.answer_is_live = answer.is_live
         record.save(
             update_fields=[
                 "state",
@@ -157,6 +158,7 @@ def payment_id_store_answer(
                 "response_headers",
                 "completed_at",
                 "locked_until",
+                "answer_is_live",
             ]
         )
 

@@ -1,0 +1,173 @@
+"""x402 payment attempts: record before broadcast, then record what the chain said.
+
+Called by the purchases orchestration, which holds the purchase row lock where noted.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import transaction
+
+from payments.models import PaymentAttempt
+from payments.x402.types import (
+    Authorization,
+    PreparedBroadcast,
+    SettlementOutcome,
+    SettlementStatus,
+)
+from purchases.events import Actor, event_record
+from purchases.models import Purchase
+
+X402_SCOPE = "x402"
+
+
+def x402_attempt_for_payment_id(*, payment_id: str) -> PaymentAttempt | None:
+    return PaymentAttempt.objects.filter(scope=X402_SCOPE, payment_id=payment_id).first()
+
+
+def x402_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:
+    return (
+        PaymentAttempt.objects.filter(
+            purchase=purchase,
+            state__in=[PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING],
+        )
+        .order_by("-pk")
+        .first()
+    )
+
+
+def x402_attempt_record(
+    *,
+    purchase: Purchase,
+    authorization: Authorization,
+    payment_id: str,
+    fingerprint: str,
+    network: str,
+    asset: str,
+    actor: Actor,
+) -> PaymentAttempt:
+    """Write the attempt with the signed authorization itself. Caller holds the purchase lock."""
+    attempt = PaymentAttempt.objects.create(
+        purchase=purchase,
+        rail=Purchase.Rail.X402,
+        scope=X402_SCOPE,
+        payment_id=payment_id,
+        payer=authorization.payer.lower(),
+        network=network,
+        asset=asset,
+        amount=authorization.value,
+        fingerprint=fingerprint,
+        authorization=authorization.as_wire(),
+        authorization_nonce=authorization.nonce.lower(),
+        valid_before_at=datetime.fromtimestamp(authorization.valid_before, tz=UTC),
+    )
+    event_record(
+        subject="payment_attempt",
+        purchase=purchase,
+        actor=actor,
+        to_state=attempt.state,
+        evidence={
+            "attempt": attempt.pk,
+            "rail": "x402",
+            "payer": attempt.payer,
+            "nonce": attempt.authorization_nonce,
+            "valid_before": authorization.valid_before,
+        },
+    )
+    return attempt
+
+
+def x402_attempt_mark_prepared(
+    *, attempt_id: int, prepared: PreparedBroadcast, now: datetime
+) -> None:
+    """Commit what we are about to broadcast (tx hash and signed bytes when known) first."""
+    with transaction.atomic():
+        attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
+        if attempt.broadcast_started_at is None:
+            attempt.broadcast_started_at = now
+        if prepared.tx_hash and not attempt.tx_hash:
+            attempt.tx_hash = prepared.tx_hash.lower()
+            attempt.raw_transaction = prepared.raw_transaction or ""
+            attempt.relayer_nonce = prepared.relayer_nonce
+        attempt.save(
+            update_fields=[
+                "broadcast_started_at",
+                "tx_hash",
+                "raw_transaction",
+                "relayer_nonce",
+                "updated_at",
+            ]
+        )
+
+
+def x402_attempt_apply_outcome(
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
+) -> bool:
+    """Move the attempt per the chain's answer. Returns True if its state changed.
+
+    Idempotent: a second report of the same outcome changes nothing. Caller holds locks.
+    """
+    previous = attempt.state
+    tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
+    if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
+        return False
+    if outcome.status == SettlementStatus.CONFIRMED:
+        attempt.tx_hash = tx_hash
+        attempt.block_number = outcome.block_number
+        attempt.succeed(settlement_reference=tx_hash or "")
+    elif outcome.status == SettlementStatus.FAILED:
+        attempt.fail(reason_code=outcome.reason_code)
+    elif attempt.state == PaymentAttempt.State.RECORDED:
+        attempt.pend(tx_hash=tx_hash)
+        attempt.reason_code = outcome.reason_code
+    else:
+        attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
+    attempt.save(
+        update_fields=[
+            "state",
+            "tx_hash",
+            "block_number",
+            "settlement_reference",
+            "reason_code",
+            "updated_at",
+        ]
+    )
+    event_record(
+        subject="payment_attempt",
+        purchase=attempt.purchase,
+        actor=actor,
+        from_state=previous,
+        to_state=attempt.state,
+        reason_code=outcome.reason_code,
+        evidence={
+            "attempt": attempt.pk,
+            "tx_hash": tx_hash,
+            "block": outcome.block_number,
+            **outcome.evidence,
+        },
+    )
+    return attempt.state != previous
+
+
+def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:
+    wire = attempt.authorization or {}
+    auth = wire.get("authorization", {})
+    return Authorization(
+        payer=auth["from"],
+        to=auth["to"],
+        value=int(auth["value"]),
+        valid_after=int(auth["validAfter"]),
+        valid_before=int(auth["validBefore"]),
+        nonce=auth["nonce"],
+        signature=wire["signature"],
+    )
+
+
+def x402_attempt_prepared(*, attempt: PaymentAttempt) -> PreparedBroadcast:
+    """What was committed before the first broadcast: rebroadcasts send exactly this."""
+    return PreparedBroadcast(
+        tx_hash=attempt.tx_hash,
+        raw_transaction=attempt.raw_transaction or None,
+        relayer_nonce=attempt.relayer_nonce,
+    )

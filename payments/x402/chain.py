@@ -1,0 +1,211 @@
+"""Read-only chain access for one x402 network.
+
+Every RPC fault (refused connection, timeout, HTTP error, JSON-RPC error, garbage body) is
+raised as ChainUnavailable: to the caller it means "the chain did not say", never "no".
+Receipts and logs come back as plain dicts of ints and 0x-hex strings, so they can be stored
+as evidence as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import requests
+from eth_typing import BlockNumber, HexStr
+from hexbytes import HexBytes
+from web3 import Web3
+from web3.exceptions import TransactionNotFound, Web3Exception
+from web3.types import BlockIdentifier, FilterParams, LogReceipt
+
+from payments.chain.token import token_contract
+from payments.x402.types import NetworkConfig
+
+RPC_TIMEOUT_SECONDS = 5.0
+
+AUTHORIZATION_USED_TOPIC = Web3.keccak(text="AuthorizationUsed(address,bytes32)").to_0x_hex()
+TRANSFER_TOPIC = Web3.keccak(text="Transfer(address,address,uint256)").to_0x_hex()
+
+_HASH32 = re.compile(r"0x[0-9a-fA-F]{64}")
+_T = TypeVar("_T")
+
+
+class ChainUnavailable(Exception):
+    """The node could not be asked or did not answer: the state is unknown, not negative."""
+
+
+@dataclass(frozen=True)
+class BlockRef:
+    number: int
+    timestamp: int
+
+
+def w3_for(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> Web3:
+    """A Web3 client for `network` with a bounded request time.
+
+    web3's HTTPProvider retries refused connections and timeouts five times with backoff by
+    default; a reconciliation read would rather answer "unknown" at once, so retries are off.
+    """
+    provider = Web3.HTTPProvider(
+        network.rpc_url,
+        request_kwargs={"timeout": timeout},
+        exception_retry_configuration=None,
+    )
+    return Web3(provider)
+
+
+def is_hash32(value: object) -> bool:
+    """True for a 0x + 64 hex string (tx hash, EIP-3009 nonce)."""
+    return isinstance(value, str) and _HASH32.fullmatch(value) is not None
+
+
+def address_topic(address: str) -> HexStr:
+    """An address as an indexed event topic: left-padded to 32 bytes, lower-case hex."""
+    return HexStr("0x" + "0" * 24 + Web3.to_checksum_address(address)[2:].lower())
+
+
+@contextmanager
+def _rpc() -> Iterator[None]:
+    # ValueError covers a non-JSON body; inputs are validated before entering this block,
+    # so no caller mistake is disguised as an outage.
+    try:
+        yield
+    except (Web3Exception, requests.RequestException, OSError, ValueError) as exc:
+        raise ChainUnavailable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _log_dict(log: LogReceipt | Any) -> dict[str, Any]:
+    return {
+        "address": Web3.to_checksum_address(log["address"]),
+        "topics": [HexBytes(t).to_0x_hex() for t in log["topics"]],
+        "data": HexBytes(log["data"]).to_0x_hex(),
+        "logIndex": int(log["logIndex"]),
+        "blockNumber": int(log["blockNumber"]),
+        "transactionHash": HexBytes(log["transactionHash"]).to_0x_hex(),
+    }
+
+
+class ChainReader:
+    """Thin, read-only web3 wrapper for one NetworkConfig and its token."""
+
+    def __init__(self, network: NetworkConfig, *, w3: Web3 | None = None) -> None:
+        self.network = network
+        self.w3 = w3 or w3_for(network)
+        self.token = Web3.to_checksum_address(network.token_address)
+        self._contract = token_contract(self.w3, self.token)
+
+    def _call(self, fn: Callable[[], _T]) -> _T:
+        with _rpc():
+            return fn()
+
+    # --- token state ---------------------------------------------------------------------
+
+    def authorization_state(
+        self, authorizer: str, nonce: str, block: BlockIdentifier = "latest"
+    ) -> bool:
+        """True once (authorizer, nonce) was used (or canceled) on chain, as of `block`."""
+        who, raw_nonce = Web3.to_checksum_address(authorizer), _hash32_bytes(nonce)
+        fn = self._contract.functions.authorizationState(who, raw_nonce)
+        return bool(self._call(lambda: fn.call(block_identifier=block)))
+
+    def balance_of(self, holder: str, block: BlockIdentifier = "latest") -> int:
+        fn = self._contract.functions.balanceOf(Web3.to_checksum_address(holder))
+        return int(self._call(lambda: fn.call(block_identifier=block)))
+
+    # --- blocks and transactions ---------------------------------------------------------
+
+    def block_number(self) -> int:
+        return int(self._call(lambda: self.w3.eth.block_number))
+
+    def latest_block(self) -> BlockRef:
+        """Number and timestamp of one block, read together (a consistent snapshot)."""
+        block = self._call(lambda: self.w3.eth.get_block("latest"))
+        return BlockRef(number=int(block["number"]), timestamp=int(block["timestamp"]))
+
+    def receipt(self, tx_hash: str) -> dict[str, Any] | None:
+        """The mined receipt, or None while the node knows no receipt (unknown or pending)."""
+        tx = _hash32_hex(tx_hash)
+        with _rpc():
+            try:
+                raw = self.w3.eth.get_transaction_receipt(tx)
+            except TransactionNotFound:  # web3 turns the node's `null` into this
+                return None
+        return {
+            "transactionHash": HexBytes(raw["transactionHash"]).to_0x_hex(),
+            "status": int(raw["status"]),
+            "blockNumber": int(raw["blockNumber"]),
+            "from": Web3.to_checksum_address(raw["from"]),
+            "to": Web3.to_checksum_address(raw["to"]) if raw.get("to") else None,
+            "logs": [_log_dict(log) for log in raw["logs"]],
+        }
+
+    def transaction_known(self, tx_hash: str) -> bool:
+        """True while the node has the transaction, mined or still in its pool."""
+        tx = _hash32_hex(tx_hash)
+        with _rpc():
+            try:
+                self.w3.eth.get_transaction(tx)
+            except TransactionNotFound:
+                return False
+        return True
+
+    def authorization_used_logs(
+        self,
+        authorizer: str,
+        nonce: str,
+        from_block: int = 0,
+        to_block: BlockIdentifier = "latest",
+    ) -> list[dict[str, Any]]:
+        """AuthorizationUsed(authorizer, nonce) events of our token, oldest first.
+
+        Both arguments are indexed, so the filter is exact. Public RPCs often cap the block
+        range of eth_getLogs: such a refusal surfaces as ChainUnavailable.
+        """
+        params: FilterParams = {
+            "address": self.token,
+            "fromBlock": BlockNumber(from_block),
+            "toBlock": to_block,
+            "topics": [
+                AUTHORIZATION_USED_TOPIC,
+                address_topic(authorizer),
+                _hash32_hex(nonce).lower(),
+            ],
+        }
+        logs = self._call(lambda: self.w3.eth.get_logs(params))
+        # A log flagged `removed` belongs to a block that was reorganised away.
+        return [_log_dict(log) for log in logs if not log.get("removed", False)]
+
+    # --- account nonces (for a relayer) --------------------------------------------------
+
+    def pending_nonce(self, address: str) -> int:
+        who = Web3.to_checksum_address(address)
+        return int(self._call(lambda: self.w3.eth.get_transaction_count(who, "pending")))
+
+    def latest_nonce(self, address: str) -> int:
+        who = Web3.to_checksum_address(address)
+        return int(self._call(lambda: self.w3.eth.get_transaction_count(who, "latest")))
+
+
+def _hash32_hex(value: str) -> HexStr:
+    if not is_hash32(value):
+        raise ValueError(f"expected 0x + 64 hex characters, got {value!r}")
+    return HexStr(value)
+
+
+def _hash32_bytes(value: str) -> bytes:
+    return bytes(HexBytes(_hash32_hex(value)))
+
+
+__all__ = [
+    "AUTHORIZATION_USED_TOPIC",
+    "TRANSFER_TOPIC",
+    "BlockRef",
+    "ChainReader",
+    "ChainUnavailable",
+    "address_topic",
+    "is_hash32",
+    "w3_for",
+]

@@ -1,0 +1,236 @@
+"""Our relayer account's nonces: allocate them under a row lock, and heal the gaps.
+
+The relayer pays the gas for direct-mode settlements. Each settlement's transaction is
+signed with a nonce handed out here before anything is sent, so concurrent settlements
+pipeline instead of racing the node's pending count. A transaction the network drops, or a
+nonce handed out to a process that died before sending, leaves a gap that stalls every
+later transaction of the account: `relayer_heal` closes such gaps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+import rlp
+from django.db import transaction
+from django.utils import timezone
+from eth_account import Account
+from eth_account.signers.local import LocalAccount
+from eth_account.typed_transactions import TypedTransaction
+from eth_typing import HexStr
+from eth_utils import keccak
+from hexbytes import HexBytes
+from web3 import Web3
+from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
+from web3.types import TxParams
+
+from payments.models import RelayerAccount
+from payments.x402.types import NetworkConfig
+
+logger = logging.getLogger(__name__)
+
+SELF_TRANSFER_GAS = 21_000  # a plain value transfer to an EOA costs exactly this
+# A nonce handed out this recently may belong to a settlement that is still on its way to
+# recording and sending its transaction: filling it would make that broadcast fail.
+UNSENT_GRACE = timedelta(seconds=60)
+# Send errors meaning "a transaction already holds this nonce" (spellings differ by node).
+_NONCE_OCCUPIED = (
+    "already known",
+    "already imported",
+    "known transaction",
+    "already exists",
+    "nonce too low",
+    "nonce is too low",
+    "oldnonce",
+    "replacement transaction",
+)
+
+HealAction = dict[str, Any]
+
+
+class RelayerGapNotFilled(RuntimeError):
+    """The node refused our 0-value self-transfer (e.g. the relayer cannot pay the gas)."""
+
+
+def relayer_nonce_allocate(
+    *, network: NetworkConfig, address: str, chain_pending_nonce: int
+) -> int:
+    """Hand out the relayer's next account nonce on `network` (distinct under concurrency).
+
+    `chain_pending_nonce` is read by the caller beforehand: no network I/O under the lock.
+    The chain wins when it is ahead (the key was used elsewhere, or our row is new).
+    """
+    address = Web3.to_checksum_address(address)
+    with transaction.atomic():
+        # select_for_update on get_or_create: a concurrent creator loses the unique insert,
+        # then reads and locks the winner's row.
+        row, _created = RelayerAccount.objects.select_for_update().get_or_create(
+            network=network.caip2, address=address
+        )
+        nonce = max(row.next_nonce, chain_pending_nonce)
+        row.next_nonce = nonce + 1
+        row.save(update_fields=["next_nonce", "updated_at"])
+    return nonce
+
+
+def relayer_fee_fields(w3: Web3) -> dict[str, int]:
+    """Fee fields from the node: EIP-1559 where blocks carry a base fee, else legacy."""
+    base_fee = w3.eth.get_block("latest").get("baseFeePerGas")
+    if base_fee is None:
+        return {"gasPrice": w3.eth.gas_price}
+    tip = w3.eth.max_priority_fee
+    # Twice the base fee survives several full blocks of base-fee growth before it stalls.
+    return {"maxFeePerGas": 2 * base_fee + tip, "maxPriorityFeePerGas": tip}
+
+
+def relayer_heal(
+    *,
+    network: NetworkConfig,
+    w3: Web3,
+    account: LocalAccount,
+    known: list[tuple[int, str]],
+    unsent_grace: timedelta = UNSENT_GRACE,
+    now: datetime | None = None,
+) -> list[HealAction]:
+    """Close the relayer's nonce gaps so later transactions are not stalled.
+
+    `known` holds (relayer_nonce, raw_transaction) of our broadcasts not yet mined. A known
+    transaction the node has lost is sent again byte for byte (same hash: the buyer's
+    authorization is never signed again); one that can no longer execute is replaced by a
+    0-value self-transfer. Nonces handed out but never recorded (older than `unsent_grace`)
+    get a self-transfer too. Returns the actions taken. Raises RelayerGapNotFilled, and web3
+    or requests errors on network faults; running it again is safe.
+    """
+    latest = w3.eth.get_transaction_count(account.address, "latest")
+    pending = w3.eth.get_transaction_count(account.address, "pending")
+    by_nonce: dict[int, list[str]] = {}
+    for nonce, raw in known:
+        by_nonce.setdefault(nonce, []).append(raw)
+    actions: list[HealAction] = []
+    for nonce in sorted(n for n in by_nonce if n >= latest):
+        raws = by_nonce[nonce]
+        if not any(_node_knows(w3, raw) for raw in raws):
+            actions += _resend_or_fill(w3=w3, account=account, network=network,
+                                       nonce=nonce, raws=raws)  # fmt: skip
+    unsent = _unsent_nonces(network=network, address=account.address, chain_pending=pending,
+                            known=by_nonce.keys(), grace=unsent_grace, now=now)  # fmt: skip
+    for nonce in unsent:
+        actions += _fill_gap(w3=w3, account=account, network=network, nonce=nonce)
+    return actions
+
+
+def _resend_or_fill(
+    *, w3: Web3, account: LocalAccount, network: NetworkConfig, nonce: int, raws: list[str]
+) -> list[HealAction]:
+    for raw in raws:
+        _check_ours(raw, account=account, nonce=nonce)
+        if not _can_execute(w3, raw, sender=account.address):
+            continue
+        result = _send_raw(w3, raw)
+        if result == "sent":
+            tx_hash = _tx_hash(raw)
+            logger.info("relayer %s: re-sent %s at nonce %s", account.address, tx_hash, nonce)
+            return [{"nonce": nonce, "action": "rebroadcast", "tx_hash": tx_hash}]
+        if result == "occupied":
+            return []  # it reached the node (or was mined) since we looked: no gap
+    return _fill_gap(w3=w3, account=account, network=network, nonce=nonce)
+
+
+def _fill_gap(
+    *, w3: Web3, account: LocalAccount, network: NetworkConfig, nonce: int
+) -> list[HealAction]:
+    tx: dict[str, Any] = {
+        "to": account.address,
+        "value": 0,
+        "gas": SELF_TRANSFER_GAS,
+        "nonce": nonce,
+        "chainId": network.chain_id,
+        **relayer_fee_fields(w3),
+    }
+    signed = account.sign_transaction(tx)
+    raw = signed.raw_transaction.to_0x_hex()
+    result = _send_raw(w3, raw)
+    if result == "occupied":
+        return []  # something we did not know of holds the nonce: it is no gap
+    if result == "rejected":
+        raise RelayerGapNotFilled(
+            f"node rejected the gap filler at nonce {nonce} of {account.address}"
+        )
+    tx_hash = signed.hash.to_0x_hex()
+    logger.warning("relayer %s: filled nonce gap %s with %s", account.address, nonce, tx_hash)
+    return [{"nonce": nonce, "action": "gap_filled", "tx_hash": tx_hash}]
+
+
+def _unsent_nonces(
+    *,
+    network: NetworkConfig,
+    address: str,
+    chain_pending: int,
+    known: Iterable[int],
+    grace: timedelta,
+    now: datetime | None,
+) -> list[int]:
+    row = RelayerAccount.objects.filter(network=network.caip2, address=address).first()
+    if row is None or row.next_nonce <= chain_pending:
+        return []
+    if (now or timezone.now()) - row.updated_at < grace:
+        return []  # the latest allocation may still be in flight: look again later
+    taken = set(known)
+    return [n for n in range(chain_pending, row.next_nonce) if n not in taken]
+
+
+def _send_raw(w3: Web3, raw: str) -> str:
+    """Say "sent", "occupied" (a transaction holds the nonce) or "rejected" (node refused)."""
+    try:
+        w3.eth.send_raw_transaction(HexBytes(raw))
+    except Web3RPCError as exc:
+        message = str(exc).lower()
+        return "occupied" if any(m in message for m in _NONCE_OCCUPIED) else "rejected"
+    return "sent"
+
+
+def _node_knows(w3: Web3, raw: str) -> bool:
+    try:
+        w3.eth.get_transaction(_tx_hash(raw))
+    except TransactionNotFound:
+        return False
+    return True
+
+
+def _can_execute(w3: Web3, raw: str, *, sender: str) -> bool:
+    """Simulate the call: an authorization used elsewhere or expired reverts here, for free."""
+    fields = _decode(raw)
+    call: TxParams = {"from": Web3.to_checksum_address(sender), "to": fields["to"],
+                      "data": fields["data"], "value": fields["value"]}  # fmt: skip
+    try:
+        w3.eth.call(call, "latest")
+    except ContractLogicError:
+        return False
+    return True
+
+
+def _check_ours(raw: str, *, account: LocalAccount, nonce: int) -> None:
+    if Account.recover_transaction(raw) != account.address or _decode(raw)["nonce"] != nonce:
+        raise ValueError(f"raw transaction at nonce {nonce} is not {account.address}'s")
+
+
+def _decode(raw: str) -> dict[str, Any]:
+    """to, data, value and nonce of a signed transaction, typed (EIP-2718) or legacy."""
+    payload = bytes(HexBytes(raw))
+    if payload[0] <= 0x7F:
+        tx = TypedTransaction.from_bytes(HexBytes(payload)).as_dict()
+        to, data, value, nonce = tx["to"], tx["data"], tx["value"], tx["nonce"]
+    else:
+        fields = cast(list[bytes], rlp.decode(payload))
+        nonce, value = int.from_bytes(fields[0]), int.from_bytes(fields[4])
+        to, data = fields[3], fields[5]
+    return {"to": Web3.to_checksum_address(to), "data": HexBytes(data).to_0x_hex(),
+            "value": value, "nonce": nonce}  # fmt: skip
+
+
+def _tx_hash(raw: str) -> HexStr:
+    # A transaction's hash is the keccak of its signed encoding, typed or legacy alike.
+    return HexStr(HexBytes(keccak(HexBytes(raw))).to_0x_hex())

@@ -1,0 +1,154 @@
+"""The x402 v2 wire format, through the `x402` package's types and header codecs.
+
+This is the small Django-side adapter: build PAYMENT-REQUIRED, decode PAYMENT-SIGNATURE
+defensively (a malformed header is the client's problem, never our 5xx), and encode
+PAYMENT-RESPONSE.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from x402.extensions.payment_identifier import (
+    PAYMENT_IDENTIFIER,
+    declare_payment_identifier_extension,
+)
+from x402.http.constants import (
+    PAYMENT_REQUIRED_HEADER,
+    PAYMENT_RESPONSE_HEADER,
+    PAYMENT_SIGNATURE_HEADER,
+)
+from x402.http.utils import (
+    decode_payment_signature_header,
+    encode_payment_required_header,
+    encode_payment_response_header,
+)
+from x402.schemas import (
+    PaymentPayload,
+    PaymentRequired,
+    PaymentRequirements,
+    ResourceInfo,
+    SettleResponse,
+)
+
+from payments.x402.types import NetworkConfig, Requirements
+
+__all__ = [
+    "PAYMENT_REQUIRED_HEADER",
+    "PAYMENT_RESPONSE_HEADER",
+    "PAYMENT_SIGNATURE_HEADER",
+    "DecodedPayment",
+    "MalformedPayment",
+    "decode_payment",
+    "payment_required_header",
+    "payment_response_header",
+    "requirements_wire",
+]
+
+
+class MalformedPayment(ValueError):
+    """PAYMENT-SIGNATURE could not be decoded into an x402 v2 payment payload."""
+
+
+@dataclass(frozen=True)
+class DecodedPayment:
+    payload: dict[str, Any]  # the scheme payload: {signature, authorization}
+    accepted: dict[str, Any]  # the requirements the client says it fulfils
+    payment_id: str | None
+    quote_id: str | None
+    canonical: dict[str, Any]  # the whole payload as JSON, for the request fingerprint
+
+
+def requirements_wire(requirements: Requirements, network: NetworkConfig) -> PaymentRequirements:
+    return PaymentRequirements(
+        scheme="exact",
+        network=requirements.network,
+        asset=requirements.asset,
+        amount=str(requirements.amount),
+        pay_to=requirements.pay_to,
+        max_timeout_seconds=requirements.max_timeout_seconds,
+        # The quote id travels in `extra`, so the signed payment names the quote it pays.
+        extra={
+            "name": network.token_name,
+            "version": network.token_version,
+            "quote": requirements.quote_id,
+        },
+    )
+
+
+def payment_required_header(
+    *,
+    requirements: Requirements,
+    network: NetworkConfig,
+    resource_url: str,
+    description: str,
+    error: str | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """(header value, the same document as a dict for the response body)."""
+    document = PaymentRequired(
+        x402_version=2,
+        error=error,
+        resource=ResourceInfo(
+            url=resource_url, description=description, mime_type="application/json"
+        ),
+        accepts=[requirements_wire(requirements, network)],
+        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=True)},
+    )
+    return encode_payment_required_header(document), document.model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+
+
+def decode_payment(header_value: str) -> DecodedPayment:
+    """Raises MalformedPayment for anything that is not a well-formed v2 payload."""
+    try:
+        decoded = decode_payment_signature_header(header_value.strip())
+    except (
+        binascii.Error,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        ValidationError,
+        ValueError,
+    ) as exc:
+        raise MalformedPayment(
+            f"PAYMENT-SIGNATURE is not base64 JSON of an x402 payload: {type(exc).__name__}"
+        ) from exc
+    if not isinstance(decoded, PaymentPayload) or decoded.x402_version != 2:
+        raise MalformedPayment("only x402Version 2 payloads are accepted")
+    extension = (decoded.extensions or {}).get(PAYMENT_IDENTIFIER) or {}
+    info = extension.get("info") if isinstance(extension, dict) else None
+    payment_id = info.get("id") if isinstance(info, dict) else None
+    accepted = decoded.accepted.model_dump(mode="json", by_alias=True, exclude_none=True)
+    quote_id = (decoded.accepted.extra or {}).get("quote")
+    return DecodedPayment(
+        payload=decoded.payload,
+        accepted=accepted,
+        payment_id=payment_id if isinstance(payment_id, str) else None,
+        quote_id=quote_id if isinstance(quote_id, str) else None,
+        canonical=decoded.model_dump(mode="json", by_alias=True, exclude_none=True),
+    )
+
+
+def payment_response_header(
+    *,
+    success: bool,
+    transaction: str | None,
+    network: str,
+    payer: str,
+    error_reason: str | None = None,
+    amount: int | None = None,
+) -> str:
+    return encode_payment_response_header(
+        SettleResponse(
+            success=success,
+            error_reason=error_reason,
+            payer=payer,
+            transaction=transaction or "",
+            network=network,
+            amount=str(amount) if amount is not None else None,
+        )
+    )

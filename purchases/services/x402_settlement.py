@@ -1,0 +1,294 @@
+"""Settling an x402 attempt and answering from the purchase's current state.
+
+An attempt whose broadcast may already have happened is looked up on chain (by tx hash
+and by payer + nonce) before anything is sent again; what is sent again is only ever the
+exact transaction committed before the first broadcast.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from payments.models import PaymentAttempt
+from payments.x402.attempts import (
+    x402_attempt_apply_outcome,
+    x402_attempt_authorization,
+    x402_attempt_live,
+    x402_attempt_mark_prepared,
+    x402_attempt_prepared,
+)
+from payments.x402.chain import ChainReader
+from payments.x402.direct import BroadcastNotPrepared
+from payments.x402.lookup import settlement_lookup
+from payments.x402.networks import network_config
+from payments.x402.settlers import settler_for
+from payments.x402.types import (
+    Authorization,
+    NetworkConfig,
+    PreparedBroadcast,
+    Requirements,
+    SettlementOutcome,
+    SettlementStatus,
+)
+from payments.x402.wire import payment_response_header
+from purchases.clock import now_or
+from purchases.errors import DomainError, ErrorCode
+from purchases.events import Actor, event_record
+from purchases.models import Purchase
+from purchases.selectors import purchase_status
+from purchases.services.delivery import DeliveryPending, purchase_result_deliver
+
+PAY = Purchase.PaymentState
+RUN = Purchase.FulfillmentState
+
+
+@dataclass(frozen=True)
+class X402Answer:
+    status: int
+    body: Any  # a JSON document, or the result's bytes
+    headers: dict[str, str]
+    content_type: str | None = None
+
+
+def _requirements(purchase: Purchase, network: NetworkConfig) -> Requirements:
+    quote = purchase.quote
+    return Requirements(
+        network=quote.network,
+        asset=quote.asset,
+        amount=quote.price,
+        pay_to=quote.pay_to,
+        max_timeout_seconds=network.max_timeout_seconds,
+        quote_id=quote.public_id,
+    )
+
+
+def x402_settle_attempt(
+    *, attempt_id: int, now: datetime | None = None
+) -> SettlementOutcome | None:
+    """Broadcast a recorded attempt, or resume one whose broadcast may have happened.
+
+    Network I/O happens here with no transaction open; the outcome is recorded after.
+    """
+    now = now_or(now)
+    attempt = PaymentAttempt.objects.select_related("purchase__quote").get(pk=attempt_id)
+    if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
+        return None
+    network = network_config(attempt.network)
+    authorization = x402_attempt_authorization(attempt=attempt)
+    if _claim_first_broadcast(attempt.pk, now):
+        outcome = _prepare_and_broadcast(attempt, authorization, network, now)
+    else:
+        outcome = _lookup(authorization, network, attempt.tx_hash, now)
+        if _is_dropped(outcome) and network.mode == "direct":
+            # Dropped (or never sent) while still valid: the very same signed transaction
+            # again; a fresh relayer transaction only if none was ever signed. Never a new
+            # buyer signature.
+            attempt.refresh_from_db()
+            outcome = (
+                _broadcast(attempt, authorization, network, x402_attempt_prepared(attempt=attempt))
+                if attempt.raw_transaction
+                else _prepare_and_broadcast(attempt, authorization, network, now)
+            )
+    if outcome.status == SettlementStatus.FAILED and outcome.reason_code == "transaction_reverted":
+        outcome = _lookup(authorization, network, outcome.tx_hash or attempt.tx_hash, now)
+    x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+    return outcome
+
+
+def _claim_first_broadcast(attempt_id: int, now: datetime) -> bool:
+    """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
+    return bool(
+        PaymentAttempt.objects.filter(pk=attempt_id, broadcast_started_at__isnull=True).update(
+            broadcast_started_at=now
+        )
+    )
+
+
+def _prepare_and_broadcast(
+    attempt: PaymentAttempt, authorization: Authorization, network: NetworkConfig, now: datetime
+) -> SettlementOutcome:
+    settler = settler_for(network)
+    try:
+        prepared = settler.prepare(authorization=authorization, network=network)
+    except BroadcastNotPrepared as exc:
+        # Nothing was signed or sent: pending, and the next look-up tries again.
+        return SettlementOutcome(
+            SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
+        )
+    x402_attempt_mark_prepared(attempt_id=attempt.pk, prepared=prepared, now=now)
+    return _broadcast(attempt, authorization, network, prepared)
+
+
+def _broadcast(
+    attempt: PaymentAttempt,
+    authorization: Authorization,
+    network: NetworkConfig,
+    prepared: PreparedBroadcast,
+) -> SettlementOutcome:
+    return settler_for(network).broadcast(
+        authorization=authorization,
+        requirements=_requirements(attempt.purchase, network),
+        network=network,
+        prepared=prepared,
+    )
+
+
+def _lookup(
+    authorization: Authorization, network: NetworkConfig, tx_hash: str | None, now: datetime
+) -> SettlementOutcome:
+    return settlement_lookup(
+        authorization=authorization,
+        network=network,
+        tx_hash=tx_hash,
+        reader=ChainReader(network),
+        now=int(now.timestamp()),
+    )
+
+
+def _is_dropped(outcome: SettlementOutcome) -> bool:
+    return (
+        outcome.status == SettlementStatus.PENDING
+        and outcome.reason_code == "not_on_chain_yet"
+        and not outcome.evidence.get("tx_known")
+    )
+
+
+def x402_record_outcome(*, attempt_id: int, outcome: SettlementOutcome, now: datetime) -> None:
+    """Lock purchase then attempt, apply the chain's answer to both, queue the work if due."""
+    actor = Actor.system("settlement")
+    with transaction.atomic():
+        attempt = PaymentAttempt.objects.get(pk=attempt_id)
+        purchase = (
+            Purchase.objects.select_for_update(of=("self",))
+            .select_related("offering")
+            .get(pk=attempt.purchase_id)
+        )
+        attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
+        attempt.purchase = purchase
+        if not x402_attempt_apply_outcome(attempt=attempt, outcome=outcome, actor=actor):
+            return
+        previous = purchase.payment_state
+        if outcome.status == SettlementStatus.CONFIRMED:
+            purchase.payment_complete(paid_at=now)
+        elif outcome.status == SettlementStatus.FAILED:
+            purchase.payment_fail(reason_code=outcome.reason_code)
+        elif purchase.payment_state == PAY.PAYING:
+            purchase.payment_pend(reason_code=outcome.reason_code or "settlement_pending")
+        if purchase.payment_state != previous:
+            purchase.save(update_fields=["payment_state", "paid_at", "reason_code", "updated_at"])
+            event_record(
+                subject="purchase.payment",
+                purchase=purchase,
+                actor=actor,
+                from_state=previous,
+                to_state=purchase.payment_state,
+                reason_code=outcome.reason_code,
+                evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
+            )
+        purchase_queue_execution_if_due(purchase=purchase, actor=actor)
+
+
+def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None:
+    """Queue the paid work once the offering's payment condition holds. Caller holds the lock."""
+    if (
+        purchase.fulfillment_state != RUN.NOT_STARTED
+        or not purchase.is_payment_sufficient_for_execution()
+    ):
+        return
+    purchase.fulfillment_queue()
+    purchase.save(update_fields=["fulfillment_state", "updated_at"])
+    event_record(
+        subject="purchase.fulfillment",
+        purchase=purchase,
+        actor=actor,
+        from_state=RUN.NOT_STARTED,
+        to_state=purchase.fulfillment_state,
+    )
+    from purchases.tasks import purchase_execute_task  # tasks import services
+
+    transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
+
+
+def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answer:
+    """What an x402 client gets for this purchase now: the result, pending, or the failure."""
+    if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
+        attempt = x402_attempt_live(purchase=purchase)
+        if attempt is not None:
+            x402_settle_attempt(attempt_id=attempt.pk)
+        purchase.refresh_from_db()
+    attempt = purchase.payment_attempts.order_by("-pk").first()
+    if purchase.payment_state == PAY.FAILED:
+        error = DomainError(
+            ErrorCode.PAYMENT_FAILED,
+            purchase=purchase.ref,
+            extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
+        )
+        return X402Answer(
+            error.spec.status, error.as_problem(), {"Content-Type": "application/problem+json"}
+        )
+    if not purchase.is_payment_sufficient_for_execution():
+        return _pending_answer(purchase, attempt)
+    return _delivery_answer(purchase, attempt)
+
+
+def _payment_response(purchase: Purchase, attempt: PaymentAttempt | None) -> str:
+    is_settled = purchase.payment_state == PAY.PAID
+    return payment_response_header(
+        success=is_settled,
+        transaction=attempt.tx_hash if attempt else None,
+        network=purchase.network,
+        payer=purchase.payer,
+        error_reason=None if is_settled else "settlement_pending",
+        amount=purchase.amount,
+    )
+
+
+def _retry_after() -> dict[str, str]:
+    return {"Retry-After": str(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])}
+
+
+def _pending_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
+    body = {
+        **purchase_status(purchase=purchase, now=now_or(None)),
+        "status": "settlement_pending",
+        "transaction": attempt.tx_hash if attempt else None,
+    }
+    headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt), **_retry_after()}
+    return X402Answer(202, body, headers)
+
+
+def _await_work(purchase: Purchase) -> None:
+    """Give a fast job the chance to answer in this round trip (bounded; then 202)."""
+    deadline = time.monotonic() + float(settings.X402_RESULT_WAIT_SECONDS)
+    while purchase.fulfillment_state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        purchase.refresh_from_db(fields=["fulfillment_state"])
+
+
+def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
+    _await_work(purchase)
+    headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt)}
+    try:
+        delivery = purchase_result_deliver(purchase=purchase)
+    except DeliveryPending as pending:
+        return X402Answer(202, pending.status, {**headers, **_retry_after()})
+    except DomainError as error:
+        return X402Answer(
+            error.spec.status,
+            error.as_problem(),
+            {**headers, "Content-Type": "application/problem+json"},
+        )
+    headers.update(
+        {
+            "Repr-Digest": f"sha-256=:{delivery.sha256_b64}:",
+            "Link": f'<{delivery.receipt_url}>; rel="receipt"',
+        }
+    )
+    return X402Answer(200, delivery.body, headers, content_type=delivery.content_type)

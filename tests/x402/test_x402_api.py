@@ -1,0 +1,187 @@
+"""The x402 surface end to end on a real anvil chain: 402, pay, replay, verification."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from rest_framework.test import APIClient
+from x402.http.utils import decode_payment_required_header, decode_payment_response_header
+from x402.schemas import PaymentRequired
+
+from fulfillment.models import Result
+from payments.models import PaymentAttempt
+from purchases.models import IdempotencyRecord, Offering, Purchase
+from purchases.services.execution import purchase_execute
+from tests.x402.e2e import NETWORK, PRICE, ask, sign_payment
+
+pytestmark = pytest.mark.django_db
+PAY_ID = "x402-payment-id-000001"
+
+
+@pytest.fixture
+def client() -> APIClient:
+    return APIClient()
+
+
+def required_header(client, world) -> str:
+    response = ask(client, world)
+    assert response.status_code == 402
+    return response["PAYMENT-REQUIRED"]
+
+
+def test_unpaid_request_gets_402_with_payment_required(client, x402_world):
+    response = ask(client, x402_world)
+    assert response.status_code == 402
+    assert response.json()["code"] == "payment_required"
+    required = decode_payment_required_header(response["PAYMENT-REQUIRED"])
+    assert isinstance(required, PaymentRequired)
+    assert required.x402_version == 2
+    assert required.resource is not None
+    assert required.resource.url.endswith(x402_world.paid_url)
+    (accept,) = required.accepts
+    assert (accept.scheme, accept.network, accept.amount) == ("exact", NETWORK, str(PRICE))
+    assert accept.asset == x402_world.token
+    assert accept.pay_to == x402_world.seller.address
+    assert accept.max_timeout_seconds > 0
+    assert accept.extra is not None
+    assert accept.extra["name"] == "USDC" and accept.extra["version"] == "2"
+    assert accept.extra["quote"] == response.json()["quote"]
+    assert (required.extensions or {})["payment-identifier"]["info"] == {"required": True}
+
+
+def test_anonymous_402s_hold_no_stock(client, x402_world):
+    Offering.objects.filter(pk=x402_world.offering.pk).update(stock=1)
+    quotes = {ask(client, x402_world).json()["quote"] for _ in range(5)}
+    assert len(quotes) == 5  # fresh each time, and none of them took the one unit
+    assert Offering.objects.get(pk=x402_world.offering.pk).stock == 1
+
+
+def test_pay_settles_once_then_result_with_payment_response(client, x402_world):
+    payer = x402_world.payers[0]
+    payment = sign_payment(required_header(client, x402_world), payer, PAY_ID)
+    first = ask(client, x402_world, payment=payment)
+    # Settled on chain; the work is queued (no worker here), so: 202 with the payment proven.
+    assert first.status_code == 202, first.content
+    settle = decode_payment_response_header(first["PAYMENT-RESPONSE"])
+    assert settle.success is True and settle.network == NETWORK
+    assert (settle.payer or "").lower() == payer.address.lower()
+    assert x402_world.seller_balance() == PRICE
+    purchase = Purchase.objects.get()
+    assert (purchase.payment_state, purchase.rail) == ("paid", "x402")
+    assert PaymentAttempt.objects.get().tx_hash == settle.transaction.lower()
+
+    purchase_execute(purchase_id=purchase.pk, worker="test")
+    again = ask(client, x402_world, payment=payment)  # the same signed payment, resent
+    assert again.status_code == 200
+    assert again.json()["title"] == "Sales"
+    assert (
+        decode_payment_response_header(again["PAYMENT-RESPONSE"]).transaction == settle.transaction
+    )
+    assert x402_world.seller_balance() == PRICE  # still exactly one transfer
+    assert x402_world.relayer_sent() == 1
+    assert Result.objects.count() == 1
+
+
+def test_another_payment_id_on_a_paid_quote_is_refused_before_the_chain(client, x402_world):
+    header = required_header(client, x402_world)
+    assert (
+        ask(
+            client, x402_world, payment=sign_payment(header, x402_world.payers[0], PAY_ID)
+        ).status_code
+        == 202
+    )
+    refused = ask(
+        client,
+        x402_world,
+        payment=sign_payment(header, x402_world.payers[1], "x402-other-id-0000002"),
+    )
+    assert refused.status_code == 402
+    assert refused.json()["code"] == "quote_already_paid"
+    assert refused.json()["purchase"] == Purchase.objects.get().ref
+    assert x402_world.seller_balance() == PRICE
+    assert x402_world.relayer_sent() == 1
+
+
+def test_same_payment_id_with_a_different_payload_is_a_conflict(client, x402_world):
+    header = required_header(client, x402_world)
+    payer = x402_world.payers[0]
+    assert ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID)).status_code == 202
+    conflict = ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID))  # new nonce
+    assert conflict.status_code == 409
+    assert conflict.json()["code"] == "payment_identifier_conflict"
+    assert x402_world.relayer_sent() == 1
+
+
+@pytest.mark.parametrize(
+    ("tamper", "code"),
+    [
+        ({"value": PRICE - 1}, "amount_mismatch"),
+        ({"value": PRICE + 1}, "amount_mismatch"),
+        ({"to": "0x" + "12" * 20}, "recipient_mismatch"),
+        ({"valid_before": 1}, "authorization_expired"),
+        ({"valid_after": 4_000_000_000}, "authorization_not_yet_valid"),
+        ({"signer": "other"}, "invalid_signature"),
+        ({"accepted_overrides": {"network": "eip155:84532"}}, "network_mismatch"),
+        ({"accepted_overrides": {"amount": "1"}}, "amount_mismatch"),
+        ({"accepted_overrides": {"scheme": "upto"}}, "unsupported_scheme"),
+    ],
+)
+def test_verification_failures_have_their_own_code_and_record_nothing(
+    client, x402_world, tamper, code
+):
+    header = required_header(client, x402_world)
+    if tamper.get("signer") == "other":
+        tamper = {"signer": x402_world.payers[1]}
+    response = ask(
+        client, x402_world, payment=sign_payment(header, x402_world.payers[0], PAY_ID, **tamper)
+    )
+    assert response.status_code == 402, response.content
+    body = response.json()
+    assert body["code"] == code
+    assert body["owner"] == "buyer"
+    assert not Purchase.objects.exists()
+    assert not PaymentAttempt.objects.exists()
+    assert x402_world.relayer_sent() == 0
+    # The failure is the payment id's stored answer.
+    assert ask(
+        client, x402_world, payment=sign_payment(header, x402_world.payers[0], PAY_ID, **tamper)
+    ).status_code in (402, 409)
+
+
+def test_insufficient_balance_and_used_nonce(client, x402_world):
+    broke = x402_world.node.accounts[8]
+    header = required_header(client, x402_world)
+    response = ask(client, x402_world, payment=sign_payment(header, broke, PAY_ID))
+    assert response.json()["code"] == "insufficient_balance"
+    assert x402_world.relayer_sent() == 0
+
+
+def test_malformed_payment_signature_is_a_structured_400(client, x402_world):
+    required_header(client, x402_world)
+    for garbage in (
+        "not base64 !!!",
+        base64.b64encode(b"{not json").decode(),
+        base64.b64encode(json.dumps({"x402Version": 2}).encode()).decode(),
+        base64.b64encode(json.dumps({"x402Version": 1, "scheme": "exact"}).encode()).decode(),
+    ):
+        response = ask(client, x402_world, payment=garbage)
+        assert response.status_code == 400, (garbage, response.content)
+        assert response["Content-Type"] == "application/problem+json"
+        assert response.json()["code"] == "payment_signature_malformed"
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_missing_payment_identifier_is_400(client, x402_world):
+    payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], None)
+    response = ask(client, x402_world, payment=payment)
+    assert response.status_code == 400
+    assert response.json()["code"] == "idempotency_key_missing"
+    assert x402_world.relayer_sent() == 0
+
+
+def test_api_key_caller_reenters_the_same_quote(x402_world, buyer, make_client):
+    client = make_client(buyer)
+    first, second = ask(client, x402_world), ask(client, x402_world)
+    assert first.json()["quote"] == second.json()["quote"]
