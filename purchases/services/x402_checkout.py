@@ -46,6 +46,7 @@ from purchases.services.idempotency import (
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_settlement import (
     X402Answer,
+    purchase_reload,
     x402_answer_for_purchase,
     x402_settle_attempt,
 )
@@ -259,7 +260,7 @@ def _pay_claimed(
 
 def _finish(purchase: Purchase, attempt_id: int, claim: KeyClaim, now: datetime) -> X402Answer:
     x402_settle_attempt(attempt_id=attempt_id, now=now)
-    purchase.refresh_from_db()
+    purchase = purchase_reload(purchase=purchase)
     answer = x402_answer_for_purchase(purchase=purchase, reconcile=False)
     is_failed = purchase.payment_state == Purchase.PaymentState.FAILED
     stored = StoredAnswer(

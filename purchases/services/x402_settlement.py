@@ -216,13 +216,19 @@ def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None
     transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
 
 
+def purchase_reload(*, purchase: Purchase) -> Purchase:
+    # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
+    # the shared field object, which is not safe with threads serving requests.
+    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+
+
 def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answer:
     """What an x402 client gets for this purchase now: the result, pending, or the failure."""
     if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
         attempt = x402_attempt_live(purchase=purchase)
         if attempt is not None:
             x402_settle_attempt(attempt_id=attempt.pk)
-        purchase.refresh_from_db()
+        purchase = purchase_reload(purchase=purchase)
     attempt = purchase.payment_attempts.order_by("-pk").first()
     if purchase.payment_state == PAY.FAILED:
         error = DomainError(
@@ -264,16 +270,18 @@ def _pending_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402A
     return X402Answer(202, body, headers)
 
 
-def _await_work(purchase: Purchase) -> None:
+def _await_work(purchase: Purchase) -> Purchase:
     """Give a fast job the chance to answer in this round trip (bounded; then 202)."""
     deadline = time.monotonic() + float(settings.X402_RESULT_WAIT_SECONDS)
-    while purchase.fulfillment_state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
+    state = purchase.fulfillment_state
+    while state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
         time.sleep(0.1)
-        purchase.refresh_from_db(fields=["fulfillment_state"])
+        state = Purchase.objects.values_list("fulfillment_state", flat=True).get(pk=purchase.pk)
+    return purchase if state == purchase.fulfillment_state else purchase_reload(purchase=purchase)
 
 
 def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
-    _await_work(purchase)
+    purchase = _await_work(purchase)
     headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt)}
     try:
         delivery = purchase_result_deliver(purchase=purchase)
