@@ -19,7 +19,7 @@ from django.db import transaction
 from fulfillment.executors.report import REPORT_INPUT_SCHEMA
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
-from purchases.models import Buyer, Offering
+from purchases.models import Buyer, BuyerWallet, Offering
 from purchases.services.buyers import api_key_issue, buyer_create
 
 DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
@@ -81,11 +81,17 @@ def _staff_user(username: str, group: str, saved: dict[str, Any]) -> dict[str, s
     return {"username": username, "password": password}
 
 
-def _agent(name: str, funds: int, asset: str, saved: dict[str, Any]) -> dict[str, str]:
+def _agent(
+    name: str, funds: int, asset: str, saved: dict[str, Any], wallet: str | None
+) -> dict[str, str]:
     buyer = Buyer.objects.filter(name=name).first()
     if buyer is None or name not in saved:
         buyer = buyer or buyer_create(name=name, spend_cap=50_000_000)
         saved[name] = api_key_issue(buyer=buyer, label="demo")
+    if wallet:
+        # Each demo run starts a new chain with new wallets; the newest is the buyer's.
+        BuyerWallet.objects.filter(buyer=buyer).delete()
+        BuyerWallet.objects.update_or_create(address=wallet.lower(), defaults={"buyer": buyer})
     ledger_credit(
         buyer=buyer,
         asset=asset,
@@ -98,7 +104,11 @@ def _agent(name: str, funds: int, asset: str, saved: dict[str, Any]) -> dict[str
 
 @transaction.atomic
 def demo_seed(
-    *, asset: str = DEMO_ASSET, network: str = DEMO_NETWORK, pay_to: str = DEMO_SELLER
+    *,
+    asset: str = DEMO_ASSET,
+    network: str = DEMO_NETWORK,
+    pay_to: str = DEMO_SELLER,
+    wallets: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Create or refresh the demo data; return the logins and keys to print."""
     from purchases.roles import roles_ensure
@@ -117,9 +127,10 @@ def demo_seed(
                 "result_retention": timedelta(days=7),
             },
         )
+    wallets = wallets or {}
     agents = [
-        _agent("demo-agent-alice", 20_000_000, asset, saved),
-        _agent("demo-agent-bob", 1_000_000, asset, saved),
+        _agent(name, funds, asset, saved, wallets.get(name))
+        for name, funds in (("demo-agent-alice", 20_000_000), ("demo-agent-bob", 1_000_000))
     ]
     staff = [_staff_user("support", "support", saved), _staff_user("finance", "finance", saved)]
     superuser = _staff_user("admin", "support", saved)
@@ -127,4 +138,9 @@ def demo_seed(
     saved.update({s["username"]: s["password"] for s in [*staff, superuser]})
     path.write_text(json.dumps(saved, indent=2))
     path.chmod(0o600)
-    return {"agents": agents, "staff": [*staff, superuser], "credentials_file": str(path)}
+    return {
+        "agents": agents,
+        "staff": [*staff, superuser],
+        "credentials_file": str(path),
+        "offerings": [spec["slug"] for spec in OFFERINGS],
+    }

@@ -1,5 +1,10 @@
-"""`make demo`: migrate, seed, then run the API + admin, a Celery worker with beat and the
-external job service, all on embedded defaults. Ctrl-C stops every process it started.
+"""`make demo`: migrate, start a local anvil chain with the test USDC, seed, then run the
+API + admin, a Celery worker with beat and the external job service, all on embedded
+defaults. Ctrl-C stops every process it started.
+
+The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
+and every paid URL are printed and written to var/demo-chain.json, so any x402 client
+can try it at once. With X402_FACILITATOR_URL set, settlement goes through it.
 
 With DATABASE_URL / REDIS_URL set it uses PostgreSQL and Redis instead of SQLite and the
 filesystem broker.
@@ -14,6 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -21,6 +27,10 @@ HOST = os.environ.get("DEMO_HOST", "127.0.0.1")
 PORT = int(os.environ.get("DEMO_PORT", "8000"))
 JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
+CHAIN_FILE = VAR / "demo-chain.json"
+NETWORK = "eip155:31337"
+BUYER_FUNDS = 100 * 10**6  # 100 test USDC per demo wallet
+sys.path.insert(0, str(ROOT))
 
 
 def manage(*args: str, capture: bool = False) -> str:
@@ -52,7 +62,40 @@ def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-def banner(seed: dict, base: str) -> None:
+def start_chain() -> tuple[Any, dict[str, Any]]:
+    """A fresh anvil with the test USDC deployed and two funded buyer wallets."""
+    from payments.chain.anvil import AnvilNode
+    from payments.chain.token import deploy_test_usdc, mint
+
+    node = AnvilNode()
+    w3 = node.w3()
+    deployer, relayer, seller, alice, bob = node.accounts[:5]
+    token = deploy_test_usdc(w3, deployer)
+    for wallet in (alice, bob):
+        mint(w3, token, deployer, wallet.address, BUYER_FUNDS)
+    chain = {
+        "rpc_url": node.rpc_url,
+        "chain_id": node.chain_id,
+        "network": NETWORK,
+        "token": token,
+        "token_domain": {"name": "USDC", "version": "2"},
+        "seller": seller.address,
+        "relayer_key": relayer.key.to_0x_hex(),
+        "facilitator_url": os.environ.get("X402_FACILITATOR_URL", ""),
+        "buyers": [
+            {
+                "agent": name,
+                "address": a.address,
+                "private_key": a.key.to_0x_hex(),
+                "usdc": BUYER_FUNDS,
+            }
+            for name, a in (("demo-agent-alice", alice), ("demo-agent-bob", bob))
+        ],
+    }
+    return node, chain
+
+
+def banner(seed: dict, chain: dict, base: str) -> None:
     print("\n=== Tollbooth demo is running ===")
     print(
         f"  Agent API      {base}/api/v1/   (OpenAPI: {base}/api/schema/, docs: {base}/api/docs/)"
@@ -65,8 +108,23 @@ def banner(seed: dict, base: str) -> None:
     print("  Agents (Authorization: Bearer <key>):")
     for agent in seed["agents"]:
         print(f"    {agent['name']:<18} {agent['api_key']}")
+    print(f"  Local chain    {chain['rpc_url']}  ({chain['network']}), test USDC {chain['token']}")
+    settle = (
+        f"facilitator {chain['facilitator_url']}"
+        if chain["facilitator_url"]
+        else "direct (our relayer)"
+    )
+    print(f"  Settlement     {settle}")
+    print("  Funded buyer wallets (100 test USDC each; keys made for this run only):")
+    for buyer in chain["buyers"]:
+        print(f"    {buyer['address']}  key {buyer['private_key']}")
+    print("  Paid x402 URLs (POST the offering's input as JSON):")
+    for url in chain["paid_urls"].values():
+        print(f"    {url}")
+    print(f"  Chain details for any x402 client: {CHAIN_FILE}")
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
-    print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}")
+    print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
+    print(f"           {PYTHON} scripts/demo_agent.py --x402 {base}   (x402 on the local chain)")
     print("  Ctrl-C stops everything.\n", flush=True)
 
 
@@ -80,7 +138,34 @@ def main() -> int:
     env = {**os.environ, "JOB_SERVICE_URL": f"http://127.0.0.1:{JOB_PORT}", "PYTHONUNBUFFERED": "1"}
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
-    seed = json.loads(manage("seed_demo", capture=True))
+    print("Starting the local chain and deploying the test USDC ...", flush=True)
+    node, chain = start_chain()
+    env.update(
+        {
+            "X402_LOCAL_RPC_URL": chain["rpc_url"],
+            "X402_LOCAL_TOKEN": chain["token"],
+            "X402_LOCAL_RELAYER_KEY": chain["relayer_key"],
+        }
+    )
+    wallets = {buyer["agent"]: buyer["address"] for buyer in chain["buyers"]}
+    seed = json.loads(
+        manage(
+            "seed_demo",
+            "--asset",
+            chain["token"],
+            "--network",
+            NETWORK,
+            "--pay-to",
+            chain["seller"],
+            "--wallets",
+            json.dumps(wallets),
+            capture=True,
+        )
+    )
+    base = f"http://{HOST}:{PORT}"
+    chain["paid_urls"] = {slug: f"{base}/x402/{slug}" for slug in seed["offerings"]}
+    CHAIN_FILE.write_text(json.dumps(chain, indent=2))
+    CHAIN_FILE.chmod(0o600)
     processes = {
         "jobservice": spawn(
             "jobservice",
@@ -119,7 +204,7 @@ def main() -> int:
         ),
     }
     signal.signal(signal.SIGTERM, _interrupt)
-    banner(seed, f"http://{HOST}:{PORT}")
+    banner(seed, chain, base)
     try:
         while True:
             for name, process in processes.items():
@@ -132,6 +217,7 @@ def main() -> int:
         return 0
     finally:
         stop_all(processes)
+        node.stop()
         print("Stopped.", flush=True)
 
 

@@ -1,7 +1,8 @@
-"""A scripted agent that buys a report on the prepaid rail the disciplined way.
+"""A scripted agent that buys a report the disciplined way, prepaid or over x402.
 
-It writes its payment id and request to disk before sending, retries with the same id,
-and looks the purchase up instead of paying again. Usage: demo_agent.py [BASE_URL]
+It writes its payment id (and, for x402, the signed payment) to disk before sending,
+retries with the same id, and looks the purchase up instead of paying again.
+Usage: demo_agent.py [--x402] [BASE_URL]
 """
 
 from __future__ import annotations
@@ -15,18 +16,58 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:8000"
+sys.path.insert(0, str(ROOT))
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
+USE_X402 = "--x402" in sys.argv
+CHAIN = ROOT / "var" / "demo-chain.json"
+REPORT_INPUT = {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"}
 CREDENTIALS = ROOT / "var" / "demo-credentials.json"
 JOURNAL = ROOT / "var" / "demo-agent-journal.json"
 
 
+def buy_over_x402() -> int:
+    """402 -> sign an EIP-3009 authorization -> resend with PAYMENT-SIGNATURE until settled."""
+    from eth_account import Account
+    from x402.http.utils import decode_payment_response_header
+
+    from payments.x402.client import payment_signature_for
+
+    chain = json.loads(CHAIN.read_text())
+    wallet = Account.from_key(chain["buyers"][0]["private_key"])
+    url = chain["paid_urls"]["csv-report"]
+    offer = requests.post(url, json=REPORT_INPUT, timeout=10)
+    print("offer", offer.status_code, offer.json()["code"], "quote", offer.json()["quote"])
+    payment_id = f"demo-x402-{secrets.token_hex(10)}"
+    header = payment_signature_for(
+        offer.headers["PAYMENT-REQUIRED"], wallet, payment_id, chain_id=chain["chain_id"]
+    )
+    # The signed payment is written down before it is sent: after a crash, resend this.
+    JOURNAL.write_text(json.dumps({"payment_id": payment_id, "payment_signature": header}))
+    for _ in range(60):
+        response = requests.post(
+            url, json=REPORT_INPUT, headers={"PAYMENT-SIGNATURE": header}, timeout=60
+        )
+        if response.status_code not in (202, 409):
+            break
+        print(
+            "  ", response.status_code, response.json().get("status") or response.json().get("code")
+        )
+        time.sleep(int(response.headers.get("Retry-After", "1")))
+    print("paid", response.status_code, response.headers.get("Content-Type"))
+    if "PAYMENT-RESPONSE" in response.headers:
+        settle = decode_payment_response_header(response.headers["PAYMENT-RESPONSE"])
+        print("settlement", settle.success, settle.transaction, settle.network)
+    print(json.dumps(response.json(), indent=2)[:600])
+    return 0 if response.status_code == 200 else 1
+
+
 def main() -> int:
+    if USE_X402:
+        return buy_over_x402()
     api_key = json.loads(CREDENTIALS.read_text())["demo-agent-alice"]
     headers = {"Authorization": f"Bearer {api_key}"}
-    request = {
-        "offering": "csv-report",
-        "input": {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"},
-    }
+    request = {"offering": "csv-report", "input": REPORT_INPUT}
     quote = requests.post(f"{BASE}/api/v1/quotes", json=request, headers=headers, timeout=10).json()
     print("quote", quote["id"], "price", quote["price"], "expires", quote["expires_at"])
 
