@@ -80,13 +80,13 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
         "token": token,
         "token_domain": {"name": "USDC", "version": "2"},
         "seller": seller.address,
-        "relayer_key": relayer.key.to_0x_hex(),
+        "relayer_key": "0x" + relayer.key.hex(),
         "facilitator_url": os.environ.get("X402_FACILITATOR_URL", ""),
         "buyers": [
             {
                 "agent": name,
                 "address": a.address,
-                "private_key": a.key.to_0x_hex(),
+                "private_key": "0x" + a.key.hex(),
                 "usdc": BUYER_FUNDS,
             }
             for name, a in (("demo-agent-alice", alice), ("demo-agent-bob", bob))
