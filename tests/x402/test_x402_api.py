@@ -185,3 +185,27 @@ def test_api_key_caller_reenters_the_same_quote(x402_world, buyer, make_client):
     client = make_client(buyer)
     first, second = ask(client, x402_world), ask(client, x402_world)
     assert first.json()["quote"] == second.json()["quote"]
+
+
+def test_authorization_already_used_on_chain_is_refused_before_broadcast(client, x402_world):
+    from x402.http.utils import decode_payment_signature_header
+
+    from payments.chain.token import send_transfer_with_authorization
+
+    payer = x402_world.payers[0]
+    payment = sign_payment(required_header(client, x402_world), payer, PAY_ID)
+    decoded = decode_payment_signature_header(payment)
+    # Someone else broadcasts this exact authorization first.
+    send_transfer_with_authorization(
+        x402_world.w3,
+        x402_world.token,
+        x402_world.deployer,
+        decoded.payload["authorization"],
+        decoded.payload["signature"],
+    )
+    response = ask(client, x402_world, payment=payment)
+    assert response.status_code == 402
+    assert response.json()["code"] == "authorization_used"
+    assert response.json()["next_action"] == "look_up_purchase"
+    assert not Purchase.objects.exists()
+    assert x402_world.relayer_sent() == 0
