@@ -71,6 +71,22 @@ def spend_in_window(*, buyer: Buyer, now: datetime) -> int:
     return int(total or 0)
 
 
+def spend_cap_check(
+    *, buyer: Buyer, amount: int, now: datetime, purchase_ref: str | None = None
+) -> None:
+    """Lock the buyer row and refuse a payment past its cap, on any rail.
+
+    The buyer row is also the ledger's lock: two debits of one buyer never interleave.
+    Raises DomainError: spend_cap_exceeded.
+    """
+    Buyer.objects.select_for_update().get(pk=buyer.pk)
+    if (
+        buyer.spend_cap is not None
+        and spend_in_window(buyer=buyer, now=now) + amount > buyer.spend_cap
+    ):
+        raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase_ref)
+
+
 def prepaid_attempt_settle(
     *,
     purchase: Purchase,
@@ -86,13 +102,7 @@ def prepaid_attempt_settle(
     Raises DomainError: spend_cap_exceeded, insufficient_funds.
     """
     assert transaction.get_connection().in_atomic_block
-    # The buyer row is the ledger's lock: two debits of one buyer never interleave.
-    Buyer.objects.select_for_update().get(pk=buyer.pk)
-    if (
-        buyer.spend_cap is not None
-        and spend_in_window(buyer=buyer, now=now) + purchase.amount > buyer.spend_cap
-    ):
-        raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase.ref)
+    spend_cap_check(buyer=buyer, amount=purchase.amount, now=now, purchase_ref=purchase.ref)
     if ledger_balance(buyer=buyer, asset=purchase.asset) < purchase.amount:
         raise DomainError(ErrorCode.INSUFFICIENT_FUNDS, purchase=purchase.ref)
     attempt = PaymentAttempt.objects.create(

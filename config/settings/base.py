@@ -129,9 +129,11 @@ TOLLBOOTH = {
     "IDEMPOTENCY_RETENTION": timedelta(
         hours=env.int("TOLLBOOTH_IDEMPOTENCY_RETENTION_HOURS", default=24)
     ),
-    # A request holding a payment id this long without finishing is presumed dead.
+    # A request holding a payment id this long without finishing is presumed dead. Longer
+    # than the slowest x402 wait (confirmation timeout + result wait), so a live request is
+    # never taken over.
     "IDEMPOTENCY_LEASE": timedelta(
-        seconds=env.int("TOLLBOOTH_IDEMPOTENCY_LEASE_SECONDS", default=60)
+        seconds=env.int("TOLLBOOTH_IDEMPOTENCY_LEASE_SECONDS", default=120)
     ),
     # Seconds an agent is told to wait before polling again.
     "RETRY_AFTER_SECONDS": env.int("TOLLBOOTH_RETRY_AFTER_SECONDS", default=2),

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from payments import services as payment_services
 from payments.x402.attempts import (
     X402_SCOPE,
     x402_attempt_for_payment_id,
@@ -33,7 +34,7 @@ from purchases.canonical import canonical_json, fingerprint, sha256_hex
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Buyer, Offering, Purchase, Quote
+from purchases.models import Buyer, BuyerWallet, Offering, Purchase, Quote
 from purchases.services.idempotency import (
     KeyClaim,
     StoredAnswer,
@@ -313,7 +314,7 @@ def _record(
 ) -> tuple[Purchase, int]:
     """One transaction: the attempt with its authorization, and the purchase moved to paying.
 
-    Raises DomainError: quote_already_paid, quote_expired, sold_out.
+    Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out.
     """
     actor = Actor.agent(authorization.payer.lower())
     with transaction.atomic():
@@ -360,6 +361,15 @@ def _purchase_for_x402(
         )
     if quote.state == Quote.State.EXPIRED or quote.expires_at <= now:
         raise DomainError(ErrorCode.QUOTE_EXPIRED, purchase=purchase.ref if purchase else None)
+    capped = buyer or quote.buyer or _wallet_owner(authorization.payer)
+    if capped is not None:
+        # Spend caps bind the paying wallet's owner whichever rail it pays on.
+        payment_services.spend_cap_check(
+            buyer=capped,
+            amount=quote.price,
+            now=now,
+            purchase_ref=purchase.ref if purchase else None,
+        )
     if purchase is not None:
         return purchase
     if not quote.holds_stock and quote.offering.stock is not None:
@@ -385,6 +395,11 @@ def _purchase_for_x402(
         to_state=quote.state,
     )
     return purchase
+
+
+def _wallet_owner(address: str) -> Buyer | None:
+    wallet = BuyerWallet.objects.select_related("buyer").filter(address=address.lower()).first()
+    return wallet.buyer if wallet else None
 
 
 def _reserve_stock(quote: Quote) -> None:

@@ -265,6 +265,10 @@ def _pending_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402A
         **purchase_status(purchase=purchase, now=now_or(None)),
         "status": "settlement_pending",
         "transaction": attempt.tx_hash if attempt else None,
+        # x402 agents may have no API key: resending the same signed payment is how they poll.
+        "next_action": "resend_same_payment_signature",
+        "owner": "reconciliation",
+        "reason_code": (attempt.reason_code if attempt else "") or purchase.reason_code or None,
     }
     headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt), **_retry_after()}
     return X402Answer(202, body, headers)

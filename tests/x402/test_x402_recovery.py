@@ -163,3 +163,35 @@ def test_facilitator_faults_leave_the_purchase_pending_and_settle_at_most_once(s
         else:
             assert purchase.payment_state == "settlement_pending"
         assert world.seller_balance() == PRICE * double.broadcast_count
+
+
+def test_verified_delivery_runs_and_delivers_before_settlement_confirms(settings, db):
+    world, node = build_world(settings, no_mining=True, offering={"delivery_condition": "verified"})
+    with node:
+        client = APIClient()
+        payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+        pending = ask(client, world, payment=payment)
+        purchase = Purchase.objects.get()
+        assert purchase.payment_state == "settlement_pending"
+        assert purchase.fulfillment_state == "queued"  # verification was enough to start
+        assert pending.status_code == 202
+        purchase_execute(purchase_id=purchase.pk, worker="test")
+        delivered = ask(client, world, payment=payment)
+        assert delivered.status_code == 200
+        assert Purchase.objects.get().payment_state == "settlement_pending"
+
+
+def test_spend_cap_binds_the_paying_wallets_owner_on_x402(settings, db, buyer):
+    from purchases.models import BuyerWallet
+
+    world, node = build_world(settings)
+    with node:
+        buyer.spend_cap = PRICE - 1
+        buyer.save()
+        BuyerWallet.objects.create(buyer=buyer, address=world.payers[0].address.lower())
+        client = APIClient()
+        payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+        refused = ask(client, world, payment=payment)
+        assert refused.status_code == 402
+        assert refused.json()["code"] == "spend_cap_exceeded"
+        assert world.relayer_sent() == 0 and not Purchase.objects.exists()
