@@ -46,6 +46,10 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     raw_transaction = models.TextField(blank=True)
     broadcast_started_at = models.DateTimeField(null=True, blank=True)
     block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    # Reconciliation schedule: when to look again, and how many look-ups found no answer
+    # (drives the backoff and, past the deadline, the escalation).
+    next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    unanswered_checks = models.PositiveIntegerField(default=0)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -159,6 +163,8 @@ class Refund(ConcurrentTransitionMixin, models.Model):
     paid_reference = models.CharField(max_length=200, blank=True)
     paid_by = models.CharField(max_length=150, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
+    # Set once people were told; a sweeper re-sends alerts a crashed process never sent.
+    alerted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state = FSMField(default=State.OWED, choices=State.choices, protected=True)
 

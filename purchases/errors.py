@@ -67,6 +67,7 @@ class ErrorCode(StrEnum):
     PAYMENT_NOT_COMPLETE = "payment_not_complete"
     EXECUTION_FAILED = "execution_failed"
     RESULT_EXPIRED = "result_expired"
+    RETENTION_EXPIRED = "retention_expired"
     RECEIPT_NOT_FOUND = "receipt_not_found"
     # Anything unanticipated.
     INTERNAL_ERROR = "internal_error"
@@ -250,6 +251,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "use_receipt",
         False,
         "The result is past its retention period; the receipt remains.",
+    ),
+    ErrorCode.RETENTION_EXPIRED: CodeSpec(
+        410,
+        Owner.NONE,
+        "use_receipt",
+        False,
+        "This payment id's record is past retention; the purchase it paid is in the receipt.",
     ),
     ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
     ErrorCode.INTERNAL_ERROR: CodeSpec(

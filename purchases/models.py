@@ -168,6 +168,8 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         SETTLEMENT_PENDING = "settlement_pending"
         PAID = "paid"
         FAILED = "failed"
+        # Failed for good: every authorization it received is provably unusable.
+        VOID = "void"
 
     class FulfillmentState(models.TextChoices):
         NOT_STARTED = "not_started"
@@ -248,6 +250,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         target=PaymentState.FAILED,
     )
     def payment_fail(self, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    @transition(field=payment_state, source=PaymentState.FAILED, target=PaymentState.VOID)
+    def payment_void(self, reason_code: str) -> None:
         self.reason_code = reason_code
 
     # --- execute boundary -------------------------------------------------------
@@ -404,6 +410,8 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     # x402 success and pending answers follow the purchase as it moves (pending -> paid ->
     # result), so a replay is answered from the purchase's current state, not a snapshot.
     answer_is_live = models.BooleanField(default=False)
+    # After retention the key is kept only as its hash (and the purchase, for the receipt).
+    compacted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
     state = FSMField(default=State.IN_FLIGHT, choices=State.choices, protected=True)
@@ -423,3 +431,19 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope}:{self.key[:6]}…"
+
+
+class JobRun(models.Model):
+    """One run of a reconciliation job: what it did, for the timeline, metrics and lag."""
+
+    job = models.CharField(max_length=64, db_index=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    stats = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return f"{self.job} at {self.started_at:%Y-%m-%d %H:%M:%S}"
