@@ -3,11 +3,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from purchases.api.x402_views import X402PaidApi
+from purchases.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("purchases.api.urls", namespace="api")),
     path("x402/<slug:offering>", X402PaidApi.as_view(), name="x402-paid"),
+    path("metrics", metrics_view, name="metrics"),
     path(
         "api/schema/",
         SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[]),

@@ -163,7 +163,9 @@ class Refund(ConcurrentTransitionMixin, models.Model):
     paid_reference = models.CharField(max_length=200, blank=True)
     paid_by = models.CharField(max_length=150, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
-    # Set once people were told; a sweeper re-sends alerts a crashed process never sent.
+    # Set once people were told. A sender claims the alert first (so two never both send
+    # it); a claim older than the alert lease is a crashed sender's, and is sent again.
+    alert_claimed_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state = FSMField(default=State.OWED, choices=State.choices, protected=True)

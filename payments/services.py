@@ -155,7 +155,13 @@ def payment_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:
 
 
 def refund_create(
-    *, purchase: Purchase, attempt: PaymentAttempt, reason_code: str, now: datetime, actor: Actor
+    *,
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    reason_code: str,
+    now: datetime,
+    actor: Actor,
+    tx_hash: str | None = None,
 ) -> Refund:
     """A refund linked to the purchase and the payment it returns.
 
@@ -175,7 +181,7 @@ def refund_create(
         network=attempt.network,
         payer=attempt.payer,
         reason_code=reason_code,
-        transaction=attempt.tx_hash or "",
+        transaction=tx_hash or attempt.tx_hash or "",
     )
     event_record(
         subject="refund",

@@ -17,6 +17,10 @@ class Offering(models.Model):
         REFUND = "refund", "Refund automatically"
         ESCALATE = "escalate", "Escalate to support"
 
+    class LatePaymentPolicy(models.TextChoices):
+        REFUND = "refund", "Refund it (never resurrect released stock)"
+        FULFIL = "fulfil", "Fulfil it if stock is still free, else refund"
+
     class DeliveryCondition(models.TextChoices):
         SETTLED = "settled", "After confirmed settlement"
         VERIFIED = "verified", "After payment verification"
@@ -52,6 +56,12 @@ class Offering(models.Model):
         max_length=16, choices=DeliveryCondition.choices, default=DeliveryCondition.SETTLED
     )
     irreversible = models.BooleanField(default=False)
+    late_payment_policy = models.CharField(
+        max_length=16,
+        choices=LatePaymentPolicy.choices,
+        default=LatePaymentPolicy.REFUND,
+        help_text="What to do with money that lands after the purchase failed.",
+    )
     version = models.PositiveIntegerField(default=1, help_text="Bumped whenever the terms change.")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -251,6 +261,16 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     )
     def payment_fail(self, reason_code: str) -> None:
         self.reason_code = reason_code
+
+    @transition(
+        field=payment_state,
+        source=[PaymentState.FAILED, PaymentState.VOID],
+        target=PaymentState.PAID,
+    )
+    def payment_recover(self, paid_at: Any) -> None:
+        """Money landed after we recorded a failure and the offering fulfils late payments."""
+        self.paid_at = paid_at
+        self.reason_code = "late_settlement_fulfilled"
 
     @transition(field=payment_state, source=PaymentState.FAILED, target=PaymentState.VOID)
     def payment_void(self, reason_code: str) -> None:

@@ -9,6 +9,8 @@ from typing import Any
 
 from celery import shared_task
 
+from purchases.services import reconcile
+from purchases.services.alerts import refund_alert
 from purchases.services.execution import (
     ExecutionRetryable,
     purchase_execute,
@@ -47,3 +49,41 @@ def purchase_sweep_stalled_task() -> int:
     if ids:
         logger.info("sweeper re-enqueued %d purchases", len(ids))
     return len(ids)
+
+
+@shared_task(acks_late=True)
+def refund_alert_task(*, refund_id: int) -> bool:
+    return refund_alert(refund_id=refund_id)
+
+
+# --- reconciliation (scheduled by beat; see CELERY_BEAT_SCHEDULE) ------------------------
+
+
+@shared_task(acks_late=True)
+def reconcile_pending_settlements_task() -> dict[str, int]:
+    return dict(reconcile.reconcile_pending_settlements())
+
+
+@shared_task(acks_late=True)
+def watch_failed_attempts_task() -> dict[str, int]:
+    return dict(reconcile.watch_failed_attempts())
+
+
+@shared_task(acks_late=True)
+def finalize_failed_purchases_task() -> dict[str, int]:
+    return dict(reconcile.finalize_failed_purchases())
+
+
+@shared_task(acks_late=True)
+def expire_quotes_task() -> dict[str, int]:
+    return dict(reconcile.expire_quotes())
+
+
+@shared_task(acks_late=True)
+def compact_payment_ids_task() -> dict[str, int]:
+    return dict(reconcile.compact_payment_ids())
+
+
+@shared_task(acks_late=True)
+def send_pending_alerts_task() -> dict[str, int]:
+    return dict(reconcile.send_pending_alerts())

@@ -15,7 +15,12 @@ from purchases.models import Buyer, Offering
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
-pytest_plugins = ["tests.fixtures.jobservice", "tests.fixtures.server", "tests.fixtures.worker"]
+pytest_plugins = [
+    "tests.fixtures.jobservice",
+    "tests.fixtures.server",
+    "tests.fixtures.webhook",
+    "tests.fixtures.worker",
+]
 
 CSV_INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}
 

@@ -149,6 +149,21 @@ TOLLBOOTH = {
     "ESCALATION_DEADLINE": timedelta(
         hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)
     ),
+    # Reconciliation: a settlement nobody can resolve goes to the reconciliation owner after
+    # RECONCILIATION_DEADLINE and to support after SUPPORT_DEADLINE.
+    "RECONCILIATION_DEADLINE": timedelta(
+        hours=env.int("TOLLBOOTH_RECONCILIATION_DEADLINE_HOURS", default=6)
+    ),
+    "SUPPORT_DEADLINE": timedelta(hours=env.int("TOLLBOOTH_SUPPORT_DEADLINE_HOURS", default=24)),
+    # A failed purchase becomes final (void) after this, and only when every authorization
+    # it received is provably unusable.
+    "FAILED_FINAL_AFTER": timedelta(
+        hours=env.int("TOLLBOOTH_FAILED_FINAL_AFTER_HOURS", default=24)
+    ),
+    # The paying request owns a fresh broadcast this long before the reconciler looks too.
+    "SETTLEMENT_GRACE": timedelta(
+        seconds=env.int("TOLLBOOTH_SETTLEMENT_GRACE_SECONDS", default=120)
+    ),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),
@@ -204,6 +219,22 @@ X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", d
 # After settlement the request waits this long for a fast job, then answers 202.
 X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
 
+# --- Alerts (purchases/notify.py) ----------------------------------------------------
+# Money owed and stuck states reach people through these backends ("log", "mail",
+# "webhook" or dotted paths); the webhook is added automatically when its URL is set.
+ADMINS = [tuple(pair.split(":", 1)) for pair in env.list("DJANGO_ADMINS", default=[])]
+SERVER_EMAIL = env.str("DJANGO_SERVER_EMAIL", default="tollbooth@localhost")
+EMAIL_BACKEND = env.str(
+    "DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend"
+)
+TOLLBOOTH_ALERT_BACKENDS = env.list("TOLLBOOTH_ALERT_BACKENDS", default=[]) or None
+TOLLBOOTH_ALERT_WEBHOOK_URL = env.str("TOLLBOOTH_ALERT_WEBHOOK_URL", default="")
+TOLLBOOTH_ALERT_WEBHOOK_TIMEOUT_SECONDS = env.float(
+    "TOLLBOOTH_ALERT_WEBHOOK_TIMEOUT_SECONDS", default=5.0
+)
+# /metrics answers without auth unless this token is set (then: Authorization: Bearer <token>).
+TOLLBOOTH_METRICS_TOKEN = env.str("TOLLBOOTH_METRICS_TOKEN", default="")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -220,4 +251,26 @@ CELERY_BEAT_SCHEDULE = {
         "task": "purchases.tasks.purchase_sweep_stalled_task",
         "schedule": env.float("TOLLBOOTH_SWEEP_EVERY_SECONDS", default=30.0),
     },
+    # Broadcasts with unknown finality: look them up by tx hash and (payer, nonce), in batches;
+    # rows carry their own backoff, so running often costs nothing for rows not yet due.
+    "reconcile-pending-settlements": {
+        "task": "purchases.tasks.reconcile_pending_settlements_task",
+        "schedule": 30.0,
+    },
+    # Money that lands after we recorded a failure must become a refund-owed within minutes.
+    "watch-failed-attempts": {
+        "task": "purchases.tasks.watch_failed_attempts_task",
+        "schedule": 120.0,
+    },
+    # Failed purchases become final only once every authorization is provably unusable.
+    "finalize-failed-purchases": {
+        "task": "purchases.tasks.finalize_failed_purchases_task",
+        "schedule": 900.0,
+    },
+    # Open quotes past expiry hold stock that other buyers are waiting for.
+    "expire-quotes": {"task": "purchases.tasks.expire_quotes_task", "schedule": 60.0},
+    # Payment ids past retention keep only their hash, so the table does not grow forever.
+    "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
+    # Refund-owed alerts that a crashed process never sent.
+    "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }

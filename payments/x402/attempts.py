@@ -104,9 +104,9 @@ def x402_attempt_mark_prepared(
 def x402_attempt_apply_outcome(
     *, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
 ) -> bool:
-    """Move the attempt per the chain's answer. Returns True if its state changed.
+    """Move the attempt per the chain's answer. Returns True if anything changed.
 
-    Idempotent: a second report of the same outcome changes nothing. Caller holds locks.
+    Idempotent: a second report of the same outcome writes nothing. Caller holds locks.
     """
     previous = attempt.state
     tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
@@ -121,6 +121,8 @@ def x402_attempt_apply_outcome(
     elif attempt.state == PaymentAttempt.State.RECORDED:
         attempt.pend(tx_hash=tx_hash)
         attempt.reason_code = outcome.reason_code
+    elif (tx_hash, outcome.reason_code) == (attempt.tx_hash, attempt.reason_code):
+        return False  # still pending for the same reason: nothing new for the timeline
     else:
         attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
     attempt.save(

@@ -27,7 +27,11 @@ from purchases.services.idempotency import (
 PREPAID_SCOPE = "prepaid"
 PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 # Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
-UNSTORED_CODES = {ErrorCode.PAYMENT_IN_FLIGHT, ErrorCode.PAYMENT_IDENTIFIER_CONFLICT}
+UNSTORED_CODES = {
+    ErrorCode.PAYMENT_IN_FLIGHT,
+    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
+    ErrorCode.RETENTION_EXPIRED,
+}
 
 
 def purchase_pay_prepaid(

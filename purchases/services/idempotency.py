@@ -9,6 +9,7 @@ request with that key, which resumes from whatever the database recorded.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import secrets
@@ -18,8 +19,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.urls import reverse
 from prometheus_client import Counter
 
+from fulfillment import selectors as fulfillment_selectors
 from purchases.errors import DomainError, ErrorCode
 from purchases.models import IdempotencyRecord, Purchase
 
@@ -60,13 +63,46 @@ def payment_id_validate(*, key: str | None) -> str:
     return key
 
 
+def payment_id_hash(key: str) -> str:
+    """What a payment id is kept as once its record is past retention."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _refuse_if_compacted(*, scope: str, key: str, principal: str) -> None:
+    """A retry after retention is answered with the receipt, never treated as a new sale."""
+    record = (
+        IdempotencyRecord.objects.select_related("purchase")
+        .filter(scope=scope, key=payment_id_hash(key))
+        .first()
+    )
+    if record is None:
+        return
+    if record.principal != principal:
+        raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
+    receipt = (
+        fulfillment_selectors.receipt_for_purchase(purchase=record.purchase)
+        if record.purchase
+        else None
+    )
+    raise DomainError(
+        ErrorCode.RETENTION_EXPIRED,
+        purchase=record.purchase.ref if record.purchase else None,
+        extra={
+            "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id})
+            if receipt
+            else None
+        },
+    )
+
+
 def payment_id_claim(
     *, scope: str, key: str, principal: str, fingerprint: str, now: datetime
 ) -> KeyClaim:
     """Claim a payment id, or learn that it already has an answer.
 
-    Raises DomainError: payment_identifier_conflict, payment_in_flight.
+    Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
+    _refuse_if_compacted(scope=scope, key=key, principal=principal)
     token = secrets.token_hex(8)
     lease_until = now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
     try:

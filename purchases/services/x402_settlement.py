@@ -44,6 +44,7 @@ from purchases.events import Actor, event_record
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
+from purchases.services.late_payments import settlement_unexpected
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -86,19 +87,38 @@ def x402_settle_attempt(
         outcome = _prepare_and_broadcast(attempt, authorization, network, now)
     else:
         outcome = _lookup(authorization, network, attempt.tx_hash, now)
-        if _is_dropped(outcome) and network.mode == "direct":
-            # Dropped (or never sent) while still valid: the very same signed transaction
-            # again; a fresh relayer transaction only if none was ever signed. Never a new
-            # buyer signature.
-            attempt.refresh_from_db()
-            outcome = (
-                _broadcast(attempt, authorization, network, x402_attempt_prepared(attempt=attempt))
-                if attempt.raw_transaction
-                else _prepare_and_broadcast(attempt, authorization, network, now)
-            )
+    outcome = x402_follow_up(
+        attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
+    )
+    x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+    return outcome
+
+
+def x402_follow_up(
+    *,
+    attempt: PaymentAttempt,
+    authorization: Authorization,
+    network: NetworkConfig,
+    outcome: SettlementOutcome,
+    now: datetime,
+) -> SettlementOutcome:
+    """Act on what a look-up found before recording it: resend a dropped transaction,
+    and never believe a revert until the nonce has been looked up."""
+    if (
+        _is_dropped(outcome)
+        and network.mode == "direct"
+        and attempt.state != PaymentAttempt.State.FAILED
+    ):
+        # Dropped (or never sent) while still valid: the very same signed transaction again;
+        # a fresh relayer transaction only if none was ever signed. Never a new buyer signature.
+        attempt = PaymentAttempt.objects.select_related("purchase__quote").get(pk=attempt.pk)
+        outcome = (
+            _broadcast(attempt, authorization, network, x402_attempt_prepared(attempt=attempt))
+            if attempt.raw_transaction
+            else _prepare_and_broadcast(attempt, authorization, network, now)
+        )
     if outcome.status == SettlementStatus.FAILED and outcome.reason_code == "transaction_reverted":
         outcome = _lookup(authorization, network, outcome.tx_hash or attempt.tx_hash, now)
-    x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
     return outcome
 
 
@@ -172,6 +192,20 @@ def x402_record_outcome(*, attempt_id: int, outcome: SettlementOutcome, now: dat
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
         attempt.purchase = purchase
+        if (
+            attempt.state == PaymentAttempt.State.FAILED
+            and outcome.status == SettlementStatus.CONFIRMED
+        ):
+            # We had recorded this authorization as failed, yet its transfer landed.
+            settlement_unexpected(
+                purchase=purchase,
+                attempt=attempt,
+                tx_hash=outcome.tx_hash or "",
+                now=now,
+                actor=actor,
+            )
+            purchase_queue_execution_if_due(purchase=purchase, actor=actor)
+            return
         if not x402_attempt_apply_outcome(attempt=attempt, outcome=outcome, actor=actor):
             return
         previous = purchase.payment_state

@@ -1,0 +1,100 @@
+"""`manage.py reconcile --once`: one pass of every reconciliation job, with progress."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Q
+from django.utils import timezone
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from payments.models import PaymentAttempt
+from purchases.services import reconcile
+from purchases.services.sweeper import purchases_awaiting_execution
+from purchases.tasks import purchase_execute_task
+
+
+def _sweep_executions() -> Counter[str]:
+    ids = purchases_awaiting_execution()
+    for purchase_id in ids:
+        purchase_execute_task.delay(purchase_id=purchase_id)
+    return Counter({"re_enqueued": len(ids)})
+
+
+class Command(BaseCommand):
+    help = "One pass of every reconciliation job (settlements, late money, quotes, ids, alerts)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--once", action="store_true", help="Run one pass and exit.")
+        parser.add_argument(
+            "--every", type=float, default=0.0, help="Without --once: seconds between passes."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not options["once"] and not options["every"]:
+            self.stderr.write(
+                "Say --once for one pass, or --every SECONDS to keep going (beat does this too)."
+            )
+            return
+        while True:
+            self._one_pass()
+            if options["once"]:
+                return
+            time.sleep(options["every"])
+
+    def _one_pass(self) -> None:
+        console = Console(file=self.stdout, force_terminal=False)  # type: ignore[arg-type]
+        results: list[tuple[str, Counter[str]]] = []
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        ) as progress:
+            now = timezone.now()
+            due = (
+                PaymentAttempt.objects.filter(
+                    rail="x402",
+                    state__in=reconcile.PENDING_STATES,
+                    broadcast_started_at__isnull=False,
+                )
+                .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
+                .count()
+            )
+            bar = progress.add_task("pending settlements", total=due or 1)
+            results.append(
+                (
+                    "pending_settlements",
+                    reconcile.reconcile_pending_settlements(
+                        progress=lambda n: progress.advance(bar, n)
+                    ),
+                )
+            )
+            progress.update(bar, completed=due or 1)
+            jobs: list[tuple[str, Callable[[], Counter[str]]]] = [
+                ("late_settlements", reconcile.watch_failed_attempts),
+                ("finalize_failed", reconcile.finalize_failed_purchases),
+                ("expire_quotes", reconcile.expire_quotes),
+                ("compact_payment_ids", reconcile.compact_payment_ids),
+                ("alerts", reconcile.send_pending_alerts),
+                ("executions", _sweep_executions),
+            ]
+            step = progress.add_task("other jobs", total=len(jobs))
+            for name, job in jobs:
+                results.append((name, job()))
+                progress.advance(step)
+        table = Table(title="Reconciliation pass")
+        table.add_column("job")
+        table.add_column("outcome")
+        for name, stats in results:
+            table.add_row(
+                name, ", ".join(f"{k}={v}" for k, v in sorted(stats.items())) or "nothing to do"
+            )
+        console.print(table)

@@ -1,0 +1,384 @@
+"""Reconciliation jobs: every pending, stuck or late outcome ends somewhere, from evidence.
+
+Each job is idempotent and safe on several workers at once: rows are claimed with
+`SKIP LOCKED` (and, for settlements, by pushing their next check into the future), every
+transition goes through the same locked services the request path uses, and each run is
+recorded as a JobRun. The database is the source of truth; beat only makes it sooner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from itertools import groupby
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+
+from payments.models import PaymentAttempt, Refund
+from payments.x402.attempts import x402_attempt_authorization
+from payments.x402.batch import BatchChainReader
+from payments.x402.chain import ChainUnavailable
+from payments.x402.lookup import settlement_lookup
+from payments.x402.networks import network_config
+from payments.x402.types import SettlementOutcome, SettlementStatus
+from purchases.clock import now_or
+from purchases.events import Actor, event_record
+from purchases.models import Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
+from purchases.services.alerts import refund_alert, refunds_awaiting_alert
+from purchases.services.idempotency import payment_id_hash
+from purchases.services.quotes import quote_expire
+from purchases.services.remedies import escalation_open
+from purchases.services.x402_settlement import (
+    x402_follow_up,
+    x402_record_outcome,
+    x402_settle_attempt,
+)
+
+logger = logging.getLogger(__name__)
+ProgressFn = Callable[[int], None]
+
+# RPC or facilitator unreachable: look again after 30 s, 2 min, 10 min, 1 h, 6 h, then daily.
+BACKOFF = (
+    timedelta(seconds=30),
+    timedelta(minutes=2),
+    timedelta(minutes=10),
+    timedelta(hours=1),
+    timedelta(hours=6),
+    timedelta(days=1),
+)
+# The chain answered "not yet" (mempool, confirmations): look again at the regular cadence.
+RECHECK = timedelta(seconds=30)
+# A claimed row is invisible to other runs this long; a crashed run's rows come back after it.
+CLAIM = timedelta(minutes=5)
+# Failed attempts are watched for a late landing until this long after their window closed.
+LATE_WATCH = timedelta(hours=1)
+PENDING_STATES = (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
+
+
+@contextmanager
+def job_run(job: str, now: datetime) -> Iterator[Counter[str]]:
+    """Record one run of a job: when, what it did, and the error if it failed."""
+    run = JobRun.objects.create(job=job, started_at=now)
+    stats: Counter[str] = Counter()
+    try:
+        yield stats
+    except Exception as exc:
+        JobRun.objects.filter(pk=run.pk).update(error=repr(exc)[:2000], stats=dict(stats))
+        raise
+    JobRun.objects.filter(pk=run.pk).update(finished_at=now_or(None), stats=dict(stats))
+
+
+# --- pending settlements --------------------------------------------------------------
+
+
+def reconcile_pending_settlements(
+    *,
+    now: datetime | None = None,
+    limit: int = 20_000,
+    chunk_size: int = 300,
+    progress: ProgressFn | None = None,
+) -> Counter[str]:
+    """Look every due pending settlement up on chain, in batches, and record what it shows."""
+    now = now_or(now)
+    with job_run("pending_settlements", now) as stats:
+        _resume_unbroadcast(now, stats)
+        attempts = _claim_due(now, limit)
+        stats["claimed"] = len(attempts)
+        for network_id, group in groupby(attempts, key=lambda a: a.network):
+            _reconcile_network(network_id, list(group), now, stats, chunk_size, progress)
+    return stats
+
+
+def _resume_unbroadcast(now: datetime, stats: Counter[str]) -> None:
+    """Attempts recorded but never broadcast (the process died in between): broadcast now."""
+    cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
+    stale = PaymentAttempt.objects.filter(
+        rail="x402",
+        state=PaymentAttempt.State.RECORDED,
+        broadcast_started_at__isnull=True,
+        created_at__lte=cutoff,
+    )
+    for attempt_id in stale.values_list("pk", flat=True)[:100]:
+        x402_settle_attempt(attempt_id=attempt_id, now=now)
+        stats["resumed_unbroadcast"] += 1
+
+
+def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
+    grace_cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
+    with transaction.atomic():
+        rows = list(
+            PaymentAttempt.objects.select_for_update(skip_locked=True)
+            .filter(rail="x402", state__in=PENDING_STATES, broadcast_started_at__lte=grace_cutoff)
+            .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
+            .select_related("purchase__quote")
+            .order_by("network", "pk")[:limit]
+        )
+        PaymentAttempt.objects.filter(pk__in=[row.pk for row in rows]).update(
+            next_check_at=now + CLAIM
+        )
+    return rows
+
+
+def _reconcile_network(
+    network_id: str,
+    attempts: list[PaymentAttempt],
+    now: datetime,
+    stats: Counter[str],
+    chunk_size: int,
+    progress: ProgressFn | None,
+) -> None:
+    network = network_config(network_id)
+    reader = BatchChainReader(network, chunk_size=chunk_size)
+    items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
+    try:
+        reader.prefetch(items)
+    except ChainUnavailable:
+        for attempt in attempts:
+            _back_off(attempt, now, stats)
+        return
+    unchanged: dict[str, list[int]] = {}
+    for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
+        outcome = settlement_lookup(
+            authorization=authorization,
+            network=network,
+            tx_hash=tx_hash,
+            reader=reader.reader_for(authorization, tx_hash),
+            now=int(now.timestamp()),
+        )
+        outcome = x402_follow_up(
+            attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
+        )
+        if _is_news(attempt, outcome):
+            _apply(attempt, outcome, now, stats)
+        else:
+            unchanged.setdefault(outcome.reason_code, []).append(attempt.pk)
+            stats["still_pending"] += 1
+            _escalate_if_overdue(attempt, now, stats)  # e.g. a used nonce that nobody can trace
+        if progress:
+            progress(1)
+    # One statement per reason for every row the chain said nothing new about: at 10 000
+    # rows a locked transaction per row would cost minutes.
+    for reason, ids in unchanged.items():
+        PaymentAttempt.objects.filter(pk__in=ids).update(
+            next_check_at=now + RECHECK, unanswered_checks=0, reason_code=reason
+        )
+    stats["rpc_round_trips"] += reader.round_trips
+    reader.close()
+
+
+def _is_news(attempt: PaymentAttempt, outcome: SettlementOutcome) -> bool:
+    """Anything for the timeline? Settled or failed, a chain outage, a newly known tx."""
+    if outcome.status != SettlementStatus.PENDING or outcome.reason_code == "chain_unavailable":
+        return True
+    new_hash = bool(outcome.tx_hash) and (outcome.tx_hash or "").lower() != (attempt.tx_hash or "")
+    return new_hash or attempt.state == PaymentAttempt.State.RECORDED
+
+
+def _apply(
+    attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, stats: Counter[str]
+) -> None:
+    if outcome.status != SettlementStatus.PENDING:
+        x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+        stats[outcome.status.value] += 1
+    elif outcome.reason_code == "chain_unavailable":
+        _back_off(attempt, now, stats)
+    else:
+        PaymentAttempt.objects.filter(pk=attempt.pk).update(
+            next_check_at=now + RECHECK, unanswered_checks=0
+        )
+        x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)  # notes a new tx hash
+        stats["still_pending"] += 1
+        _escalate_if_overdue(attempt, now, stats)  # e.g. a used nonce that nobody can trace
+
+
+def _back_off(attempt: PaymentAttempt, now: datetime, stats: Counter[str]) -> None:
+    """No answer from the chain: wait longer each time; past the deadlines, name an owner."""
+    delay = BACKOFF[min(attempt.unanswered_checks, len(BACKOFF) - 1)]
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(
+        unanswered_checks=F("unanswered_checks") + 1, next_check_at=now + delay
+    )
+    stats["backed_off"] += 1
+    _escalate_if_overdue(attempt, now, stats)
+
+
+def _escalate_if_overdue(attempt: PaymentAttempt, now: datetime, stats: Counter[str]) -> None:
+    """Past the deadlines an unresolved settlement gets an owner: reconciliation, then support."""
+    waited = now - (attempt.broadcast_started_at or attempt.created_at)
+    owners = [
+        (settings.TOLLBOOTH["RECONCILIATION_DEADLINE"], Escalation.OwnerRole.RECONCILIATION),
+        (settings.TOLLBOOTH["SUPPORT_DEADLINE"], Escalation.OwnerRole.SUPPORT),
+    ]
+    for deadline, owner in owners:
+        if waited > deadline:
+            _escalate(attempt.purchase_id, owner, f"settlement_unresolved_{owner}", now, attempt)
+            stats[f"escalated_{owner}"] += 1
+
+
+def _escalate(
+    purchase_id: int, owner: str, reason: str, now: datetime, attempt: PaymentAttempt
+) -> None:
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
+        escalation_open(
+            purchase=purchase,
+            owner=owner,
+            reason_code=reason,
+            now=now,
+            actor=Actor.system("reconciliation"),
+            details={
+                "attempt": attempt.pk,
+                "tx_hash": attempt.tx_hash,
+                "unanswered_checks": attempt.unanswered_checks + 1,
+            },
+        )
+
+
+# --- late transfers and final failures ------------------------------------------------
+
+
+def watch_failed_attempts(*, now: datetime | None = None, limit: int = 5000) -> Counter[str]:
+    """Failed x402 attempts whose authorization could still land (or just closed): did it?"""
+    now = now_or(now)
+    with job_run("late_settlements", now) as stats:
+        watched = list(
+            PaymentAttempt.objects.filter(
+                rail="x402",
+                state=PaymentAttempt.State.FAILED,
+                valid_before_at__gte=now - LATE_WATCH,
+            )
+            .exclude(refunds__reason_code__in=["late_settlement", "duplicate_settlement"])
+            .select_related("purchase__quote")
+            .order_by("network", "pk")[:limit]
+        )
+        for network_id, group in groupby(watched, key=lambda a: a.network):
+            _watch_network(network_id, list(group), now, stats)
+    return stats
+
+
+def _watch_network(
+    network_id: str, attempts: list[PaymentAttempt], now: datetime, stats: Counter[str]
+) -> None:
+    network = network_config(network_id)
+    reader = BatchChainReader(network)
+    items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
+    try:
+        reader.prefetch(items)
+    except ChainUnavailable:
+        stats["chain_unavailable"] += len(attempts)
+        return
+    for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
+        outcome = settlement_lookup(
+            authorization=authorization,
+            network=network,
+            tx_hash=tx_hash,
+            reader=reader.reader_for(authorization, tx_hash),
+            now=int(now.timestamp()),
+        )
+        stats["watched"] += 1
+        if outcome.status == SettlementStatus.CONFIRMED:
+            x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+            stats["late_found"] += 1
+
+
+def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000) -> Counter[str]:
+    """Failed purchases older than FAILED_FINAL_AFTER become void, but only when every
+    authorization they received is provably unusable (window closed or nonce used)."""
+    now = now_or(now)
+    cutoff = now - settings.TOLLBOOTH["FAILED_FINAL_AFTER"]
+    with job_run("finalize_failed", now) as stats:
+        candidates = Purchase.objects.filter(
+            payment_state=Purchase.PaymentState.FAILED, updated_at__lte=cutoff
+        )
+        for purchase_id in candidates.values_list("pk", flat=True)[:limit]:
+            stats["voided" if _void_if_unusable(purchase_id, now) else "not_yet_final"] += 1
+    return stats
+
+
+def _void_if_unusable(purchase_id: int, now: datetime) -> bool:
+    attempts = list(PaymentAttempt.objects.filter(purchase_id=purchase_id, rail="x402"))
+    for attempt in attempts:
+        if attempt.valid_before_at and attempt.valid_before_at > now:
+            return False  # this authorization can still land: not provably failed yet
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update().select_related("quote").get(pk=purchase_id)
+        if purchase.payment_state != Purchase.PaymentState.FAILED:
+            return False
+        purchase.payment_void(reason_code="authorizations_unusable")
+        purchase.save(update_fields=["payment_state", "reason_code", "updated_at"])
+        event_record(
+            subject="purchase.payment",
+            purchase=purchase,
+            actor=Actor.system("reconciliation"),
+            from_state=Purchase.PaymentState.FAILED,
+            to_state=purchase.payment_state,
+            reason_code="authorizations_unusable",
+            evidence={"attempts": [a.pk for a in attempts]},
+        )
+        _release_stock(purchase.quote)
+    return True
+
+
+def _release_stock(quote: Quote) -> None:
+    if quote.holds_stock:
+        Quote.objects.filter(pk=quote.pk).update(holds_stock=False)
+        Offering.objects.filter(pk=quote.offering_id).update(stock=F("stock") + 1)
+
+
+# --- quotes, payment ids, alerts ------------------------------------------------------
+
+
+def expire_quotes(*, now: datetime | None = None, batch: int = 500) -> Counter[str]:
+    """Close open quotes past their expiry and give their stock back."""
+    now = now_or(now)
+    with job_run("expire_quotes", now) as stats:
+        while True:
+            with transaction.atomic():
+                quotes = list(
+                    Quote.objects.select_for_update(skip_locked=True)
+                    .filter(state=Quote.State.OPEN, expires_at__lte=now)
+                    .order_by("pk")[:batch]
+                )
+                for quote in quotes:
+                    quote_expire(quote=quote, actor=Actor.system("reconciliation"))
+            stats["expired"] += len(quotes)
+            if len(quotes) < batch:
+                break
+    return stats
+
+
+def compact_payment_ids(*, now: datetime | None = None) -> Counter[str]:
+    """Past retention a payment id keeps only its hash, principal and purchase (for the receipt)."""
+    now = now_or(now)
+    cutoff = now - settings.TOLLBOOTH["IDEMPOTENCY_RETENTION"]
+    with job_run("compact_payment_ids", now) as stats:
+        with transaction.atomic():
+            due = list(
+                IdempotencyRecord.objects.select_for_update(skip_locked=True).filter(
+                    state=IdempotencyRecord.State.COMPLETED,
+                    compacted_at__isnull=True,
+                    created_at__lte=cutoff,
+                )[:5000]
+            )
+            for record in due:
+                record.key = payment_id_hash(record.key)
+                record.response_body, record.response_headers, record.compacted_at = None, {}, now
+            IdempotencyRecord.objects.bulk_update(
+                due, ["key", "response_body", "response_headers", "compacted_at"]
+            )
+        stats["compacted"] = len(due)
+    return stats
+
+
+def send_pending_alerts(*, now: datetime | None = None) -> Counter[str]:
+    """Refund-owed alerts a crashed process never sent."""
+    now = now_or(now)
+    with job_run("alerts", now) as stats:
+        for refund_id in refunds_awaiting_alert():
+            stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
+        stats["owed_open"] = Refund.objects.filter(state=Refund.State.OWED).count()
+    return stats

@@ -1,0 +1,7 @@
+"""A tiny URLconf for the metrics view tests, until config/urls.py wires /metrics."""
+
+from django.urls import path
+
+from purchases.metrics import metrics_view
+
+urlpatterns = [path("metrics", metrics_view, name="metrics")]

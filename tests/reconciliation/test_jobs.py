@@ -1,0 +1,195 @@
+"""Reconciliation jobs on real PostgreSQL and a real anvil chain. Time is injected: every
+job takes `now`, and the chain's own clock is moved with evm_increaseTime."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from payments.models import LedgerEntry, PaymentAttempt
+from purchases.models import Escalation, JobRun, Offering, Purchase, PurchaseEvent, Quote
+from purchases.services import reconcile
+from purchases.services.quotes import quote_create
+from tests.conftest import CSV_INPUT
+from tests.x402.e2e import PRICE, ask, build_world, sign_payment
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+PAY_ID = "reconcile-payment-0000001"
+LATER = timedelta(minutes=3)  # past the request's own settlement grace
+
+
+def pending_purchase(world, payment_id=PAY_ID, **signing):
+    client = APIClient()
+    payment = sign_payment(
+        ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], payment_id, **signing
+    )
+    answer = ask(client, world, payment=payment)
+    assert answer.status_code == 202, answer.content
+    return Purchase.objects.get(), payment
+
+
+@pytest.fixture
+def paused(settings, db):
+    world, node = build_world(settings, no_mining=True)
+    with node:
+        yield world
+
+
+def test_confirmed_later_is_settled_and_queued(paused):
+    purchase, _ = pending_purchase(paused)
+    paused.node.mine()
+    stats = reconcile.reconcile_pending_settlements(now=timezone.now() + LATER)
+    purchase = Purchase.objects.get(pk=purchase.pk)
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("paid", "queued")
+    assert stats["confirmed"] == 1
+    assert paused.seller_balance() == PRICE
+    run = JobRun.objects.get(job="pending_settlements")
+    assert run.finished_at and run.stats["confirmed"] == 1
+
+
+def test_dropped_transaction_is_rebroadcast_identically(paused):
+    purchase, _ = pending_purchase(paused)
+    attempt = PaymentAttempt.objects.get()
+    paused.node.drop_transaction(attempt.tx_hash)
+    reconcile.reconcile_pending_settlements(now=timezone.now() + LATER)
+    assert paused.w3.eth.get_transaction(attempt.tx_hash)  # the same hash is back in the pool
+    paused.node.mine()
+    reconcile.reconcile_pending_settlements(now=timezone.now() + LATER + timedelta(minutes=1))
+    assert Purchase.objects.get(pk=purchase.pk).payment_state == "paid"
+    assert paused.seller_balance() == PRICE
+    assert paused.relayer_sent() == 1
+
+
+def test_window_closed_with_the_nonce_unused_fails_for_good(paused):
+    import time as wall
+
+    purchase, _ = pending_purchase(paused, valid_before=int(wall.time()) + 45)
+    attempt = PaymentAttempt.objects.get()
+    paused.node.drop_transaction(attempt.tx_hash)
+    paused.node.increase_time(120)
+    paused.node.mine()
+    reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=2))
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.reason_code) == ("failed", "authorization_expired_unused")
+    purchase = Purchase.objects.get(pk=purchase.pk)
+    assert (purchase.payment_state, purchase.reason_code) == (
+        "failed",
+        "authorization_expired_unused",
+    )
+    assert paused.seller_balance() == 0
+
+
+def test_chain_down_backs_off_then_escalates_to_reconciliation_then_support(paused, settings):
+    purchase, _ = pending_purchase(paused)
+    settings.X402_NETWORKS["eip155:31337"]["rpc_url"] = "http://127.0.0.1:9"  # nothing listens
+    start = timezone.now() + LATER
+    attempt = PaymentAttempt.objects.get()
+    delays = []
+    now = start
+    for _ in range(4):
+        reconcile.reconcile_pending_settlements(now=now)
+        attempt.refresh_from_db()
+        delays.append(attempt.next_check_at - now)
+        now = attempt.next_check_at
+    assert delays == [
+        timedelta(seconds=30),
+        timedelta(minutes=2),
+        timedelta(minutes=10),
+        timedelta(hours=1),
+    ]
+    assert not Escalation.objects.exists()
+    reconcile.reconcile_pending_settlements(now=start + timedelta(hours=7))
+    assert Escalation.objects.get().owner == "reconciliation"
+    reconcile.reconcile_pending_settlements(now=start + timedelta(hours=30))
+    assert set(Escalation.objects.values_list("owner", flat=True)) == {"reconciliation", "support"}
+    assert (
+        Purchase.objects.get(pk=purchase.pk).payment_state == "settlement_pending"
+    )  # never "failed"
+
+
+def test_expired_quotes_release_their_stock(buyer, offering):
+    Offering.objects.filter(pk=offering.pk).update(stock=3)
+    for title in ("a", "b"):
+        quote_create(
+            buyer=buyer, offering_slug=offering.slug, raw_input={**CSV_INPUT, "title": title}
+        )
+    assert Offering.objects.get(pk=offering.pk).stock == 1
+    stats = reconcile.expire_quotes(now=timezone.now() + timedelta(minutes=16))
+    assert stats["expired"] == 2
+    assert Offering.objects.get(pk=offering.pk).stock == 3
+    assert set(Quote.objects.values_list("state", flat=True)) == {"expired"}
+    assert reconcile.expire_quotes(now=timezone.now() + timedelta(minutes=17))["expired"] == 0
+
+
+def test_a_payment_id_past_retention_is_answered_with_the_receipt(
+    client_for_buyer, buyer, offering
+):
+    from purchases.services.execution import purchase_execute
+
+    quote = client_for_buyer.post(
+        "/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json"
+    ).json()["id"]
+    key = "retained-key-0000000001"
+    ref = client_for_buyer.post(
+        f"/api/v1/quotes/{quote}/purchase",
+        {"rail": "prepaid"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    ).json()["purchase"]
+    purchase_execute(purchase_id=Purchase.objects.get(ref=ref).pk, worker="test")
+    assert reconcile.compact_payment_ids(now=timezone.now() + timedelta(hours=25))["compacted"] == 1
+    weeks_later = client_for_buyer.post(
+        f"/api/v1/quotes/{quote}/purchase",
+        {"rail": "prepaid"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+    assert weeks_later.status_code == 410
+    body = weeks_later.json()
+    assert (body["code"], body["purchase"]) == ("retention_expired", ref)
+    assert body["receipt"].startswith("/api/v1/receipts/rcp_")
+    assert LedgerEntry.objects.filter(buyer=buyer, kind="purchase_debit").count() == 1
+    assert Purchase.objects.filter(quote__public_id=quote).count() == 1  # never a new sale
+    from purchases.models import IdempotencyRecord
+
+    assert not IdempotencyRecord.objects.filter(key=key).exists()  # only its hash is kept
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_runs_at_once_never_transition_twice(settings):
+    world, node = build_world(settings, no_mining=True)
+    with node:
+        for i in range(6):
+            client = APIClient()
+            header = ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"})["PAYMENT-REQUIRED"]
+            payment = sign_payment(header, world.payers[i % 3], f"concurrent-run-{i:08d}")
+            assert (
+                ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"}, payment=payment).status_code
+                == 202
+            )
+        node.mine()
+        barrier = threading.Barrier(2)
+        results = []
+
+        def run() -> None:
+            barrier.wait()
+            try:
+                results.append(reconcile.reconcile_pending_settlements(now=timezone.now() + LATER))
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert sum(stats["confirmed"] for stats in results) == 6
+        assert sum(stats["claimed"] for stats in results) == 6
+        paid_events = PurchaseEvent.objects.filter(subject="purchase.payment", to_state="paid")
+        assert paid_events.count() == 6  # one transition per purchase, not two
+        assert world.seller_balance() == 6 * PRICE

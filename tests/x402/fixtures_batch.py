@@ -1,0 +1,121 @@
+"""Helpers for the batch reader tests: a recording (and, on demand, faulty) JSON-RPC proxy
+in front of a real anvil node, and cheap authorizations with random nonces.
+
+The proxy forwards every request to the node unchanged, so the chain answering is real; it
+records what went over the wire (an independent count of round trips) and lets a test
+corrupt a reply, as a flaky or capped node would.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import requests
+from hexbytes import HexBytes
+from web3 import Web3
+
+from payments.x402.types import Authorization
+from tests.x402.fixtures_chain import PRICE, ChainEnv
+
+
+@dataclass(frozen=True)
+class RawReply:
+    """A reply a tamper hook sends as is: any status, any body."""
+
+    status: int
+    body: bytes
+
+
+# A hook gets the request body (a call, or a list of them) and the node's reply, and
+# returns the reply to send on: a JSON-able value, or a RawReply.
+Tamper = Callable[[Any, Any], Any]
+
+
+class RpcProxy:
+    """An HTTP server forwarding JSON-RPC to `upstream`; see the module docstring."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.requests: list[Any] = []  # request bodies, in order
+        self.tamper: Tamper | None = None
+        self._lock = threading.Lock()
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.proxy = self  # type: ignore[attr-defined]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def forward(self, raw: bytes) -> RawReply:
+        body = json.loads(raw)
+        with self._lock:
+            self.requests.append(body)
+        reply = requests.post(
+            self.upstream, data=raw, headers={"Content-Type": "application/json"}, timeout=120
+        ).json()
+        if self.tamper is not None:
+            reply = self.tamper(body, reply)
+        if isinstance(reply, RawReply):
+            return reply
+        return RawReply(200, json.dumps(reply).encode())
+
+    def methods(self) -> list[str | list[str]]:
+        """Each request's method, or the methods of a batch."""
+        return [
+            [call["method"] for call in body] if isinstance(body, list) else body["method"]
+            for body in self.requests
+        ]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        reply = self.server.proxy.forward(raw)  # type: ignore[attr-defined]
+        self.send_response(reply.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def rpc_proxy(chain: ChainEnv) -> Iterator[RpcProxy]:
+    proxy = RpcProxy(chain.node.rpc_url)
+    yield proxy
+    proxy.close()
+
+
+def random_hash() -> str:
+    return HexBytes(secrets.token_bytes(32)).to_0x_hex()
+
+
+def random_authorization(env: ChainEnv, *, valid_before: int) -> Authorization:
+    """An authorization nobody signed: a random payer and nonce and a dummy signature.
+
+    Only chain reads happen in these tests, and no read looks at the signature.
+    """
+    return Authorization(
+        payer=Web3.to_checksum_address("0x" + secrets.token_hex(20)),
+        to=env.seller.address,
+        value=PRICE,
+        valid_after=0,
+        valid_before=valid_before,
+        nonce=random_hash(),
+        signature="0x" + "00" * 65,
+    )
