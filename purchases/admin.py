@@ -29,6 +29,7 @@ from purchases.models import (
     BuyerWallet,
     Escalation,
     IdempotencyRecord,
+    JobRun,
     Offering,
     Purchase,
     PurchaseEvent,
@@ -541,4 +542,14 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
         "created_at",
         "completed_at",
         "locked_until",
+        "compacted_at",
     )
+
+
+@admin.register(JobRun)
+class JobRunAdmin(ReadOnlyModelAdmin):
+    """What each reconciliation pass did: the operator's first stop when a metric lags."""
+
+    list_display = ("job", "started_at", "finished_at", "stats", "error")
+    list_filter = ("job",)
+    date_hierarchy = "started_at"

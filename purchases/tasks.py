@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from celery import shared_task
+from django.utils import timezone
 
 from purchases.services import reconcile
 from purchases.services.alerts import refund_alert
@@ -43,9 +44,11 @@ def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
 
 @shared_task(acks_late=True)
 def purchase_sweep_stalled_task() -> int:
-    ids = purchases_awaiting_execution()
-    for purchase_id in ids:
-        purchase_execute_task.delay(purchase_id=purchase_id)
+    with reconcile.job_run("executions", timezone.now()) as stats:
+        ids = purchases_awaiting_execution()
+        for purchase_id in ids:
+            purchase_execute_task.delay(purchase_id=purchase_id)
+        stats["re_enqueued"] = len(ids)
     if ids:
         logger.info("sweeper re-enqueued %d purchases", len(ids))
     return len(ids)

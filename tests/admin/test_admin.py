@@ -31,6 +31,7 @@ from purchases.models import (
     Buyer,
     Escalation,
     IdempotencyRecord,
+    JobRun,
     Offering,
     Purchase,
     PurchaseEvent,
@@ -149,6 +150,9 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
             now=now,
             actor=system,
         )
+    JobRun.objects.create(
+        job="pending_settlements", started_at=now, finished_at=now, stats={"claimed": 0}
+    )
     return World(prepaid, x402, owed, paid, escalation)
 
 
@@ -215,6 +219,7 @@ def test_every_admin_renders_its_list_and_detail(world: World, superuser: Client
         "ExecutionAttempt",
         "Result",
         "Receipt",
+        "JobRun",
     }
     for model in OUR_MODELS:
         # Refunds open on the owed list; "all" shows the paid one too.

@@ -16,15 +16,11 @@ from rich.table import Table
 
 from payments.models import PaymentAttempt
 from purchases.services import reconcile
-from purchases.services.sweeper import purchases_awaiting_execution
-from purchases.tasks import purchase_execute_task
+from purchases.tasks import purchase_sweep_stalled_task
 
 
 def _sweep_executions() -> Counter[str]:
-    ids = purchases_awaiting_execution()
-    for purchase_id in ids:
-        purchase_execute_task.delay(purchase_id=purchase_id)
-    return Counter({"re_enqueued": len(ids)})
+    return Counter({"re_enqueued": purchase_sweep_stalled_task()})
 
 
 class Command(BaseCommand):
