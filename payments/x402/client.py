@@ -21,7 +21,6 @@ def payment_signature_for(
     payment_id: str,
     *,
     chain_id: int,
-    validity_seconds: int = 600,
 ) -> str:
     """Sign the first `accepts` entry and echo the payment-identifier extension with our id."""
     required = decode_payment_required_header(required_header)
@@ -38,7 +37,8 @@ def payment_signature_for(
         to=requirement.pay_to,
         value=int(requirement.amount),
         valid_after=0,
-        valid_before=int(time.time()) + validity_seconds,
+        # Valid exactly as long as the seller asked: long enough to settle, no longer.
+        valid_before=int(time.time()) + requirement.max_timeout_seconds,
     )
     payload = PaymentPayload(
         x402_version=2,

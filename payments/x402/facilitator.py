@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
-from x402.schemas import PaymentPayload, PaymentRequirements
+from x402.schemas import PaymentPayload
 
 from payments.x402.types import (
     Authorization,
@@ -42,6 +42,7 @@ from payments.x402.types import (
     SettlementOutcome,
     SettlementStatus,
 )
+from payments.x402.wire import requirements_wire
 
 VERIFY = "verify"
 SETTLE = "settle"
@@ -137,19 +138,7 @@ def settlement_request(
     authorization: Authorization, requirements: Requirements, network: NetworkConfig
 ) -> dict[str, Any]:
     """The JSON body of /verify and /settle: x402 v2 payload plus the requirements it meets."""
-    accepted = PaymentRequirements(
-        scheme="exact",
-        network=requirements.network,
-        asset=requirements.asset,
-        amount=str(requirements.amount),
-        pay_to=requirements.pay_to,
-        max_timeout_seconds=requirements.max_timeout_seconds,
-        extra={
-            "name": network.token_name,
-            "version": network.token_version,
-            "quote": requirements.quote_id,
-        },
-    )
+    accepted = requirements_wire(requirements, network)
     payload = PaymentPayload(x402_version=2, accepted=accepted, payload=authorization.as_wire())
     return {
         "x402Version": 2,

@@ -120,6 +120,24 @@ def _pay_and_answer(
     return answer
 
 
+def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None:
+    """The quote's purchase if a new payment may go to it (its last one failed), else None
+    for a first payment. Both rails ask this under the quote's row lock.
+
+    Raises DomainError: quote_already_paid (naming the purchase), quote_expired.
+    """
+    purchase = Purchase.objects.select_for_update().filter(quote=quote).first()
+    if purchase is not None and purchase.payment_state != Purchase.PaymentState.FAILED:
+        raise DomainError(
+            ErrorCode.QUOTE_ALREADY_PAID,
+            purchase=purchase.ref,
+            extra={"existing_purchase": purchase.ref},
+        )
+    if quote.state == Quote.State.EXPIRED or quote.expires_at <= now:
+        raise DomainError(ErrorCode.QUOTE_EXPIRED, purchase=purchase.ref if purchase else None)
+    return purchase
+
+
 def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Actor) -> Purchase:
     """Lock the quote and return the purchase a new payment may go to (creating it on first use).
 
@@ -133,15 +151,7 @@ def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Act
     )
     if quote is None:
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
-    purchase = Purchase.objects.select_for_update().filter(quote=quote).first()
-    if purchase is not None and purchase.payment_state != Purchase.PaymentState.FAILED:
-        raise DomainError(
-            ErrorCode.QUOTE_ALREADY_PAID,
-            purchase=purchase.ref,
-            extra={"existing_purchase": purchase.ref},
-        )
-    if quote.state == Quote.State.EXPIRED or quote.expires_at <= now:
-        raise DomainError(ErrorCode.QUOTE_EXPIRED, purchase=purchase.ref if purchase else None)
+    purchase = purchase_open_for_payment(quote=quote, now=now)
     if purchase is not None:
         return purchase
     purchase = Purchase.objects.create(

@@ -35,6 +35,7 @@ from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
 from purchases.models import Buyer, BuyerWallet, Offering, Purchase, Quote
+from purchases.services.checkout import purchase_open_for_payment
 from purchases.services.idempotency import (
     KeyClaim,
     StoredAnswer,
@@ -49,6 +50,7 @@ from purchases.services.x402_settlement import (
     X402Answer,
     purchase_reload,
     x402_answer_for_purchase,
+    x402_requirements,
     x402_settle_attempt,
 )
 
@@ -81,17 +83,6 @@ def _route(offering_slug: str) -> _Route:
         raise DomainError(
             ErrorCode.OFFERING_NOT_FOUND, "This offering is not sold over x402."
         ) from exc
-
-
-def _requirements(quote: Quote, network: NetworkConfig) -> Requirements:
-    return Requirements(
-        network=quote.network,
-        asset=quote.asset,
-        amount=quote.price,
-        pay_to=quote.pay_to,
-        max_timeout_seconds=network.max_timeout_seconds,
-        quote_id=quote.public_id,
-    )
 
 
 def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote:
@@ -143,7 +134,7 @@ def x402_offer(
     else:
         quote = _quote_anonymous(route.offering, raw_input, now)
     header, document = payment_required_header(
-        requirements=_requirements(quote, route.network),
+        requirements=x402_requirements(quote=quote, network=route.network),
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
@@ -239,7 +230,7 @@ def _pay_claimed(
         return _finish(existing.purchase, existing.pk, claim, now)
     route = _route(offering_slug)
     quote = _quote_named(quote_id, route.offering)
-    requirements = _requirements(quote, route.network)
+    requirements = x402_requirements(quote=quote, network=route.network)
     _check_accepted(accepted, requirements)
     try:
         verify_payment(
@@ -352,15 +343,7 @@ def _record(
 def _purchase_for_x402(
     quote: Quote, authorization: Authorization, buyer: Buyer | None, now: datetime, actor: Actor
 ) -> Purchase:
-    purchase = Purchase.objects.select_for_update().filter(quote=quote).first()
-    if purchase is not None and purchase.payment_state != Purchase.PaymentState.FAILED:
-        raise DomainError(
-            ErrorCode.QUOTE_ALREADY_PAID,
-            purchase=purchase.ref,
-            extra={"existing_purchase": purchase.ref},
-        )
-    if quote.state == Quote.State.EXPIRED or quote.expires_at <= now:
-        raise DomainError(ErrorCode.QUOTE_EXPIRED, purchase=purchase.ref if purchase else None)
+    purchase = purchase_open_for_payment(quote=quote, now=now)
     capped = buyer or quote.buyer or _wallet_owner(authorization.payer)
     if capped is not None:
         # Spend caps bind the paying wallet's owner whichever rail it pays on.

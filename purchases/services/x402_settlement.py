@@ -41,7 +41,7 @@ from payments.x402.wire import payment_response_header
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Purchase
+from purchases.models import Purchase, Quote
 from purchases.selectors import purchase_status
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
 from purchases.services.late_payments import settlement_unexpected
@@ -58,8 +58,8 @@ class X402Answer:
     content_type: str | None = None
 
 
-def _requirements(purchase: Purchase, network: NetworkConfig) -> Requirements:
-    quote = purchase.quote
+def x402_requirements(*, quote: Quote, network: NetworkConfig) -> Requirements:
+    """What we asked for: the `accepts` entry a quote stands for on its network."""
     return Requirements(
         network=quote.network,
         asset=quote.asset,
@@ -154,7 +154,7 @@ def _broadcast(
 ) -> SettlementOutcome:
     return settler_for(network).broadcast(
         authorization=authorization,
-        requirements=_requirements(attempt.purchase, network),
+        requirements=x402_requirements(quote=attempt.purchase.quote, network=network),
         network=network,
         prepared=prepared,
     )

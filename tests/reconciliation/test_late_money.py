@@ -139,3 +139,27 @@ def test_duplicate_settlement_once_even_with_two_runs_at_once(settings, facilita
         PRICE,
     )
     assert len(webhook.received) == 1
+
+
+@pytest.mark.django_db
+def test_failed_becomes_void_only_once_every_authorization_is_unusable(settings, facilitated):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    world, double = facilitated
+    Offering.objects.filter(pk=world.offering.pk).update(stock=5)
+    _failed(world, double)  # held one unit; its authorization is valid for ten more minutes
+    assert Offering.objects.get(pk=world.offering.pk).stock == 4
+    # The failure is a day old, but the authorization could still land: not final yet.
+    Purchase.objects.update(updated_at=timezone.now() - timedelta(hours=25))
+    stats = reconcile.finalize_failed_purchases(now=timezone.now())
+    assert (stats["voided"], stats["not_yet_final"]) == (0, 1)
+    assert Purchase.objects.get().payment_state == "failed"
+    # Once its window has closed, nothing it received can ever land: void, stock released.
+    window = Purchase.objects.get().payment_attempts.get().valid_before_at
+    stats = reconcile.finalize_failed_purchases(now=window + timedelta(seconds=1))
+    assert stats["voided"] == 1
+    purchase = Purchase.objects.get()
+    assert (purchase.payment_state, purchase.reason_code) == ("void", "authorizations_unusable")
+    assert Offering.objects.get(pk=world.offering.pk).stock == 5  # its unit is for sale again
