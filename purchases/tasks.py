@@ -90,3 +90,8 @@ def compact_payment_ids_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def send_pending_alerts_task() -> dict[str, int]:
     return dict(reconcile.send_pending_alerts())
+
+
+@shared_task(acks_late=True)
+def heal_relayers_task() -> dict[str, int]:
+    return dict(reconcile.heal_relayers())

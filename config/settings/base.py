@@ -271,6 +271,8 @@ CELERY_BEAT_SCHEDULE = {
     "expire-quotes": {"task": "purchases.tasks.expire_quotes_task", "schedule": 60.0},
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
+    # A dropped relayer transaction or a nonce lost in a crash stalls every later one.
+    "heal-relayers": {"task": "purchases.tasks.heal_relayers_task", "schedule": 300.0},
     # Refund-owed alerts that a crashed process never sent.
     "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }

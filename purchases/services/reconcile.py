@@ -382,3 +382,44 @@ def send_pending_alerts(*, now: datetime | None = None) -> Counter[str]:
             stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
         stats["owed_open"] = Refund.objects.filter(state=Refund.State.OWED).count()
     return stats
+
+
+# --- relayer nonce gaps ---------------------------------------------------------------
+
+
+def heal_relayers(*, now: datetime | None = None) -> Counter[str]:
+    """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
+    process that died before sending) so later settlements are not stalled behind them."""
+    from eth_account import Account
+
+    from payments.x402.chain import w3_for
+    from payments.x402.relayer import relayer_heal
+
+    now = now_or(now)
+    with job_run("heal_relayers", now) as stats:
+        for network_id, raw in settings.X402_NETWORKS.items():
+            if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
+                continue
+            network = network_config(network_id)
+            known = list(
+                PaymentAttempt.objects.filter(
+                    network=network_id, state__in=PENDING_STATES, relayer_nonce__isnull=False
+                )
+                .exclude(raw_transaction="")
+                .values_list("relayer_nonce", "raw_transaction")
+            )
+            try:
+                actions = relayer_heal(
+                    network=network,
+                    w3=w3_for(network),
+                    account=Account.from_key(network.relayer_private_key),
+                    known=known,
+                    now=now,
+                )
+            except Exception:  # an unreachable node: the next run tries again
+                logger.exception("relayer heal on %s failed", network_id)
+                stats[f"{network_id}:unreachable"] += 1
+                continue
+            for action in actions:
+                stats[f"{network_id}:{action['action']}"] += 1
+    return stats

@@ -193,3 +193,27 @@ def test_two_runs_at_once_never_transition_twice(settings):
         paid_events = PurchaseEvent.objects.filter(subject="purchase.payment", to_state="paid")
         assert paid_events.count() == 6  # one transition per purchase, not two
         assert world.seller_balance() == 6 * PRICE
+
+
+def test_a_nonce_lost_in_a_crash_is_filled_so_later_settlements_mine(paused):
+    from payments.x402.networks import network_config
+    from payments.x402.relayer import relayer_nonce_allocate
+
+    # A process allocated nonce 0, then died before signing or recording anything.
+    network = network_config("eip155:31337")
+    assert (
+        relayer_nonce_allocate(
+            network=network, address=paused.relayer.address, chain_pending_nonce=0
+        )
+        == 0
+    )
+    purchase, _ = pending_purchase(paused)  # its transaction got nonce 1: stuck behind the gap
+    paused.node.mine()
+    assert reconcile.reconcile_pending_settlements(now=timezone.now() + LATER)["still_pending"] == 1
+
+    stats = reconcile.heal_relayers(now=timezone.now() + timedelta(minutes=5))
+    assert stats["eip155:31337:gap_filled"] == 1
+    paused.node.mine()
+    reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=10))
+    assert Purchase.objects.get(pk=purchase.pk).payment_state == "paid"
+    assert paused.seller_balance() == PRICE

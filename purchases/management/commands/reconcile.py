@@ -80,6 +80,7 @@ class Command(BaseCommand):
                 ("expire_quotes", reconcile.expire_quotes),
                 ("compact_payment_ids", reconcile.compact_payment_ids),
                 ("alerts", reconcile.send_pending_alerts),
+                ("heal_relayers", reconcile.heal_relayers),
                 ("executions", _sweep_executions),
             ]
             step = progress.add_task("other jobs", total=len(jobs))
