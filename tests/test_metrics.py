@@ -272,3 +272,11 @@ def test_a_token_guards_the_scrape_when_set(client, settings):
 
 def test_only_reads_are_allowed(client: Any):
     assert client.post("/metrics").status_code == 405
+
+
+@pytest.mark.django_db
+def test_metrics_are_served_at_the_root_url(client) -> None:  # type: ignore[no-untyped-def]
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert b"tollbooth_pending_settlements" in response.content
+    assert b"tollbooth_payment_identifier_conflicts_total" in response.content
