@@ -348,6 +348,9 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=150, blank=True)
     resolution = models.TextField(blank=True)
+    # Told to a person once (see purchases/services/alerts.py): claimed, then delivered.
+    alert_claimed_at = models.DateTimeField(null=True, blank=True)
+    alerted_at = models.DateTimeField(null=True, blank=True)
     state = FSMField(default=State.OPEN, choices=State.choices, protected=True)
 
     class Meta:

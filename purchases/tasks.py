@@ -11,7 +11,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from purchases.services import reconcile
-from purchases.services.alerts import refund_alert
+from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import (
     ExecutionRetryable,
     purchase_execute,
@@ -57,6 +57,11 @@ def purchase_sweep_stalled_task() -> int:
 @shared_task(acks_late=True)
 def refund_alert_task(*, refund_id: int) -> bool:
     return refund_alert(refund_id=refund_id)
+
+
+@shared_task(acks_late=True)
+def escalation_alert_task(*, escalation_id: int) -> bool:
+    return escalation_alert(escalation_id=escalation_id)
 
 
 # --- reconciliation (scheduled by beat; see CELERY_BEAT_SCHEDULE) ------------------------

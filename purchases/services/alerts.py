@@ -1,14 +1,21 @@
-"""Telling people that money is owed: exactly once per refund, retried until it lands."""
+"""Telling people: a refund owed or an escalation opened reaches a person exactly once,
+and is retried until it does.
+
+Each row is claimed by a conditional update (two workers never both send it), marked
+delivered only after a backend that reaches a person took it, given back on failure,
+and taken again if its sender died mid-send (the claim lease ran out).
+"""
 
 from __future__ import annotations
 
 import logging
 from datetime import timedelta
 
-from django.db.models import Q
+from django.db.models import Model, Q
 from django.utils import timezone
 
 from payments.models import Refund
+from purchases.models import Escalation
 from purchases.notify import Alert, AlertNotDelivered, alert_send
 
 logger = logging.getLogger(__name__)
@@ -23,14 +30,26 @@ def _unsent() -> Q:
     )
 
 
-def refund_alert(*, refund_id: int) -> bool:
-    """Send the refund-owed alert unless it was already sent. Returns True if sent now.
+def _send_claimed(model: type[Model], pk: int, alert: Alert) -> bool:
+    try:
+        alert_send(alert)
+    except AlertNotDelivered:
+        model._default_manager.filter(pk=pk).update(alert_claimed_at=None)
+        logger.exception("%s alert not delivered; the sweeper retries", alert.idempotency_key)
+        return False
+    model._default_manager.filter(pk=pk).update(alerted_at=timezone.now())
+    return True
 
-    The claim is a conditional update, so two workers never both send it; a delivery
-    failure gives the claim back, and a crashed sender's claim expires, for the sweeper.
-    """
-    claimed = Refund.objects.filter(_unsent(), pk=refund_id).update(alert_claimed_at=timezone.now())
-    if not claimed:
+
+def _claim(model: type[Model], pk: int) -> bool:
+    return bool(
+        model._default_manager.filter(_unsent(), pk=pk).update(alert_claimed_at=timezone.now())
+    )
+
+
+def refund_alert(*, refund_id: int) -> bool:
+    """Send the refund-owed alert unless it was already sent. Returns True if sent now."""
+    if not _claim(Refund, refund_id):
         return False
     refund = Refund.objects.select_related("purchase").get(pk=refund_id)
     alert = Alert(
@@ -51,19 +70,41 @@ def refund_alert(*, refund_id: int) -> bool:
         },
         idempotency_key=f"tollbooth-refund-{refund.pk}",
     )
-    try:
-        alert_send(alert)
-    except AlertNotDelivered:
-        Refund.objects.filter(pk=refund_id).update(alert_claimed_at=None)
-        logger.exception("refund %s alert not delivered; the sweeper retries", refund_id)
+    return _send_claimed(Refund, refund_id, alert)
+
+
+def escalation_alert(*, escalation_id: int) -> bool:
+    """Tell the escalation's owner that a purchase needs a person, once."""
+    if not _claim(Escalation, escalation_id):
         return False
-    Refund.objects.filter(pk=refund_id).update(alerted_at=timezone.now())
-    return True
+    escalation = Escalation.objects.select_related("purchase").get(pk=escalation_id)
+    alert = Alert(
+        kind="escalation",
+        title=f"Escalated to {escalation.owner}: {escalation.reason_code}",
+        message=(
+            f"Purchase {escalation.purchase.ref} needs {escalation.owner} by "
+            f"{escalation.deadline_at:%Y-%m-%d %H:%M} UTC. Resolve it in the admin (Escalations)."
+        ),
+        purchase_ref=escalation.purchase.ref,
+        amount=escalation.purchase.amount,
+        asset=escalation.purchase.asset,
+        details={"escalation": escalation.pk, "owner": escalation.owner, **escalation.details},
+        idempotency_key=f"tollbooth-escalation-{escalation.pk}",
+    )
+    return _send_claimed(Escalation, escalation_id, alert)
 
 
 def refunds_awaiting_alert(*, limit: int = 200) -> list[int]:
     return list(
         Refund.objects.filter(_unsent(), state=Refund.State.OWED)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def escalations_awaiting_alert(*, limit: int = 200) -> list[int]:
+    return list(
+        Escalation.objects.filter(_unsent(), state=Escalation.State.OPEN)
         .order_by("pk")
         .values_list("pk", flat=True)[:limit]
     )

@@ -29,7 +29,12 @@ from payments.x402.types import SettlementOutcome, SettlementStatus
 from purchases.clock import now_or
 from purchases.events import Actor, event_record
 from purchases.models import Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
-from purchases.services.alerts import refund_alert, refunds_awaiting_alert
+from purchases.services.alerts import (
+    escalation_alert,
+    escalations_awaiting_alert,
+    refund_alert,
+    refunds_awaiting_alert,
+)
 from purchases.services.idempotency import payment_id_hash
 from purchases.services.quotes import quote_expire
 from purchases.services.remedies import escalation_open
@@ -138,8 +143,7 @@ def _reconcile_network(
     try:
         reader.prefetch(items)
     except ChainUnavailable:
-        for attempt in attempts:
-            _back_off(attempt, now, stats)
+        _back_off_all(attempts, now, stats)
         return
     unchanged: dict[str, list[int]] = {}
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
@@ -204,6 +208,20 @@ def _back_off(attempt: PaymentAttempt, now: datetime, stats: Counter[str]) -> No
     )
     stats["backed_off"] += 1
     _escalate_if_overdue(attempt, now, stats)
+
+
+def _back_off_all(attempts: list[PaymentAttempt], now: datetime, stats: Counter[str]) -> None:
+    """A whole network unreadable: one UPDATE per backoff step, not one per row."""
+    by_step: dict[int, list[int]] = {}
+    for attempt in attempts:
+        by_step.setdefault(min(attempt.unanswered_checks, len(BACKOFF) - 1), []).append(attempt.pk)
+    for step, ids in by_step.items():
+        PaymentAttempt.objects.filter(pk__in=ids).update(
+            unanswered_checks=F("unanswered_checks") + 1, next_check_at=now + BACKOFF[step]
+        )
+    stats["backed_off"] += len(attempts)
+    for attempt in attempts:
+        _escalate_if_overdue(attempt, now, stats)
 
 
 def _escalate_if_overdue(attempt: PaymentAttempt, now: datetime, stats: Counter[str]) -> None:
@@ -375,11 +393,14 @@ def compact_payment_ids(*, now: datetime | None = None) -> Counter[str]:
 
 
 def send_pending_alerts(*, now: datetime | None = None) -> Counter[str]:
-    """Refund-owed alerts a crashed process never sent."""
+    """Refund-owed and escalation alerts a crashed process never sent (or never tried)."""
     now = now_or(now)
     with job_run("alerts", now) as stats:
         for refund_id in refunds_awaiting_alert():
             stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
+        for escalation_id in escalations_awaiting_alert():
+            sent = escalation_alert(escalation_id=escalation_id)
+            stats["escalations_sent" if sent else "escalations_not_sent"] += 1
         stats["owed_open"] = Refund.objects.filter(state=Refund.State.OWED).count()
     return stats
 

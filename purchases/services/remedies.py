@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -42,6 +43,9 @@ def escalation_open(
         reason_code=reason_code,
         evidence={"escalation": escalation.pk, "owner": owner},
     )
+    from purchases.tasks import escalation_alert_task  # tasks import services
+
+    transaction.on_commit(partial(escalation_alert_task.delay, escalation_id=escalation.pk))
     return escalation
 
 

@@ -84,7 +84,9 @@ def test_window_closed_with_the_nonce_unused_fails_for_good(paused):
     assert paused.seller_balance() == 0
 
 
-def test_chain_down_backs_off_then_escalates_to_reconciliation_then_support(paused, settings):
+def test_chain_down_backs_off_then_escalates_to_reconciliation_then_support(
+    paused, settings, webhook
+):
     purchase, _ = pending_purchase(paused)
     settings.X402_NETWORKS["eip155:31337"]["rpc_url"] = "http://127.0.0.1:9"  # nothing listens
     start = timezone.now() + LATER
@@ -107,9 +109,15 @@ def test_chain_down_backs_off_then_escalates_to_reconciliation_then_support(paus
     assert Escalation.objects.get().owner == "reconciliation"
     reconcile.reconcile_pending_settlements(now=start + timedelta(hours=30))
     assert set(Escalation.objects.values_list("owner", flat=True)) == {"reconciliation", "support"}
-    assert (
-        Purchase.objects.get(pk=purchase.pk).payment_state == "settlement_pending"
-    )  # never "failed"
+    # Never "failed": nothing proved it.
+    assert Purchase.objects.get(pk=purchase.pk).payment_state == "settlement_pending"
+    # Each owner is told once, however often the alert sweeper runs.
+    settings.TOLLBOOTH_ALERT_WEBHOOK_URL = webhook.url
+    settings.ADMINS = [("ops", "ops@example.invalid")]
+    for _ in range(2):
+        reconcile.send_pending_alerts()
+    keys = sorted(r.headers["Idempotency-Key"] for r in webhook.received)
+    assert keys == sorted(f"tollbooth-escalation-{e.pk}" for e in Escalation.objects.all())
 
 
 def test_expired_quotes_release_their_stock(buyer, offering):
