@@ -46,6 +46,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     raw_transaction = models.TextField(blank=True)
     broadcast_started_at = models.DateTimeField(null=True, blank=True)
     block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    # The chain head when we verified the authorization: its transfer cannot be older, so
+    # log searches start here (public RPCs refuse a search from block 0).
+    search_from_block = models.PositiveBigIntegerField(null=True, blank=True)
     # Reconciliation schedule: when to look again, and how many look-ups found no answer
     # (drives the backoff and, past the deadline, the escalation).
     next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)

@@ -46,6 +46,7 @@ def x402_attempt_record(
     network: str,
     asset: str,
     actor: Actor,
+    search_from_block: int | None = None,
 ) -> PaymentAttempt:
     """Write the attempt with the signed authorization itself. Caller holds the purchase lock."""
     attempt = PaymentAttempt.objects.create(
@@ -61,6 +62,7 @@ def x402_attempt_record(
         authorization=authorization.as_wire(),
         authorization_nonce=authorization.nonce.lower(),
         valid_before_at=datetime.fromtimestamp(authorization.valid_before, tz=UTC),
+        search_from_block=search_from_block,
     )
     event_record(
         subject="payment_attempt",

@@ -138,7 +138,9 @@ def _reconcile_network(
     progress: ProgressFn | None,
 ) -> None:
     network = network_config(network_id)
-    reader = BatchChainReader(network, chunk_size=chunk_size)
+    reader = BatchChainReader(
+        network, chunk_size=chunk_size, logs_from_block=_search_from(attempts)
+    )
     items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
     try:
         reader.prefetch(items)
@@ -173,6 +175,12 @@ def _reconcile_network(
         )
     stats["rpc_round_trips"] += reader.round_trips
     reader.close()
+
+
+def _search_from(attempts: list[PaymentAttempt]) -> int:
+    """One log query covers the group: from the oldest verification block among them."""
+    blocks = [a.search_from_block for a in attempts]
+    return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
 
 
 def _is_news(attempt: PaymentAttempt, outcome: SettlementOutcome) -> bool:
@@ -282,7 +290,7 @@ def _watch_network(
     network_id: str, attempts: list[PaymentAttempt], now: datetime, stats: Counter[str]
 ) -> None:
     network = network_config(network_id)
-    reader = BatchChainReader(network)
+    reader = BatchChainReader(network, logs_from_block=_search_from(attempts))
     items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
     try:
         reader.prefetch(items)

@@ -232,20 +232,22 @@ def _pay_claimed(
     quote = _quote_named(quote_id, route.offering)
     requirements = x402_requirements(quote=quote, network=route.network)
     _check_accepted(accepted, requirements)
+    reader = ChainReader(route.network)
     try:
         verify_payment(
             authorization=authorization,
             requirements=requirements,
             network=route.network,
             now=int(now.timestamp()),
-            reader=ChainReader(route.network),
+            reader=reader,
         )
+        verified_at_block = reader.block_number()
     except VerificationFailed as failure:
         raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
     except ChainUnavailable as exc:
         raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
     purchase, attempt_id = _record(
-        quote, authorization, key, request_fingerprint, buyer, claim, now
+        quote, authorization, key, request_fingerprint, buyer, claim, now, verified_at_block
     )
     return _finish(purchase, attempt_id, claim, now)
 
@@ -302,6 +304,7 @@ def _record(
     buyer: Buyer | None,
     claim: KeyClaim,
     now: datetime,
+    verified_at_block: int,
 ) -> tuple[Purchase, int]:
     """One transaction: the attempt with its authorization, and the purchase moved to paying.
 
@@ -323,6 +326,7 @@ def _record(
             network=quote.network,
             asset=quote.asset,
             actor=actor,
+            search_from_block=verified_at_block,
         )
         previous = purchase.payment_state
         purchase.payment_begin()

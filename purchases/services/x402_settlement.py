@@ -86,7 +86,7 @@ def x402_settle_attempt(
     if _claim_first_broadcast(attempt.pk, now):
         outcome = _prepare_and_broadcast(attempt, authorization, network, now)
     else:
-        outcome = _lookup(authorization, network, attempt.tx_hash, now)
+        outcome = _lookup(authorization, network, attempt.tx_hash, now, attempt.search_from_block)
     outcome = x402_follow_up(
         attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
     )
@@ -118,7 +118,13 @@ def x402_follow_up(
             else _prepare_and_broadcast(attempt, authorization, network, now)
         )
     if outcome.status == SettlementStatus.FAILED and outcome.reason_code == "transaction_reverted":
-        outcome = _lookup(authorization, network, outcome.tx_hash or attempt.tx_hash, now)
+        outcome = _lookup(
+            authorization,
+            network,
+            outcome.tx_hash or attempt.tx_hash,
+            now,
+            attempt.search_from_block,
+        )
     return outcome
 
 
@@ -161,7 +167,11 @@ def _broadcast(
 
 
 def _lookup(
-    authorization: Authorization, network: NetworkConfig, tx_hash: str | None, now: datetime
+    authorization: Authorization,
+    network: NetworkConfig,
+    tx_hash: str | None,
+    now: datetime,
+    from_block: int | None,
 ) -> SettlementOutcome:
     return settlement_lookup(
         authorization=authorization,
@@ -169,6 +179,7 @@ def _lookup(
         tx_hash=tx_hash,
         reader=ChainReader(network),
         now=int(now.timestamp()),
+        logs_from_block=from_block or 0,
     )
 
 

@@ -70,7 +70,11 @@ def test_pay_settles_once_then_result_with_payment_response(client, x402_world):
     assert x402_world.seller_balance() == PRICE
     purchase = Purchase.objects.get()
     assert (purchase.payment_state, purchase.rail) == ("paid", "x402")
-    assert PaymentAttempt.objects.get().tx_hash == settle.transaction.lower()
+    attempt = PaymentAttempt.objects.get()
+    assert attempt.tx_hash == settle.transaction.lower()
+    # Log searches for this payment start at the block it was verified in, never at 0.
+    assert attempt.search_from_block is not None
+    assert 0 < attempt.search_from_block <= x402_world.w3.eth.block_number
 
     purchase_execute(purchase_id=purchase.pk, worker="test")
     again = ask(client, x402_world, payment=payment)  # the same signed payment, resent
