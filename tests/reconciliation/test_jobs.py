@@ -225,3 +225,35 @@ def test_a_nonce_lost_in_a_crash_is_filled_so_later_settlements_mine(paused):
     reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=10))
     assert Purchase.objects.get(pk=purchase.pk).payment_state == "paid"
     assert paused.seller_balance() == PRICE
+
+
+def test_nonce_used_by_another_transfer_fails_the_payment_and_links_that_transaction(paused):
+    from payments.chain.token import send_transfer_with_authorization, sign_transfer_authorization
+
+    purchase, _ = pending_purchase(paused)
+    attempt = PaymentAttempt.objects.get()
+    paused.node.drop_transaction(attempt.tx_hash)
+    # The buyer's wallet signs the same nonce over to someone else, and that lands first.
+    other = sign_transfer_authorization(
+        paused.payers[0],
+        token_address=paused.token,
+        chain_id=31337,
+        name="USDC",
+        version="2",
+        to=paused.deployer.address,
+        value=1,
+        valid_after=0,
+        valid_before=int(timezone.now().timestamp()) + 600,
+        nonce=bytes.fromhex(attempt.authorization_nonce[2:]),
+    )
+    used_by = send_transfer_with_authorization(
+        paused.w3, paused.token, paused.deployer, other["authorization"], other["signature"]
+    )
+    paused.node.mine()
+    reconcile.reconcile_pending_settlements(now=timezone.now() + LATER)
+    attempt.refresh_from_db()
+    assert (attempt.state, attempt.reason_code) == ("failed", "authorization_used_elsewhere")
+    assert Purchase.objects.get(pk=purchase.pk).payment_state == "failed"
+    event = PurchaseEvent.objects.filter(subject="payment_attempt", to_state="failed").get()
+    assert used_by.lower() in str(event.evidence).lower()  # the transaction that used it is linked
+    assert paused.seller_balance() == 0
