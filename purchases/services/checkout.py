@@ -138,6 +138,34 @@ def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None
     return purchase
 
 
+def purchase_create_for_quote(
+    *, quote: Quote, buyer: Buyer | None, rail: str, payer: str, actor: Actor
+) -> Purchase:
+    """The first payment accepts the quote: its purchase is created (one per quote, by the
+    database) and the quote moves to accepted. Caller holds the quote row lock."""
+    purchase = Purchase.objects.create(
+        quote=quote,
+        offering=quote.offering,
+        buyer=buyer,
+        amount=quote.price,
+        asset=quote.asset,
+        network=quote.network,
+        rail=rail,
+        payer=payer,
+    )
+    quote.accept()
+    quote.save(update_fields=["state", "holds_stock"])
+    event_record(
+        subject="quote",
+        quote=quote,
+        purchase=purchase,
+        actor=actor,
+        from_state=Quote.State.OPEN,
+        to_state=quote.state,
+    )
+    return purchase
+
+
 def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Actor) -> Purchase:
     """Lock the quote and return the purchase a new payment may go to (creating it on first use).
 
@@ -154,24 +182,6 @@ def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Act
     purchase = purchase_open_for_payment(quote=quote, now=now)
     if purchase is not None:
         return purchase
-    purchase = Purchase.objects.create(
-        quote=quote,
-        offering=quote.offering,
-        buyer=buyer,
-        amount=quote.price,
-        asset=quote.asset,
-        network=quote.network,
-        rail=Purchase.Rail.PREPAID,
-        payer=buyer.ref,
+    return purchase_create_for_quote(
+        quote=quote, buyer=buyer, rail=Purchase.Rail.PREPAID, payer=buyer.ref, actor=actor
     )
-    quote.accept()
-    quote.save(update_fields=["state"])
-    event_record(
-        subject="quote",
-        quote=quote,
-        purchase=purchase,
-        actor=actor,
-        from_state=Quote.State.OPEN,
-        to_state=quote.state,
-    )
-    return purchase

@@ -35,7 +35,7 @@ from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
 from purchases.models import Buyer, BuyerWallet, Offering, Purchase, Quote
-from purchases.services.checkout import purchase_open_for_payment
+from purchases.services.checkout import purchase_create_for_quote, purchase_open_for_payment
 from purchases.services.idempotency import (
     KeyClaim,
     StoredAnswer,
@@ -361,27 +361,13 @@ def _purchase_for_x402(
         return purchase
     if not quote.holds_stock and quote.offering.stock is not None:
         _reserve_stock(quote)
-    purchase = Purchase.objects.create(
+    return purchase_create_for_quote(
         quote=quote,
-        offering=quote.offering,
-        buyer=buyer if buyer else quote.buyer,
-        amount=quote.price,
-        asset=quote.asset,
-        network=quote.network,
+        buyer=buyer or quote.buyer,
         rail=Purchase.Rail.X402,
         payer=authorization.payer.lower(),
-    )
-    quote.accept()
-    quote.save(update_fields=["state", "holds_stock"])
-    event_record(
-        subject="quote",
-        quote=quote,
-        purchase=purchase,
         actor=actor,
-        from_state=Quote.State.OPEN,
-        to_state=quote.state,
     )
-    return purchase
 
 
 def _wallet_owner(address: str) -> Buyer | None:
