@@ -2,13 +2,19 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from purchases.api.x402_views import X402PaidApi
+from purchases.api.x402_views import X402DiscoveryApi, X402PaidApi, X402PurchaseCapabilityApi
 from purchases.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("purchases.api.urls", namespace="api")),
     path("x402/<slug:offering>", X402PaidApi.as_view(), name="x402-paid"),
+    path(
+        "x402/purchases/<str:ref>/<str:token>",
+        X402PurchaseCapabilityApi.as_view(),
+        name="x402-purchase-capability",
+    ),
+    path(".well-known/x402", X402DiscoveryApi.as_view(), name="x402-discovery"),
     path("metrics", metrics_view, name="metrics"),
     path(
         "api/schema/",

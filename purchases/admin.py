@@ -425,6 +425,8 @@ class OfferingAdmin(admin.ModelAdmin):
                 "fields": (
                     "stock",
                     "result_retention",
+                    "expected_run_time",
+                    "duplicate_window",
                     "delivery_condition",
                     "refund_policy",
                     "irreversible",

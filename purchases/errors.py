@@ -45,6 +45,8 @@ class ErrorCode(StrEnum):
     QUOTE_ALREADY_PAID = "quote_already_paid"
     PAYMENT_IN_FLIGHT = "payment_in_flight"
     PAYMENT_IDENTIFIER_CONFLICT = "payment_identifier_conflict"
+    PAYMENT_IDENTIFIER_INVALID = "payment_identifier_invalid"
+    COPY_LABEL_INVALID = "copy_label_invalid"
     # x402: authorize + verify boundary.
     PAYMENT_REQUIRED = "payment_required"
     PAYMENT_SIGNATURE_MALFORMED = "payment_signature_malformed"
@@ -152,6 +154,21 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "use_new_payment_id",
         False,
         "This payment id was used for a different request.",
+    ),
+    ErrorCode.PAYMENT_IDENTIFIER_INVALID: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_payment_identifier",
+        False,
+        "The payment identifier (extensions['payment-identifier'].info.id) must be 16-128 "
+        "characters of [A-Za-z0-9_-], or left out.",
+    ),
+    ErrorCode.COPY_LABEL_INVALID: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_copy_label",
+        False,
+        "Tollbooth-Copy must be 1-64 characters of [A-Za-z0-9_-].",
     ),
     ErrorCode.PAYMENT_REQUIRED: CodeSpec(
         402, Owner.BUYER, "sign_and_pay", False, "Payment required: see PAYMENT-REQUIRED."

@@ -62,6 +62,15 @@ class Offering(models.Model):
         default=LatePaymentPolicy.REFUND,
         help_text="What to do with money that lands after the purchase failed.",
     )
+    duplicate_window = models.DurationField(
+        default=timedelta(minutes=10),
+        help_text="A new payment by the same payer for the same input inside this window is "
+        "answered with the existing purchase and never charged (0 turns it off).",
+    )
+    expected_run_time = models.DurationField(
+        default=timedelta(seconds=10),
+        help_text="How long a paid request waits for the result before answering 202.",
+    )
     version = models.PositiveIntegerField(default=1, help_text="Bumped whenever the terms change.")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -206,6 +215,9 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     rail = models.CharField(max_length=16, choices=Rail.choices)
     payer = models.CharField(max_length=64, blank=True, help_text="Buyer ref or wallet address.")
     reason_code = models.CharField(max_length=64, blank=True)
+    # Same payer, buyer, offering, canonical input and copy label: a re-signed retry of this
+    # purchase inside the offering's duplicate window is answered with it, never charged.
+    duplicate_key = models.CharField(max_length=64, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     paid_at = models.DateTimeField(null=True, blank=True)
@@ -324,6 +336,17 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
     )
     def fulfillment_lose_track(self, reason_code: str) -> None:
         self.reason_code = reason_code
+
+
+class DuplicateGuard(models.Model):
+    """One row per duplicate key, locked while a payment for that key is decided, so racing
+    re-signed payments for one (payer, offering, input) serialize and only one is charged."""
+
+    key = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class Escalation(ConcurrentTransitionMixin, models.Model):

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from django.urls import reverse
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
@@ -25,6 +26,35 @@ def purchase_get_for_buyer(*, buyer: Buyer, ref: str) -> Purchase:
     purchase = (
         Purchase.objects.select_related("quote", "offering").filter(ref=ref, buyer=buyer).first()
     )
+    if purchase is None:
+        raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
+    return purchase
+
+
+def purchase_capability_token(*, ref: str) -> str:
+    """An unguessable token tied to one purchase: HMAC of its ref under the secret key.
+
+    Derived, not stored, so every answer about the purchase can hand out the same URL.
+    """
+    return salted_hmac("tollbooth.purchase-capability", ref, algorithm="sha256").hexdigest()
+
+
+def purchase_capability_url(*, purchase: Purchase) -> str:
+    """Where a buyer without an API key polls this purchase and fetches its result."""
+    return reverse(
+        "x402-purchase-capability",
+        kwargs={"ref": purchase.ref, "token": purchase_capability_token(ref=purchase.ref)},
+    )
+
+
+def purchase_get_by_capability(*, ref: str, token: str) -> Purchase:
+    """A wrong token, or another purchase's, is indistinguishable from a missing purchase.
+
+    Raises DomainError: purchase_not_found.
+    """
+    if not constant_time_compare(token, purchase_capability_token(ref=ref)):
+        raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
+    purchase = Purchase.objects.select_related("quote", "offering").filter(ref=ref).first()
     if purchase is None:
         raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
     return purchase

@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "corsheaders",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -33,12 +34,41 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    "corsheaders.middleware.CorsMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Browser agents may buy from any origin: the paid URLs, the capability status URLs and
+# discovery answer CORS (API-key endpoints and the admin do not). Payment headers are
+# readable by scripts; no cookies are involved.
+CORS_URLS_REGEX = r"^/(x402/|\.well-known/x402$)"
+CORS_ALLOW_ALL_ORIGINS = True
+CORS_ALLOW_CREDENTIALS = False
+CORS_ALLOW_METHODS = ["GET", "HEAD", "OPTIONS", "POST"]
+CORS_ALLOW_HEADERS = [
+    "accept",
+    "authorization",
+    "content-type",
+    "payment-signature",
+    "x-payment",
+    "tollbooth-copy",
+    # The official x402 clients send this as a request header on the paid retry.
+    "access-control-expose-headers",
+]
+CORS_EXPOSE_HEADERS = [
+    "PAYMENT-REQUIRED",
+    "PAYMENT-RESPONSE",
+    "Retry-After",
+    "Location",
+    "Link",
+    "Repr-Digest",
+    "Tollbooth-Duplicate-Of",
+]
+CORS_PREFLIGHT_MAX_AGE = 600
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"

@@ -35,7 +35,9 @@ class Requirements:
     amount: int
     pay_to: str
     max_timeout_seconds: int
-    quote_id: str
+    quote_id: str | None  # None: a price-only offer (no input yet, nothing to pay against)
+    # Seller terms the buyer may read (e.g. the duplicate window); not signed, not checked.
+    terms: tuple[tuple[str, int | str], ...] = ()
 
 
 @dataclass(frozen=True)

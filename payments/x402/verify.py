@@ -170,6 +170,22 @@ def _check_window(authorization: Authorization, now: int) -> None:
         )
 
 
+def verify_payment_offline(
+    *, authorization: Authorization, requirements: Requirements, network: NetworkConfig, now: int
+) -> None:
+    """The checks that need no RPC: terms, signature, validity window. Raise VerificationFailed."""
+    _check_terms(authorization, requirements, network)
+    _check_window(authorization, now)
+
+
+def verify_payment_on_chain(*, authorization: Authorization, reader: ChainReader) -> None:
+    """Nonce unused and balance sufficient. Raise VerificationFailed, or ChainUnavailable."""
+    if reader.authorization_state(authorization.payer, authorization.nonce):
+        raise VerificationFailed("authorization_used", "the nonce is already used on chain")
+    if reader.balance_of(authorization.payer) < authorization.value:
+        raise VerificationFailed("insufficient_balance", "balance is below the value")
+
+
 def verify_payment(
     *,
     authorization: Authorization,
@@ -182,10 +198,8 @@ def verify_payment(
 
     ChainUnavailable from the chain reads propagates: "cannot verify now", not a failure.
     """
-    _check_terms(authorization, requirements, network)
-    _check_window(authorization, now)
     # Off-chain checks first: they are free and most failures are caught before any RPC.
-    if reader.authorization_state(authorization.payer, authorization.nonce):
-        raise VerificationFailed("authorization_used", "the nonce is already used on chain")
-    if reader.balance_of(authorization.payer) < authorization.value:
-        raise VerificationFailed("insufficient_balance", "balance is below the value")
+    verify_payment_offline(
+        authorization=authorization, requirements=requirements, network=network, now=now
+    )
+    verify_payment_on_chain(authorization=authorization, reader=reader)

@@ -58,7 +58,7 @@ class MalformedPayment(ValueError):
 class DecodedPayment:
     payload: dict[str, Any]  # the scheme payload: {signature, authorization}
     accepted: dict[str, Any]  # the requirements the client says it fulfils
-    payment_id: str | None
+    payment_id: object  # None when absent; anything else is validated by the caller
     quote_id: str | None
     canonical: dict[str, Any]  # the whole payload as JSON, for the request fingerprint
 
@@ -71,11 +71,13 @@ def requirements_wire(requirements: Requirements, network: NetworkConfig) -> Pay
         amount=str(requirements.amount),
         pay_to=requirements.pay_to,
         max_timeout_seconds=requirements.max_timeout_seconds,
-        # The quote id travels in `extra`, so the signed payment names the quote it pays.
+        # The quote id travels in `extra`: the payment names the quote it pays (unsigned: the
+        # first presentation of an authorization wins, whatever quote it names).
         extra={
             "name": network.token_name,
             "version": network.token_version,
-            "quote": requirements.quote_id,
+            **({"quote": requirements.quote_id} if requirements.quote_id else {}),
+            **dict(requirements.terms),
         },
     )
 
@@ -96,7 +98,9 @@ def payment_required_header(
             url=resource_url, description=description, mime_type="application/json"
         ),
         accepts=[requirements_wire(requirements, network)],
-        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=True)},
+        # Optional: the official clients send no id; a payment without one is keyed by its
+        # authorization (network, payer, nonce), which is single-use on chain.
+        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=False)},
     )
     return encode_payment_required_header(document), document.model_dump(
         mode="json", by_alias=True, exclude_none=True
@@ -127,7 +131,7 @@ def decode_payment(header_value: str) -> DecodedPayment:
     return DecodedPayment(
         payload=decoded.payload,
         accepted=accepted,
-        payment_id=payment_id if isinstance(payment_id, str) else None,
+        payment_id=payment_id,
         quote_id=quote_id if isinstance(quote_id, str) else None,
         canonical=decoded.model_dump(mode="json", by_alias=True, exclude_none=True),
     )

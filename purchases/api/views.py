@@ -25,6 +25,7 @@ from purchases.models import Buyer, Offering
 from purchases.selectors import purchase_get_for_buyer, purchase_status, quote_representation
 from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver, receipt_public
+from purchases.services.duplicates import COPY_HEADER
 from purchases.services.quotes import quote_create
 
 PROBLEM = ProblemSerializer
@@ -133,6 +134,7 @@ class QuotePurchaseApi(APIView):
             buyer=_buyer(request),
             quote_id=public_id,
             payment_id=request.headers.get("Idempotency-Key"),
+            copy_label=request.headers.get(COPY_HEADER),
         )
         headers: dict[str, Any] = dict(answer.headers)
         content_type = headers.pop("Content-Type", None)

@@ -1,4 +1,7 @@
-"""The x402 paid URLs: one per offering, at /x402/<offering>. Thin: parse, one call, render."""
+"""The x402 paid URLs (/x402/<offering>), the capability status URLs and discovery.
+
+Thin: parse, one call, render.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +17,40 @@ from rest_framework.views import APIView
 
 from purchases.api.serializers import ProblemSerializer
 from purchases.models import Buyer
-from purchases.services.x402_checkout import x402_offer, x402_pay
-from purchases.services.x402_settlement import X402Answer
+from purchases.services.duplicates import COPY_HEADER
+from purchases.services.x402_checkout import x402_pay
+from purchases.services.x402_offers import (
+    x402_catalog,
+    x402_offer,
+    x402_offer_from_query,
+    x402_offer_price_only,
+)
+from purchases.services.x402_settlement import X402Answer, x402_answer_for_capability
 
 PAYMENT_SIGNATURE = OpenApiParameter(
     "PAYMENT-SIGNATURE",
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=False,
-    description="base64 JSON x402 v2 PaymentPayload with extensions['payment-identifier'].info.id.",
+    description="base64 JSON x402 v2 PaymentPayload. The payment-identifier id is optional: "
+    "without one the payment is keyed by (network, payer, nonce).",
 )
+COPY = OpenApiParameter(
+    COPY_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="A label for a deliberate extra copy of the same input inside the duplicate "
+    "window (1-64 of [A-Za-z0-9_-]); retries with the same label are still not charged.",
+)
+PAID_RESPONSES: dict[Any, Any] = {
+    (200, "*/*"): OpenApiTypes.BINARY,
+    202: OpenApiTypes.OBJECT,
+    400: ProblemSerializer,
+    402: ProblemSerializer,
+    409: ProblemSerializer,
+    503: ProblemSerializer,
+}
 
 
 def _render(answer: X402Answer) -> Response | HttpResponse:
@@ -38,48 +65,104 @@ def _render(answer: X402Answer) -> Response | HttpResponse:
         for name, value in headers.items():
             response[name] = value
         return response
-    # Browsers and SDKs both read the requirement from the header; expose it to CORS readers too.
-    headers["Access-Control-Expose-Headers"] = "PAYMENT-REQUIRED, PAYMENT-RESPONSE, Retry-After"
     return Response(answer.body, status=answer.status, headers=headers, content_type=content_type)
 
 
+def _buyer(request: Request) -> Buyer | None:
+    return request.user if isinstance(request.user, Buyer) else None
+
+
 class X402PaidApi(APIView):
-    """Buy one offering over x402. The request body is the offering's input (JSON)."""
+    """Buy one offering over x402: POST its input as JSON (or GET with query parameters)."""
 
     permission_classes = [AllowAny]  # an API key is optional: it makes quotes deterministic
 
-    @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        parameters=[PAYMENT_SIGNATURE],
-        responses={
-            (200, "*/*"): OpenApiTypes.BINARY,
-            202: OpenApiTypes.OBJECT,
-            400: ProblemSerializer,
-            402: ProblemSerializer,
-            409: ProblemSerializer,
-            503: ProblemSerializer,
-        },
-        summary="x402 paid endpoint: 402 with PAYMENT-REQUIRED, then pay with PAYMENT-SIGNATURE",
-    )
-    def post(self, request: Request, offering: str) -> Response | HttpResponse:
-        buyer = request.user if isinstance(request.user, Buyer) else None
-        header = request.headers.get("PAYMENT-SIGNATURE")
-        resource_url = request.build_absolute_uri(request.path)
-        if not header:
-            raw_input: Any = request.data
-            return _render(
-                x402_offer(
-                    offering_slug=offering,
-                    raw_input=raw_input,
-                    buyer=buyer,
-                    resource_url=resource_url,
-                )
-            )
+    def _pay(self, request: Request, offering: str, header: str) -> Response | HttpResponse:
         return _render(
             x402_pay(
                 offering_slug=offering,
                 payment_header=header,
-                buyer=buyer,
-                resource_url=resource_url,
+                buyer=_buyer(request),
+                copy_label=request.headers.get(COPY_HEADER),
             )
         )
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        parameters=[PAYMENT_SIGNATURE, COPY],
+        responses=PAID_RESPONSES,
+        summary="x402 paid endpoint: 402 with PAYMENT-REQUIRED, then pay with PAYMENT-SIGNATURE",
+    )
+    def post(self, request: Request, offering: str) -> Response | HttpResponse:
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header:
+            return self._pay(request, offering, header)
+        return _render(
+            x402_offer(
+                offering_slug=offering,
+                raw_input=request.data,
+                buyer=_buyer(request),
+                resource_url=request.build_absolute_uri(request.path),
+            )
+        )
+
+    @extend_schema(
+        parameters=[PAYMENT_SIGNATURE, COPY],
+        responses=PAID_RESPONSES,
+        summary="x402 paid endpoint by GET: the query string is the input (flat inputs only)",
+    )
+    def get(self, request: Request, offering: str) -> Response | HttpResponse:
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header:
+            return self._pay(request, offering, header)
+        return _render(
+            x402_offer_from_query(
+                offering_slug=offering,
+                params=request.query_params.dict(),
+                buyer=_buyer(request),
+                resource_url=request.build_absolute_uri(request.path),
+            )
+        )
+
+    @extend_schema(exclude=True)
+    def head(self, request: Request, offering: str) -> Response | HttpResponse:
+        # Never settles and writes nothing: the price-only 402, whatever headers came.
+        return _render(
+            x402_offer_price_only(
+                offering_slug=offering, resource_url=request.build_absolute_uri(request.path)
+            )
+        )
+
+
+class X402PurchaseCapabilityApi(APIView):
+    """One purchase's status and, once ready, its result: the URL is the credential."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses={
+            (200, "*/*"): OpenApiTypes.BINARY,
+            202: OpenApiTypes.OBJECT,
+            402: ProblemSerializer,
+            404: ProblemSerializer,
+            409: ProblemSerializer,
+            410: ProblemSerializer,
+        },
+        auth=[],
+        summary="Poll a purchase by its capability URL (from a 202's Location); no API key",
+    )
+    def get(self, request: Request, ref: str, token: str) -> Response | HttpResponse:
+        return _render(x402_answer_for_capability(ref=ref, token=token))
+
+
+class X402DiscoveryApi(APIView):
+    """What can be bought over x402 here: every paid URL with its requirements and input."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="x402 discovery")
+    def get(self, request: Request) -> Response:
+        base_url = request.build_absolute_uri("/").rstrip("/")
+        return Response(x402_catalog(base_url=base_url))

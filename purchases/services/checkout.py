@@ -3,6 +3,7 @@ ledger, marks the purchase paid and stores the answer; the execution is enqueued
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 
@@ -15,6 +16,15 @@ from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
 from purchases.models import Buyer, Purchase, Quote
 from purchases.selectors import purchase_status
+from purchases.services.duplicates import (
+    DUPLICATE_HEADER,
+    copy_label_validate,
+    duplicate_guard_lock,
+    duplicate_key_for,
+    purchase_duplicate_find,
+    purchase_duplicate_record,
+    quote_release_if_unpaid,
+)
 from purchases.services.idempotency import (
     KeyClaim,
     StoredAnswer,
@@ -35,25 +45,36 @@ UNSTORED_CODES = {
 
 
 def purchase_pay_prepaid(
-    *, buyer: Buyer, quote_id: str, payment_id: str | None, now: datetime | None = None
+    *,
+    buyer: Buyer,
+    quote_id: str,
+    payment_id: str | None,
+    copy_label: str | None = None,
+    now: datetime | None = None,
 ) -> tuple[StoredAnswer, bool]:
     """Pay a quote from the buyer's balance. Returns (answer, is_replay).
 
-    Raises DomainError: idempotency_key_missing, idempotency_key_invalid,
+    A new key for what this buyer already bought (same offering and input, same copy label)
+    inside the offering's duplicate window is answered 200 with that purchase, marked as a
+    duplicate, and nothing is debited.
+    Raises DomainError: idempotency_key_missing, idempotency_key_invalid, copy_label_invalid,
     payment_identifier_conflict, payment_in_flight (never stored). Every other domain
     outcome (quote_not_found, quote_expired, quote_already_paid, insufficient_funds,
     spend_cap_exceeded) is stored as the key's answer and returned.
     """
     now = now_or(now)
     key = payment_id_validate(key=payment_id)
-    request_fingerprint = fingerprint({"quote": quote_id, "rail": "prepaid"})
+    label = copy_label_validate(label=copy_label)
+    request = {"quote": quote_id, "rail": "prepaid", **({"copy": label} if label else {})}
+    request_fingerprint = fingerprint(request)
     claim = payment_id_claim(
         scope=PREPAID_SCOPE, key=key, principal=buyer.ref, fingerprint=request_fingerprint, now=now
     )
     if claim.replay is not None:
         return claim.replay, True
+    payment = _PrepaidPayment(buyer, quote_id, key, request_fingerprint, label, now)
     try:
-        return _pay_and_answer(buyer, quote_id, key, request_fingerprint, claim, now), False
+        return _pay_and_answer(payment, claim), False
     except DomainError as error:
         if error.code in UNSTORED_CODES:
             raise
@@ -67,24 +88,49 @@ def purchase_pay_prepaid(
         raise
 
 
+@dataclass(frozen=True)
+class _PrepaidPayment:
+    buyer: Buyer
+    quote_id: str
+    key: str
+    fingerprint: str
+    copy_label: str
+    now: datetime
+
+
 @transaction.atomic
-def _pay_and_answer(
-    buyer: Buyer, quote_id: str, key: str, request_fingerprint: str, claim: KeyClaim, now: datetime
-) -> StoredAnswer:
+def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
+    buyer, now = payment.buyer, payment.now
     actor = Actor.agent(buyer.ref)
-    purchase = _purchase_for_payment(buyer, quote_id, now, actor)
+    quote = _quote_for_payment(buyer, payment.quote_id)
+    duplicate_key = duplicate_key_for(
+        payer=buyer.ref,
+        buyer_ref=buyer.ref,
+        offering=quote.offering,
+        input_hash=quote.input_hash,
+        copy_label=payment.copy_label,
+    )
+    if quote.offering.duplicate_window:
+        duplicate_guard_lock(duplicate_key=duplicate_key)
+        duplicate = purchase_duplicate_find(
+            offering=quote.offering, duplicate_key=duplicate_key, now=now
+        )
+        if duplicate is not None:
+            return _answer_duplicate(payment, duplicate, quote, claim)
+    purchase = _purchase_for_payment(buyer, quote, now, actor)
     payment_services.prepaid_attempt_settle(
         purchase=purchase,
         buyer=buyer,
-        payment_id=key,
+        payment_id=payment.key,
         scope=PREPAID_SCOPE,
-        fingerprint=request_fingerprint,
+        fingerprint=payment.fingerprint,
         now=now,
         actor=actor,
     )
     previous = purchase.payment_state
     purchase.payment_complete(paid_at=now)
     purchase.rail, purchase.payer = Purchase.Rail.PREPAID, buyer.ref
+    purchase.duplicate_key = duplicate_key
     purchase.fulfillment_queue()
     purchase.save(
         update_fields=[
@@ -94,6 +140,7 @@ def _pay_and_answer(
             "reason_code",
             "rail",
             "payer",
+            "duplicate_key",
             "updated_at",
         ]
     )
@@ -117,6 +164,24 @@ def _pay_and_answer(
     from purchases.tasks import purchase_execute_task  # tasks import services; break the cycle here
 
     transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
+    return answer
+
+
+def _answer_duplicate(
+    payment: _PrepaidPayment, purchase: Purchase, quote: Quote, claim: KeyClaim
+) -> StoredAnswer:
+    """The purchase this key repeats, marked as a duplicate; nothing is debited."""
+    actor = Actor.agent(payment.buyer.ref)
+    purchase_duplicate_record(
+        purchase=purchase,
+        actor=actor,
+        rail="prepaid",
+        evidence={"quote": quote.public_id, "copy_label": payment.copy_label},
+    )
+    quote_release_if_unpaid(quote=quote, actor=actor)
+    body = {**purchase_status(purchase=purchase, now=payment.now), "duplicate_of": purchase.ref}
+    answer = StoredAnswer(200, body, {DUPLICATE_HEADER: purchase.ref}, purchase.ref)
+    payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=payment.now)
     return answer
 
 
@@ -166,19 +231,22 @@ def purchase_create_for_quote(
     return purchase
 
 
-def _purchase_for_payment(buyer: Buyer, quote_id: str, now: datetime, actor: Actor) -> Purchase:
-    """Lock the quote and return the purchase a new payment may go to (creating it on first use).
-
-    Raises DomainError: quote_not_found, quote_expired, quote_already_paid.
-    """
-    quote = (
-        Quote.objects.select_for_update(of=("self",))
-        .select_related("offering")
-        .filter(public_id=quote_id, buyer=buyer)
-        .first()
-    )
+def _quote_for_payment(buyer: Buyer, quote_id: str) -> Quote:
+    """Raises DomainError: quote_not_found (another buyer's quote is not found either)."""
+    quote = Quote.objects.select_related("offering").filter(public_id=quote_id, buyer=buyer).first()
     if quote is None:
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
+    return quote
+
+
+def _purchase_for_payment(buyer: Buyer, quote: Quote, now: datetime, actor: Actor) -> Purchase:
+    """Lock the quote and return the purchase a new payment may go to (creating it on first use).
+
+    Raises DomainError: quote_expired, quote_already_paid.
+    """
+    quote = (
+        Quote.objects.select_for_update(of=("self",)).select_related("offering").get(pk=quote.pk)
+    )
     purchase = purchase_open_for_payment(quote=quote, now=now)
     if purchase is not None:
         return purchase

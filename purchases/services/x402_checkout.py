@@ -1,18 +1,25 @@
-"""Buying an offering over x402: offer (402), verify, record, commit, broadcast, answer.
+"""Paying for an offering over x402: key, verify, deduplicate, record, commit, broadcast, answer.
+
+Every payment is keyed: by the client's payment id when it sends one, otherwise by what its
+signature makes unique, `(network, payer, EIP-3009 nonce)`. The same PAYMENT-SIGNATURE
+resent gets the stored (or live) answer; in flight it gets 409.
+
+A fresh authorization for what the same payer already paid or is paying (same offering,
+canonical input, API key and copy label, inside the offering's duplicate window) is answered
+with that purchase and never broadcast: stock clients re-sign on every retry.
 
 Write before broadcast: the attempt (with the signed authorization) and the purchase's
 move to `paying` commit first; the relayer transaction is signed and its hash committed
 next; only then does anything reach the chain. Any outcome that is not a proven success
 or a proven failure is `settlement_pending`: answered 202 with the transaction named,
 reconciled by tx hash and by (payer, nonce), never re-signed and never answered with a
-fresh 402. A retry with the same payment id is answered from the purchase's current state.
+fresh 402.
 """
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -20,32 +27,41 @@ from django.db import transaction
 from django.db.models import F
 
 from payments import services as payment_services
-from payments.x402.attempts import (
-    X402_SCOPE,
-    x402_attempt_for_payment_id,
-    x402_attempt_record,
-)
+from payments.x402.attempts import X402_SCOPE, x402_attempt_for_payment_id, x402_attempt_record
 from payments.x402.chain import ChainReader, ChainUnavailable
-from payments.x402.networks import UnknownNetwork, network_config
-from payments.x402.types import Authorization, NetworkConfig, Requirements, VerificationFailed
-from payments.x402.verify import parse_authorization, verify_payment
-from payments.x402.wire import MalformedPayment, decode_payment, payment_required_header
-from purchases.canonical import canonical_json, fingerprint, sha256_hex
+from payments.x402.types import Authorization, Requirements, VerificationFailed
+from payments.x402.verify import (
+    parse_authorization,
+    verify_payment_offline,
+    verify_payment_on_chain,
+)
+from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
+from purchases.canonical import fingerprint, sha256_hex
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Buyer, BuyerWallet, Offering, Purchase, Quote
+from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
+from purchases.selectors import purchase_capability_url
 from purchases.services.checkout import purchase_create_for_quote, purchase_open_for_payment
+from purchases.services.duplicates import (
+    DUPLICATE_HEADER,
+    copy_label_validate,
+    duplicate_guard_lock,
+    duplicate_key_for,
+    purchase_duplicate_find,
+    purchase_duplicate_record,
+    quote_release_if_unpaid,
+)
 from purchases.services.idempotency import (
+    PAYMENT_ID_PATTERN,
     KeyClaim,
     StoredAnswer,
     payment_id_claim,
     payment_id_link_purchase,
     payment_id_release,
     payment_id_store_answer,
-    payment_id_validate,
 )
-from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
+from purchases.services.x402_offers import X402Route, x402_route
 from purchases.services.x402_settlement import (
     X402Answer,
     purchase_reload,
@@ -67,82 +83,48 @@ _ACCEPTED_FIELDS = [  # (wire field, requirement attribute, code when they diffe
     ("payTo", "pay_to", ErrorCode.RECIPIENT_MISMATCH),
     ("amount", "amount", ErrorCode.AMOUNT_MISMATCH),
 ]
+# A payment without a client id is keyed by its authorization; ':' keeps these apart
+# from client ids, which are [A-Za-z0-9_-] only.
+AUTHORIZATION_KEY_PREFIX = "auth:"
 
 
 @dataclass(frozen=True)
-class _Route:
-    offering: Offering
-    network: NetworkConfig
+class _PayRequest:
+    """One PAYMENT-SIGNATURE presentation, decoded and keyed."""
+
+    offering_slug: str
+    decoded: DecodedPayment
+    authorization: Authorization
+    key: str
+    fingerprint: str
+    buyer: Buyer | None
+    copy_label: str
+    now: datetime
+
+    @property
+    def actor(self) -> Actor:
+        return Actor.agent(self.authorization.payer.lower())
 
 
-def _route(offering_slug: str) -> _Route:
-    offering = offering_get_active(slug=offering_slug)
-    try:
-        return _Route(offering, network_config(offering.network))
-    except UnknownNetwork as exc:
-        raise DomainError(
-            ErrorCode.OFFERING_NOT_FOUND, "This offering is not sold over x402."
-        ) from exc
+class _Duplicate(Exception):
+    def __init__(self, purchase: Purchase) -> None:
+        super().__init__(purchase.ref)
+        self.purchase = purchase
 
 
-def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote:
-    """A fresh short-lived quote that holds no stock: free 402s can never drain stock."""
-    canonical = quote_input_canonicalize(offering=offering, raw_input=raw_input)
-    with transaction.atomic():
-        quote = Quote.objects.create(
-            offering=offering,
-            buyer=None,
-            quote_key=sha256_hex(secrets.token_hex(16)),
-            canonical_input=canonical,
-            input_hash=sha256_hex(canonical_json(canonical)),
-            price=offering.price,
-            asset=offering.asset,
-            network=offering.network,
-            pay_to=offering.pay_to,
-            offering_version=offering.version,
-            holds_stock=False,
-            expires_at=now + timedelta(seconds=settings.X402_ANONYMOUS_QUOTE_TTL_SECONDS),
-        )
-        event_record(
-            subject="quote",
-            quote=quote,
-            actor=Actor.agent("anonymous"),
-            to_state=quote.state,
-            evidence={"offering": offering.slug, "anonymous": True},
-        )
-    return quote
+def x402_payment_key(*, decoded: DecodedPayment, authorization: Authorization) -> str:
+    """The client's payment id, or `auth:` + SHA-256 of (network, payer, nonce).
 
-
-def x402_offer(
-    *,
-    offering_slug: str,
-    raw_input: Any,
-    buyer: Buyer | None,
-    resource_url: str,
-    now: datetime | None = None,
-) -> X402Answer:
-    """No payment yet: 402 with PAYMENT-REQUIRED naming the quote it created (or reopened).
-
-    Raises DomainError: offering_not_found, invalid_input, sold_out.
+    Raises DomainError: payment_identifier_invalid.
     """
-    now = now_or(now)
-    route = _route(offering_slug)
-    if buyer is not None:
-        quote = quote_create(
-            buyer=buyer, offering_slug=offering_slug, raw_input=raw_input, now=now
-        ).quote
-    else:
-        quote = _quote_anonymous(route.offering, raw_input, now)
-    header, document = payment_required_header(
-        requirements=x402_requirements(quote=quote, network=route.network),
-        network=route.network,
-        resource_url=resource_url,
-        description=route.offering.title,
-    )
-    error = DomainError(
-        ErrorCode.PAYMENT_REQUIRED, extra={"quote": quote.public_id, "paymentRequired": document}
-    )
-    return X402Answer(402, error.as_problem(), {"PAYMENT-REQUIRED": header, **PROBLEM_HEADERS})
+    client_id = decoded.payment_id
+    if client_id is None or client_id == "":
+        network = str(decoded.accepted.get("network", ""))
+        unique = f"{network}|{authorization.payer.lower()}|{authorization.nonce.lower()}"
+        return AUTHORIZATION_KEY_PREFIX + sha256_hex(unique)
+    if not isinstance(client_id, str) or not PAYMENT_ID_PATTERN.fullmatch(client_id):
+        raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_INVALID)
+    return client_id
 
 
 def x402_pay(
@@ -150,46 +132,27 @@ def x402_pay(
     offering_slug: str,
     payment_header: str,
     buyer: Buyer | None,
-    resource_url: str,
+    copy_label: str | None = None,
     now: datetime | None = None,
 ) -> X402Answer:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
 
-    Raises DomainError (never stored): payment_signature_malformed, idempotency_key_missing,
-    idempotency_key_invalid, invalid_payload, payment_in_flight, payment_identifier_conflict,
+    Raises DomainError (never stored): payment_signature_malformed, payment_identifier_invalid,
+    copy_label_invalid, invalid_payload, payment_in_flight, payment_identifier_conflict,
     verification_unavailable. Every other outcome is returned, and stored or live.
     """
-    now = now_or(now)
-    try:
-        decoded = decode_payment(payment_header)
-    except MalformedPayment as exc:
-        raise DomainError(ErrorCode.PAYMENT_SIGNATURE_MALFORMED, str(exc)) from exc
-    key = payment_id_validate(key=decoded.payment_id)
-    try:
-        authorization = parse_authorization(decoded.payload)
-    except VerificationFailed as exc:
-        raise DomainError(ErrorCode.INVALID_PAYLOAD, exc.detail) from exc
+    request = _pay_request(offering_slug, payment_header, buyer, copy_label, now_or(now))
     claim = payment_id_claim(
         scope=X402_SCOPE,
-        key=key,
-        principal=authorization.payer.lower(),
-        fingerprint=fingerprint(decoded.canonical),
-        now=now,
+        key=request.key,
+        principal=request.authorization.payer.lower(),
+        fingerprint=request.fingerprint,
+        now=request.now,
     )
     if claim.replay is not None:
         return _replayed(claim.replay)
     try:
-        answer = _pay_claimed(
-            offering_slug,
-            decoded.quote_id,
-            decoded.accepted,
-            authorization,
-            key,
-            fingerprint(decoded.canonical),
-            buyer,
-            claim,
-            now,
-        )
+        return _pay_claimed(request, claim)
     except DomainError as error:
         if error.code in UNSTORED_CODES:
             payment_id_release(claim=claim)
@@ -197,59 +160,155 @@ def x402_pay(
         stored = StoredAnswer(
             error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
         )
-        payment_id_store_answer(claim=claim, answer=stored, purchase=None, now=now)
+        payment_id_store_answer(claim=claim, answer=stored, purchase=None, now=request.now)
         return X402Answer(stored.status, stored.body, dict(stored.headers))
     except Exception:
         payment_id_release(claim=claim)
         raise
-    return answer
+
+
+def _pay_request(
+    offering_slug: str, header: str, buyer: Buyer | None, copy_label: str | None, now: datetime
+) -> _PayRequest:
+    label = copy_label_validate(label=copy_label)
+    try:
+        decoded = decode_payment(header)
+    except MalformedPayment as exc:
+        raise DomainError(ErrorCode.PAYMENT_SIGNATURE_MALFORMED, str(exc)) from exc
+    try:
+        authorization = parse_authorization(decoded.payload)
+    except VerificationFailed as exc:
+        raise DomainError(ErrorCode.INVALID_PAYLOAD, exc.detail) from exc
+    key = x402_payment_key(decoded=decoded, authorization=authorization)
+    return _PayRequest(
+        offering_slug,
+        decoded,
+        authorization,
+        key,
+        fingerprint(decoded.canonical),
+        buyer,
+        label,
+        now,
+    )
 
 
 def _replayed(stored: StoredAnswer) -> X402Answer:
     if stored.is_live and stored.purchase_ref:
         purchase = Purchase.objects.select_related("offering").get(ref=stored.purchase_ref)
-        return x402_answer_for_purchase(purchase=purchase, reconcile=True)
-    headers = dict(stored.headers)
-    return X402Answer(stored.status, stored.body, headers)
+        answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
+        return X402Answer(
+            answer.status, answer.body, {**answer.headers, **stored.headers}, answer.content_type
+        )
+    return X402Answer(stored.status, stored.body, dict(stored.headers))
 
 
-def _pay_claimed(
-    offering_slug: str,
-    quote_id: str | None,
-    accepted: dict[str, Any],
-    authorization: Authorization,
-    key: str,
-    request_fingerprint: str,
-    buyer: Buyer | None,
-    claim: KeyClaim,
-    now: datetime,
-) -> X402Answer:
-    existing = x402_attempt_for_payment_id(payment_id=key)
+def _pay_claimed(request: _PayRequest, claim: KeyClaim) -> X402Answer:
+    existing = x402_attempt_for_payment_id(payment_id=request.key)
     if existing is not None:
         # A request holding this id died mid-way: resume from the recorded attempt.
-        return _finish(existing.purchase, existing.pk, claim, now)
-    route = _route(offering_slug)
-    quote = _quote_named(quote_id, route.offering)
+        return _finish(existing.purchase, existing.pk, claim, request.now)
+    route = x402_route(offering_slug=request.offering_slug)
+    quote = _quote_named(request.decoded.quote_id, route.offering)
     requirements = x402_requirements(quote=quote, network=route.network)
-    _check_accepted(accepted, requirements)
-    reader = ChainReader(route.network)
+    _check_accepted(request.decoded.accepted, requirements)
     try:
-        verify_payment(
-            authorization=authorization,
+        duplicate_key = _verify(request, route, requirements, quote)
+        purchase, attempt_id = _record(request, quote, duplicate_key, claim, _verified_at(route))
+    except _Duplicate as duplicate:
+        return _answer_duplicate(request, duplicate.purchase, quote, claim)
+    return _finish(purchase, attempt_id, claim, request.now)
+
+
+def _verify(
+    request: _PayRequest, route: X402Route, requirements: Requirements, quote: Quote
+) -> str:
+    """Check the payment, off chain first; a duplicate is answered before any RPC.
+
+    Returns the purchase's duplicate key. Raises DomainError (a verification code, or
+    verification_unavailable) and _Duplicate.
+    """
+    try:
+        verify_payment_offline(
+            authorization=request.authorization,
             requirements=requirements,
             network=route.network,
-            now=int(now.timestamp()),
-            reader=reader,
+            now=int(request.now.timestamp()),
         )
-        verified_at_block = reader.block_number()
+    except VerificationFailed as failure:
+        raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
+    duplicate_key = duplicate_key_for(
+        payer=request.authorization.payer,
+        buyer_ref=request.buyer.ref if request.buyer else None,
+        offering=route.offering,
+        input_hash=quote.input_hash,
+        copy_label=request.copy_label,
+    )
+    duplicate = purchase_duplicate_find(
+        offering=route.offering, duplicate_key=duplicate_key, now=request.now
+    )
+    if duplicate is not None:
+        raise _Duplicate(duplicate)
+    try:
+        verify_payment_on_chain(
+            authorization=request.authorization, reader=ChainReader(route.network)
+        )
     except VerificationFailed as failure:
         raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
     except ChainUnavailable as exc:
         raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
-    purchase, attempt_id = _record(
-        quote, authorization, key, request_fingerprint, buyer, claim, now, verified_at_block
+    return duplicate_key
+
+
+def _verified_at(route: X402Route) -> int:
+    """The chain head after verification: the transfer cannot land in an older block."""
+    try:
+        return ChainReader(route.network).block_number()
+    except ChainUnavailable as exc:
+        raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
+
+
+def _answer_duplicate(
+    request: _PayRequest, purchase: Purchase, quote: Quote, claim: KeyClaim
+) -> X402Answer:
+    """Answer a re-signed retry with the purchase it repeats; its authorization is never sent.
+
+    Raises DomainError: payment_in_flight while the purchase's own request still runs.
+    """
+    if _payment_in_flight(purchase, request.now):
+        raise DomainError(
+            ErrorCode.PAYMENT_IN_FLIGHT,
+            purchase=purchase.ref,
+            retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
+            extra={"status_url": purchase_capability_url(purchase=purchase)},
+        )
+    marker = {DUPLICATE_HEADER: purchase.ref}
+    with transaction.atomic():
+        purchase_duplicate_record(
+            purchase=purchase,
+            actor=request.actor,
+            rail="x402",
+            evidence={
+                "payer": request.authorization.payer.lower(),
+                "nonce": request.authorization.nonce,
+                "valid_before": request.authorization.valid_before,
+                "quote": quote.public_id,
+                "copy_label": request.copy_label,
+            },
+        )
+        quote_release_if_unpaid(quote=quote, actor=request.actor)
+        stored = StoredAnswer(200, None, marker, purchase.ref, is_live=True)
+        payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=request.now)
+    answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
+    return X402Answer(answer.status, answer.body, {**answer.headers, **marker}, answer.content_type)
+
+
+def _payment_in_flight(purchase: Purchase, now: datetime) -> bool:
+    return (
+        purchase.payment_state == Purchase.PaymentState.PAYING
+        and IdempotencyRecord.objects.filter(
+            purchase=purchase, state=IdempotencyRecord.State.IN_FLIGHT, locked_until__gt=now
+        ).exists()
     )
-    return _finish(purchase, attempt_id, claim, now)
 
 
 def _finish(purchase: Purchase, attempt_id: int, claim: KeyClaim, now: datetime) -> X402Answer:
@@ -297,32 +356,34 @@ def _verification_code(reason_code: str) -> ErrorCode:
 
 
 def _record(
-    quote: Quote,
-    authorization: Authorization,
-    key: str,
-    request_fingerprint: str,
-    buyer: Buyer | None,
-    claim: KeyClaim,
-    now: datetime,
-    verified_at_block: int,
+    request: _PayRequest, quote: Quote, duplicate_key: str, claim: KeyClaim, verified_at_block: int
 ) -> tuple[Purchase, int]:
     """One transaction: the attempt with its authorization, and the purchase moved to paying.
 
+    Racing fresh authorizations for one duplicate key serialize on its guard row: the first
+    records, the others find its purchase and raise _Duplicate.
     Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out.
     """
-    actor = Actor.agent(authorization.payer.lower())
+    authorization, actor = request.authorization, request.actor
     with transaction.atomic():
+        if quote.offering.duplicate_window:
+            duplicate_guard_lock(duplicate_key=duplicate_key)
+            duplicate = purchase_duplicate_find(
+                offering=quote.offering, duplicate_key=duplicate_key, now=request.now
+            )
+            if duplicate is not None:
+                raise _Duplicate(duplicate)
         quote = (
             Quote.objects.select_for_update(of=("self",))
             .select_related("offering")
             .get(pk=quote.pk)
         )
-        purchase = _purchase_for_x402(quote, authorization, buyer, now, actor)
+        purchase = _purchase_for_x402(quote, authorization, request.buyer, request.now, actor)
         attempt = x402_attempt_record(
             purchase=purchase,
             authorization=authorization,
-            payment_id=key,
-            fingerprint=request_fingerprint,
+            payment_id=request.key,
+            fingerprint=request.fingerprint,
             network=quote.network,
             asset=quote.asset,
             actor=actor,
@@ -331,7 +392,17 @@ def _record(
         previous = purchase.payment_state
         purchase.payment_begin()
         purchase.rail, purchase.payer = Purchase.Rail.X402, authorization.payer.lower()
-        purchase.save(update_fields=["payment_state", "reason_code", "rail", "payer", "updated_at"])
+        purchase.duplicate_key = duplicate_key
+        purchase.save(
+            update_fields=[
+                "payment_state",
+                "reason_code",
+                "rail",
+                "payer",
+                "duplicate_key",
+                "updated_at",
+            ]
+        )
         event_record(
             subject="purchase.payment",
             purchase=purchase,

@@ -41,8 +41,12 @@ from payments.x402.wire import payment_response_header
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Purchase, Quote
-from purchases.selectors import purchase_status
+from purchases.models import Offering, Purchase, Quote
+from purchases.selectors import (
+    purchase_capability_url,
+    purchase_get_by_capability,
+    purchase_status,
+)
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
 from purchases.services.late_payments import settlement_unexpected
 
@@ -58,6 +62,11 @@ class X402Answer:
     content_type: str | None = None
 
 
+def _seller_terms(offering: Offering) -> tuple[tuple[str, int | str], ...]:
+    # Stated in the 402 so an agent can tell a re-signed retry will not be charged again.
+    return (("duplicateWindowSeconds", int(offering.duplicate_window.total_seconds())),)
+
+
 def x402_requirements(*, quote: Quote, network: NetworkConfig) -> Requirements:
     """What we asked for: the `accepts` entry a quote stands for on its network."""
     return Requirements(
@@ -67,6 +76,20 @@ def x402_requirements(*, quote: Quote, network: NetworkConfig) -> Requirements:
         pay_to=quote.pay_to,
         max_timeout_seconds=network.max_timeout_seconds,
         quote_id=quote.public_id,
+        terms=_seller_terms(quote.offering),
+    )
+
+
+def x402_requirements_for_offering(*, offering: Offering, network: NetworkConfig) -> Requirements:
+    """The price-only `accepts` entry (no quote): for discovery and input-less offers."""
+    return Requirements(
+        network=offering.network,
+        asset=offering.asset,
+        amount=offering.price,
+        pay_to=offering.pay_to,
+        max_timeout_seconds=network.max_timeout_seconds,
+        quote_id=None,
+        terms=_seller_terms(offering),
     )
 
 
@@ -306,22 +329,34 @@ def _retry_after() -> dict[str, str]:
 
 
 def _pending_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
+    status_url = purchase_capability_url(purchase=purchase)
     body = {
         **purchase_status(purchase=purchase, now=now_or(None)),
         "status": "settlement_pending",
         "transaction": attempt.tx_hash if attempt else None,
-        # x402 agents may have no API key: resending the same signed payment is how they poll.
-        "next_action": "resend_same_payment_signature",
+        # x402 agents may have no API key: the status URL, or resending the same signed
+        # payment, is how they poll.
+        "next_action": "poll_status_url",
         "owner": "reconciliation",
         "reason_code": (attempt.reason_code if attempt else "") or purchase.reason_code or None,
+        "status_url": status_url,
     }
-    headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt), **_retry_after()}
+    headers = {
+        "PAYMENT-RESPONSE": _payment_response(purchase, attempt),
+        "Location": status_url,
+        **_retry_after(),
+    }
     return X402Answer(202, body, headers)
 
 
 def _await_work(purchase: Purchase) -> Purchase:
-    """Give a fast job the chance to answer in this round trip (bounded; then 202)."""
-    deadline = time.monotonic() + float(settings.X402_RESULT_WAIT_SECONDS)
+    """Give a fast job the chance to answer in this round trip: up to the offering's expected
+    run time, never past the server-wide cap; then 202."""
+    wait = min(
+        purchase.offering.expected_run_time.total_seconds(),
+        float(settings.X402_RESULT_WAIT_SECONDS),
+    )
+    deadline = time.monotonic() + wait
     state = purchase.fulfillment_state
     while state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -335,7 +370,9 @@ def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402
     try:
         delivery = purchase_result_deliver(purchase=purchase)
     except DeliveryPending as pending:
-        return X402Answer(202, pending.status, {**headers, **_retry_after()})
+        status_url = purchase_capability_url(purchase=purchase)
+        body = {**pending.status, "next_action": "poll_status_url", "status_url": status_url}
+        return X402Answer(202, body, {**headers, "Location": status_url, **_retry_after()})
     except DomainError as error:
         return X402Answer(
             error.spec.status,
@@ -349,3 +386,16 @@ def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402
         }
     )
     return X402Answer(200, delivery.body, headers, content_type=delivery.content_type)
+
+
+def x402_answer_for_capability(*, ref: str, token: str) -> X402Answer:
+    """What the capability URL shows: this purchase's status, or its result once ready.
+
+    Reconciles a pending settlement first, exactly as a resent payment would.
+    Raises DomainError: purchase_not_found (wrong token, another purchase's, or no purchase).
+    """
+    purchase = purchase_get_by_capability(ref=ref, token=token)
+    answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
+    if purchase.rail != Purchase.Rail.X402:
+        answer.headers.pop("PAYMENT-RESPONSE", None)
+    return answer

@@ -48,7 +48,8 @@ def test_unpaid_request_gets_402_with_payment_required(client, x402_world):
     assert accept.extra is not None
     assert accept.extra["name"] == "USDC" and accept.extra["version"] == "2"
     assert accept.extra["quote"] == response.json()["quote"]
-    assert (required.extensions or {})["payment-identifier"]["info"] == {"required": True}
+    assert (required.extensions or {})["payment-identifier"]["info"] == {"required": False}
+    assert accept.extra["duplicateWindowSeconds"] == 600
 
 
 def test_anonymous_402s_hold_no_stock(client, x402_world):
@@ -177,12 +178,12 @@ def test_malformed_payment_signature_is_a_structured_400(client, x402_world):
     assert not IdempotencyRecord.objects.exists()
 
 
-def test_missing_payment_identifier_is_400(client, x402_world):
+def test_payment_without_identifier_is_accepted(client, x402_world):
     payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], None)
     response = ask(client, x402_world, payment=payment)
-    assert response.status_code == 400
-    assert response.json()["code"] == "idempotency_key_missing"
-    assert x402_world.relayer_sent() == 0
+    assert response.status_code == 202, response.content
+    assert response.json()["payment"]["state"] == "paid"
+    assert x402_world.relayer_sent() == 1
 
 
 def test_api_key_caller_reenters_the_same_quote(x402_world, buyer, make_client):

@@ -4,6 +4,7 @@ serve unpaid work, never need a second signature. Balances are read on chain."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 import requests
@@ -12,7 +13,7 @@ from rest_framework.test import APIClient
 
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
-from purchases.models import Purchase
+from purchases.models import Offering, Purchase
 from purchases.services.execution import purchase_execute
 from tests.fixtures.facilitator import FacilitatorDouble
 from tests.x402.e2e import PRICE, ask, build_world, sign_payment
@@ -68,6 +69,9 @@ def test_eight_parallel_requests_with_one_payment_id_transfer_once(x402_live_wor
 @pytest.mark.postgres
 def test_different_payment_ids_on_one_quote_transfer_once(x402_live_world, http_server):
     world = x402_live_world
+    # Window off: every other payment is refused as quote_already_paid, not answered as a
+    # duplicate of the first (tests/x402/test_duplicates.py covers the window).
+    Offering.objects.update(duplicate_window=timedelta(0))
     required = requests.post(
         f"{http_server}{world.paid_url}", json={"title": "S", "csv": "a\n1\n"}, timeout=10
     )

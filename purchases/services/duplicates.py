@@ -1,0 +1,96 @@
+"""The duplicate window: a re-signed retry is answered with the purchase it repeats.
+
+Stock x402 clients never resend a payment: after a timeout they sign a new authorization
+(new nonce) against a new 402. Only the seller can tell it is the same purchase: the same
+payer (and API key, when one is sent) asking for the same offering with the same canonical
+input. Inside the offering's duplicate window such a payment is answered with the existing
+purchase and never broadcast; its authorization expires unused. A deliberate second copy
+carries a `Tollbooth-Copy` label, which is part of the identity, so a retried copy is still
+deduplicated against itself.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from purchases.canonical import sha256_hex
+from purchases.errors import DomainError, ErrorCode
+from purchases.events import Actor, event_record
+from purchases.models import DuplicateGuard, Offering, Purchase, Quote
+from purchases.services.quotes import quote_expire
+
+COPY_HEADER = "Tollbooth-Copy"
+DUPLICATE_HEADER = "Tollbooth-Duplicate-Of"
+_COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# A payment in one of these states is the purchase a retry repeats; a failed one is not.
+_REPEATABLE_STATES = (
+    Purchase.PaymentState.PAYING,
+    Purchase.PaymentState.SETTLEMENT_PENDING,
+    Purchase.PaymentState.PAID,
+)
+
+
+def copy_label_validate(*, label: str | None) -> str:
+    """Raises DomainError: copy_label_invalid."""
+    if label is None:
+        return ""
+    if not _COPY_LABEL.fullmatch(label):
+        raise DomainError(ErrorCode.COPY_LABEL_INVALID)
+    return label
+
+
+def duplicate_key_for(
+    *, payer: str, buyer_ref: str | None, offering: Offering, input_hash: str, copy_label: str
+) -> str:
+    return sha256_hex(
+        "|".join([payer.lower(), buyer_ref or "", offering.slug, input_hash, copy_label])
+    )
+
+
+def purchase_duplicate_find(
+    *, offering: Offering, duplicate_key: str, now: datetime
+) -> Purchase | None:
+    """The purchase a new payment with this key repeats, if one is inside the window."""
+    if not offering.duplicate_window:
+        return None
+    return (
+        Purchase.objects.select_related("offering", "quote")
+        .filter(
+            duplicate_key=duplicate_key,
+            offering=offering,
+            created_at__gt=now - offering.duplicate_window,
+            payment_state__in=_REPEATABLE_STATES,
+        )
+        .order_by("-pk")
+        .first()
+    )
+
+
+def duplicate_guard_lock(*, duplicate_key: str) -> None:
+    """Serialize payments for one duplicate key until the caller's transaction ends.
+
+    One INSERT ... ON CONFLICT DO NOTHING, then a row lock: never a failing INSERT.
+    """
+    DuplicateGuard.objects.bulk_create([DuplicateGuard(key=duplicate_key)], ignore_conflicts=True)
+    DuplicateGuard.objects.select_for_update().filter(key=duplicate_key).first()
+
+
+def purchase_duplicate_record(
+    *, purchase: Purchase, actor: Actor, rail: str, evidence: dict[str, object]
+) -> None:
+    """Put the answered duplicate on the purchase's timeline (nothing about it changes)."""
+    event_record(
+        subject="purchase.duplicate",
+        purchase=purchase,
+        actor=actor,
+        reason_code="duplicate_answered",
+        evidence={"rail": rail, **evidence},
+    )
+
+
+def quote_release_if_unpaid(*, quote: Quote, actor: Actor) -> None:
+    """A retry's own quote will never be paid: close it and give back the stock it holds."""
+    locked = Quote.objects.select_for_update().get(pk=quote.pk)
+    if locked.state == Quote.State.OPEN and not Purchase.objects.filter(quote=locked).exists():
+        quote_expire(quote=locked, actor=actor)
