@@ -63,8 +63,23 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tollbooth.sqlite3'}"),
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The demo runs a web server and a worker on one file: wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # The demo runs a threaded web server and a worker on one file. A DEFERRED transaction
+    # that reads and then writes cannot wait for the lock (SQLite answers "database is
+    # locked" at once to avoid a deadlock), so every transaction takes the write lock at
+    # BEGIN and a contended writer waits up to the busy timeout. WAL lets readers go on
+    # while one writer writes; synchronous=NORMAL is the safe setting under WAL.
+    _busy_seconds = env.float("TOLLBOOTH_SQLITE_BUSY_TIMEOUT_SECONDS", default=20.0)
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": _busy_seconds,
+            "init_command": (
+                "PRAGMA journal_mode=WAL;"
+                f"PRAGMA busy_timeout={int(_busy_seconds * 1000)};"
+                "PRAGMA synchronous=NORMAL;"
+            ),
+        }
+    )
 # Services own their transactions (house style).
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
