@@ -154,6 +154,17 @@ TOLLBOOTH = {
     "RETRY_AFTER_SECONDS": env.int("TOLLBOOTH_RETRY_AFTER_SECONDS", default=2),
     # A worker must renew its claim on an execution within this lease.
     "EXECUTION_LEASE": timedelta(seconds=env.int("TOLLBOOTH_EXECUTION_LEASE_SECONDS", default=60)),
+    # An execution whose executor cannot say what happened is tried this many times in all
+    # (counted in the database, across retries, sweeps and worker restarts), and no longer
+    # than the deadline from its first try; then it escalates to support as unknown.
+    "EXECUTION_MAX_TRIES": env.int("TOLLBOOTH_EXECUTION_MAX_TRIES", default=8),
+    "EXECUTION_DEADLINE": timedelta(
+        minutes=env.int("TOLLBOOTH_EXECUTION_DEADLINE_MINUTES", default=120)
+    ),
+    # First retry delay; it doubles per try up to 10 minutes (8 tries span about 8.5 min).
+    "EXECUTION_RETRY_BACKOFF_SECONDS": env.float(
+        "TOLLBOOTH_EXECUTION_RETRY_BACKOFF_SECONDS", default=2.0
+    ),
     # How often a running execution polls its executor (and renews its lease).
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.5),
     # Spend caps count payments over this rolling window.
