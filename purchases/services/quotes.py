@@ -32,12 +32,21 @@ def offering_get_active(*, slug: str) -> Offering:
 
 
 def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str, Any]:
-    """Validate against the offering's schema, then strip volatile fields.
+    """Check the size, validate against the offering's schema, then strip volatile fields.
 
-    Raises DomainError(invalid_input) listing every schema violation.
+    Raises DomainError: input_too_large, invalid_input (listing every schema violation).
     """
     if not isinstance(raw_input, dict):
         raise DomainError(ErrorCode.INVALID_INPUT, "The input must be a JSON object.")
+    # Measured before the schema runs, so an oversized input costs no validation either.
+    size = len(canonical_json(raw_input).encode("utf-8", "surrogatepass"))
+    if size > offering.max_input_bytes:
+        raise DomainError(
+            ErrorCode.INPUT_TOO_LARGE,
+            f"The input is {size} bytes of JSON; {offering.slug} takes at most "
+            f"{offering.max_input_bytes}.",
+            extra={"input_bytes": size, "max_input_bytes": offering.max_input_bytes},
+        )
     validator = jsonschema.Draft202012Validator(offering.input_schema or {})
     errors = sorted(validator.iter_errors(raw_input), key=lambda e: list(e.absolute_path))
     if errors:
