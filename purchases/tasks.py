@@ -78,6 +78,11 @@ def expire_quotes_task() -> dict[str, int]:
 
 
 @shared_task(acks_late=True)
+def purge_expired_quotes_task() -> dict[str, int]:
+    return dict(reconcile.purge_expired_quotes())
+
+
+@shared_task(acks_late=True)
 def compact_payment_ids_task() -> dict[str, int]:
     return dict(reconcile.compact_payment_ids())
 

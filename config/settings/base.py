@@ -140,6 +140,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 TOLLBOOTH = {
     # How long a quote stays open (domain default: 15 minutes).
     "QUOTE_TTL": timedelta(seconds=env.int("TOLLBOOTH_QUOTE_TTL_SECONDS", default=15 * 60)),
+    # Expired quotes that never got a purchase are deleted (with their own events) this
+    # long after they expired: long enough for support to see why a late payer was refused.
+    "QUOTE_PURGE_AFTER": timedelta(hours=env.int("TOLLBOOTH_QUOTE_PURGE_AFTER_HOURS", default=24)),
     # How long a payment-id record answers replays before it is compacted.
     "IDEMPOTENCY_RETENTION": timedelta(
         hours=env.int("TOLLBOOTH_IDEMPOTENCY_RETENTION_HOURS", default=24)
@@ -295,6 +298,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Open quotes past expiry hold stock that other buyers are waiting for.
     "expire-quotes": {"task": "purchases.tasks.expire_quotes_task", "schedule": 60.0},
+    # Unpaid quotes (an anonymous 402 opens one per request) would grow the table forever.
+    "purge-expired-quotes": {
+        "task": "purchases.tasks.purge_expired_quotes_task",
+        "schedule": 3600.0,
+    },
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
     # A dropped relayer transaction or a nonce lost in a crash stalls every later one.

@@ -9,13 +9,13 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 
 from purchases.canonical import canonical_json, sha256_hex, strip_volatile
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Buyer, Offering, Quote
+from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 
 
 @dataclass(frozen=True)
@@ -154,3 +154,24 @@ def quote_expire(*, quote: Quote, actor: Actor) -> None:
         reason_code="quote_expired",
         evidence={"stock_released": released},
     )
+
+
+def quotes_purge_expired_batch(*, expired_before: datetime, batch: int) -> tuple[int, int]:
+    """Delete up to `batch` quotes that expired unpaid before `expired_before`, and their own
+    events (a quote that never became a purchase is on no purchase's timeline).
+
+    Returns (quotes deleted, events deleted). Rows another run holds are skipped.
+    """
+    with transaction.atomic():
+        ids = list(
+            Quote.objects.select_for_update(skip_locked=True)
+            .filter(state=Quote.State.EXPIRED, expires_at__lt=expired_before)
+            .exclude(Exists(Purchase.objects.filter(quote_id=OuterRef("pk"))))
+            .order_by("pk")
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return 0, 0
+        events, _ = PurchaseEvent.objects.filter(quote_id__in=ids, purchase__isnull=True).delete()
+        quotes, _ = Quote.objects.filter(pk__in=ids).delete()  # PROTECT guards any purchase
+    return quotes, events
