@@ -30,6 +30,11 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
     takeovers = models.PositiveIntegerField(
         default=0, help_text="Leases taken over after a worker died."
     )
+    tries = models.PositiveIntegerField(
+        default=0,
+        help_text="Tries started on this execution. Counted here, not in the task, so a "
+        "retry, a sweeper's new task or a restarted worker continues the count.",
+    )
     job_ref = models.CharField(
         max_length=200, blank=True, help_text="Saved the moment the job exists."
     )

@@ -7,12 +7,14 @@ lease renewal is the one write made outside it (a conditional update on the atte
 from __future__ import annotations
 
 import hashlib
+import random
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
@@ -31,11 +33,36 @@ class ExecutionClaim:
     job_ref: str
     job_idempotency_key: str
     is_takeover: bool
+    tries: int = 0
+    # Set when the execution has spent its tries or passed its deadline: end it, do not run.
+    spent_reason: str = ""
+
+
+@dataclass(frozen=True)
+class RetryDecision:
+    tries: int
+    retry_in: float  # seconds until the next try is due; 0 when giving up
+    give_up_reason: str  # "" while tries remain
 
 
 def _lease_until(now: datetime) -> datetime:
     lease: timedelta = settings.TOLLBOOTH["EXECUTION_LEASE"]
     return now + lease
+
+
+def _budget_spent(attempt: ExecutionAttempt, now: datetime) -> str:
+    """Why no further try may start on this attempt, or "" if one may."""
+    if attempt.tries >= int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]):
+        return "execution_tries_exhausted"
+    if now >= attempt.started_at + settings.TOLLBOOTH["EXECUTION_DEADLINE"]:
+        return "execution_deadline_passed"
+    return ""
+
+
+def _backoff_seconds(tries: int) -> float:
+    # Exponential with jitter from the database's count: base, 2x base ... capped at 10 min.
+    base = float(settings.TOLLBOOTH["EXECUTION_RETRY_BACKOFF_SECONDS"])
+    return min(600.0, base * 2 ** max(tries - 1, 0)) + random.uniform(0, base / 2)  # noqa: S311
 
 
 def execution_live_attempt(*, purchase: Purchase) -> ExecutionAttempt | None:
@@ -62,9 +89,13 @@ def execution_claim(
         if live.lease_expires_at > now and not is_own_retry:
             return None  # lost the race: another worker is running it and renewing its lease
         previous_worker = live.worker
+        spent_reason = _budget_spent(live, now)
         live.worker, live.lease_token, live.lease_expires_at = worker, token, _lease_until(now)
         live.takeovers += 0 if is_own_retry else 1
-        live.save(update_fields=["worker", "lease_token", "lease_expires_at", "takeovers"])
+        if not spent_reason:
+            live.tries = F("tries") + 1  # type: ignore[assignment]  # a try starts: count it
+        live.save(update_fields=["worker", "lease_token", "lease_expires_at", "takeovers", "tries"])
+        live.refresh_from_db(fields=["tries"])
         event_record(
             subject="execution_attempt",
             purchase=purchase,
@@ -77,10 +108,17 @@ def execution_claim(
                 "previous_worker": previous_worker,
                 "worker": worker,
                 "job_ref": live.job_ref,
+                "try": live.tries,
             },
         )
         return ExecutionClaim(
-            live.pk, token, live.job_ref, live.job_idempotency_key, is_takeover=True
+            live.pk,
+            token,
+            live.job_ref,
+            live.job_idempotency_key,
+            is_takeover=True,
+            tries=live.tries,
+            spent_reason=spent_reason,
         )
     attempt = ExecutionAttempt.objects.create(
         purchase=purchase,
@@ -89,6 +127,7 @@ def execution_claim(
         lease_token=token,
         lease_expires_at=_lease_until(now),
         started_at=now,
+        tries=1,
         # One key per purchase, not per attempt: a restarted attempt finds the first job.
         job_idempotency_key=f"tollbooth-{purchase.ref}",
     )
@@ -97,9 +136,53 @@ def execution_claim(
         purchase=purchase,
         actor=actor,
         to_state=attempt.state,
-        evidence={"attempt": attempt.pk, "worker": worker},
+        evidence={"attempt": attempt.pk, "worker": worker, "try": 1},
     )
-    return ExecutionClaim(attempt.pk, token, "", attempt.job_idempotency_key, is_takeover=False)
+    return ExecutionClaim(
+        attempt.pk, token, "", attempt.job_idempotency_key, is_takeover=False, tries=1
+    )
+
+
+def execution_record_retry(
+    *,
+    purchase: Purchase,
+    claim: ExecutionClaim,
+    reason_code: str,
+    message: str,
+    now: datetime,
+    actor: Actor,
+) -> RetryDecision:
+    """Put a try that ended with the effect unknown on the timeline, and say what comes next.
+
+    Another try is due after a backoff (the lease is stretched over it, so the sweeper does
+    not start a second task meanwhile), or the tries or the deadline are spent. Caller holds
+    the purchase lock. Raises LeaseLost if another worker holds the attempt now.
+    """
+    attempt = _locked_own_attempt(claim)
+    give_up_reason = _budget_spent(attempt, now)
+    retry_in = 0.0 if give_up_reason else _backoff_seconds(attempt.tries)
+    if not give_up_reason:
+        attempt.lease_expires_at = _lease_until(now + timedelta(seconds=retry_in))
+        attempt.save(update_fields=["lease_expires_at"])
+    event_record(
+        subject="execution_attempt",
+        purchase=purchase,
+        actor=actor,
+        from_state=attempt.state,
+        to_state=attempt.state,
+        reason_code="executor_retry",
+        evidence={
+            "attempt": attempt.pk,
+            "try": attempt.tries,
+            "max_tries": int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]),
+            "error": reason_code,
+            "message": message[:500],
+            "job_ref": attempt.job_ref,
+            "retry_in_seconds": round(retry_in, 3),
+            "give_up": give_up_reason,
+        },
+    )
+    return RetryDecision(attempt.tries, retry_in, give_up_reason)
 
 
 def execution_renew_lease(*, claim: ExecutionClaim, now: datetime) -> None:
@@ -213,7 +296,7 @@ def execution_end(
         from_state=ExecutionAttempt.State.RUNNING,
         to_state=attempt.state,
         reason_code=reason_code,
-        evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref},
+        evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref, "tries": attempt.tries},
     )
     return attempt
 

@@ -418,7 +418,7 @@ class OfferingAdmin(admin.ModelAdmin):
             "Price and payment",
             {"fields": ("price", "asset", "asset_symbol", "asset_decimals", "network", "pay_to")},
         ),
-        ("Input", {"fields": ("input_schema", "volatile_fields")}),
+        ("Input", {"fields": ("input_schema", "volatile_fields", "max_input_bytes")}),
         (
             "Stock, delivery and remedies",
             {

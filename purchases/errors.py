@@ -38,6 +38,7 @@ class ErrorCode(StrEnum):
     SOLD_OUT = "sold_out"
     QUOTE_NOT_FOUND = "quote_not_found"
     QUOTE_EXPIRED = "quote_expired"
+    INPUT_TOO_LARGE = "input_too_large"
     # Payment boundary.
     UNSUPPORTED_RAIL = "unsupported_rail"
     INSUFFICIENT_FUNDS = "insufficient_funds"
@@ -124,6 +125,9 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
     ErrorCode.QUOTE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "request_quote", False, "No such quote."),
     ErrorCode.QUOTE_EXPIRED: CodeSpec(
         410, Owner.BUYER, "request_quote", False, "The quote has expired."
+    ),
+    ErrorCode.INPUT_TOO_LARGE: CodeSpec(
+        413, Owner.BUYER, "shrink_input", False, "The input is larger than this offering takes."
     ),
     ErrorCode.UNSUPPORTED_RAIL: CodeSpec(
         400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."

@@ -42,6 +42,12 @@ class Offering(models.Model):
         null=True, blank=True, help_text="Units still free to quote; empty for unlimited."
     )
     input_schema = models.JSONField(default=dict, blank=True)
+    # Anonymous 402s store their input on a quote: without a cap, anyone can park up to the
+    # request body limit in our database per request.
+    max_input_bytes = models.PositiveIntegerField(
+        default=64 * 1024,
+        help_text="Largest input (bytes of canonical JSON) a quote for this offering accepts.",
+    )
     volatile_fields = models.JSONField(
         default=list,
         blank=True,

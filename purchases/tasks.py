@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import socket
 from typing import Any
 
@@ -12,34 +11,25 @@ from django.utils import timezone
 
 from purchases.services import reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
-from purchases.services.execution import (
-    ExecutionRetryable,
-    purchase_execute,
-    purchase_execution_give_up,
-)
+from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.sweeper import purchases_awaiting_execution
 
 logger = logging.getLogger(__name__)
-EXECUTE_MAX_RETRIES = 8
 
 
 def _worker_name(task: Any) -> str:
     return f"{task.request.hostname or socket.gethostname()}:{task.request.id}"
 
 
-@shared_task(bind=True, acks_late=True, max_retries=EXECUTE_MAX_RETRIES)
+# No Celery retry limit: this task's retry count restarts with every task the sweeper sends.
+# The database counts tries per execution and ends it (TOLLBOOTH_EXECUTION_MAX_TRIES and
+# _DEADLINE_MINUTES) with an escalation, so the retries are bounded there.
+@shared_task(bind=True, acks_late=True, max_retries=None)
 def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
     try:
         return purchase_execute(purchase_id=purchase_id, worker=_worker_name(self)).value
     except ExecutionRetryable as exc:
-        if self.request.retries >= EXECUTE_MAX_RETRIES:
-            purchase_execution_give_up(
-                purchase_id=purchase_id, worker=_worker_name(self), reason_code=exc.reason_code
-            )
-            return "escalated"
-        # Exponential backoff with jitter: 2 s, 4 s ... capped at 10 min.
-        countdown = min(600, 2 ** (self.request.retries + 1)) + random.uniform(0, 1)  # noqa: S311
-        raise self.retry(exc=exc, countdown=countdown) from exc
+        raise self.retry(exc=exc, countdown=exc.retry_in) from exc
 
 
 @shared_task(acks_late=True)
@@ -85,6 +75,11 @@ def finalize_failed_purchases_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def expire_quotes_task() -> dict[str, int]:
     return dict(reconcile.expire_quotes())
+
+
+@shared_task(acks_late=True)
+def purge_expired_quotes_task() -> dict[str, int]:
+    return dict(reconcile.purge_expired_quotes())
 
 
 @shared_task(acks_late=True)

@@ -93,8 +93,23 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'tollbooth.sqlite3'}"),
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The demo runs a web server and a worker on one file: wait for locks instead of failing.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 30
+    # The demo runs a threaded web server and a worker on one file. A DEFERRED transaction
+    # that reads and then writes cannot wait for the lock (SQLite answers "database is
+    # locked" at once to avoid a deadlock), so every transaction takes the write lock at
+    # BEGIN and a contended writer waits up to the busy timeout. WAL lets readers go on
+    # while one writer writes; synchronous=NORMAL is the safe setting under WAL.
+    _busy_seconds = env.float("TOLLBOOTH_SQLITE_BUSY_TIMEOUT_SECONDS", default=20.0)
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": _busy_seconds,
+            "init_command": (
+                "PRAGMA journal_mode=WAL;"
+                f"PRAGMA busy_timeout={int(_busy_seconds * 1000)};"
+                "PRAGMA synchronous=NORMAL;"
+            ),
+        }
+    )
 # Services own their transactions (house style).
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -155,6 +170,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 TOLLBOOTH = {
     # How long a quote stays open (domain default: 15 minutes).
     "QUOTE_TTL": timedelta(seconds=env.int("TOLLBOOTH_QUOTE_TTL_SECONDS", default=15 * 60)),
+    # Expired quotes that never got a purchase are deleted (with their own events) this
+    # long after they expired: long enough for support to see why a late payer was refused.
+    "QUOTE_PURGE_AFTER": timedelta(hours=env.int("TOLLBOOTH_QUOTE_PURGE_AFTER_HOURS", default=24)),
     # How long a payment-id record answers replays before it is compacted.
     "IDEMPOTENCY_RETENTION": timedelta(
         hours=env.int("TOLLBOOTH_IDEMPOTENCY_RETENTION_HOURS", default=24)
@@ -169,6 +187,17 @@ TOLLBOOTH = {
     "RETRY_AFTER_SECONDS": env.int("TOLLBOOTH_RETRY_AFTER_SECONDS", default=2),
     # A worker must renew its claim on an execution within this lease.
     "EXECUTION_LEASE": timedelta(seconds=env.int("TOLLBOOTH_EXECUTION_LEASE_SECONDS", default=60)),
+    # An execution whose executor cannot say what happened is tried this many times in all
+    # (counted in the database, across retries, sweeps and worker restarts), and no longer
+    # than the deadline from its first try; then it escalates to support as unknown.
+    "EXECUTION_MAX_TRIES": env.int("TOLLBOOTH_EXECUTION_MAX_TRIES", default=8),
+    "EXECUTION_DEADLINE": timedelta(
+        minutes=env.int("TOLLBOOTH_EXECUTION_DEADLINE_MINUTES", default=120)
+    ),
+    # First retry delay; it doubles per try up to 10 minutes (8 tries span about 8.5 min).
+    "EXECUTION_RETRY_BACKOFF_SECONDS": env.float(
+        "TOLLBOOTH_EXECUTION_RETRY_BACKOFF_SECONDS", default=2.0
+    ),
     # How often a running execution polls its executor (and renews its lease).
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.5),
     # Spend caps count payments over this rolling window.
@@ -299,6 +328,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Open quotes past expiry hold stock that other buyers are waiting for.
     "expire-quotes": {"task": "purchases.tasks.expire_quotes_task", "schedule": 60.0},
+    # Unpaid quotes (an anonymous 402 opens one per request) would grow the table forever.
+    "purge-expired-quotes": {
+        "task": "purchases.tasks.purge_expired_quotes_task",
+        "schedule": 3600.0,
+    },
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
     # A dropped relayer transaction or a nonce lost in a crash stalls every later one.

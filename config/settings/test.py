@@ -2,13 +2,21 @@
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 from .base import *  # noqa: F403
 from .base import DATABASES, REDIS_URL, TOLLBOOTH, env
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    DATABASES["default"]["TEST"] = {"NAME": ":memory:"}
+    # No DATABASE_URL: a fast in-memory database. A SQLite DATABASE_URL (the concurrency
+    # pass of `make test`) gets a file next to it, so real threads and processes share it
+    # through WAL and the busy timeout, as the demo does; never the named file itself.
+    _name = Path(str(DATABASES["default"]["NAME"]))
+    _on_file = bool(env.str("DATABASE_URL", default="")) and str(_name) != ":memory:"
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(_name.with_name(f"test_{_name.name}")) if _on_file else ":memory:"
+    }
 TOLLBOOTH = {
     **TOLLBOOTH,
     "EXECUTION_LEASE": timedelta(seconds=env.int("TOLLBOOTH_EXECUTION_LEASE_SECONDS", default=30)),

@@ -39,14 +39,20 @@ class ExecutionOutcome(StrEnum):
     FAILED = "failed"
     OBSERVED = "observed"  # another worker holds it, or there is nothing to do
     LEASE_LOST = "lease_lost"
+    ESCALATED = "escalated"  # tries or deadline spent with the effect unknown: support decides
 
 
 class ExecutionRetryable(Exception):
-    """The executor's state is unknown for now: the task retries, the lease stays."""
+    """The executor's state is unknown for now: the task retries after `retry_in` seconds.
 
-    def __init__(self, reason_code: str) -> None:
+    The try is already counted and on the timeline, and the lease covers the wait.
+    """
+
+    def __init__(self, reason_code: str, *, retry_in: float = 0.0, tries: int = 0) -> None:
         super().__init__(reason_code)
         self.reason_code = reason_code
+        self.retry_in = retry_in
+        self.tries = tries
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,17 @@ class _Claimed:
 def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
     """Run (or resume) the purchase's paid work once.
 
-    Raises ExecutionRetryable when the executor cannot say what happened yet.
+    Every try is counted on the execution attempt. Raises ExecutionRetryable when the
+    executor cannot say what happened yet and tries remain; once the tries or the deadline
+    are spent the execution ends unknown and escalates to support (ESCALATED).
     """
     claimed = _claim(purchase_id, worker)
     if claimed is None:
         return ExecutionOutcome.OBSERVED
+    if claimed.claim.spent_reason:
+        # A try ended without recording its failure (crash, kill): the budget is spent anyway.
+        _end(purchase_id, claimed.claim, claimed.claim.spent_reason, is_known_failure=False)
+        return ExecutionOutcome.ESCALATED
     executor = get_executor(claimed.executor_name)
     try:
         output = _run(executor, claimed)
@@ -72,10 +84,34 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
         return ExecutionOutcome.LEASE_LOST
     except ExecutorError as error:
         if not error.definitive:
-            raise ExecutionRetryable(error.reason_code) from error
+            return _retry_or_give_up(purchase_id, claimed.claim, error)
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
         return ExecutionOutcome.FAILED
     return _succeed(purchase_id, claimed.claim, output)
+
+
+def _retry_or_give_up(
+    purchase_id: int, claim: ExecutionClaim, error: ExecutorError
+) -> ExecutionOutcome:
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update(of=("self",)).get(pk=purchase_id)
+        try:
+            decision = fulfillment_services.execution_record_retry(
+                purchase=purchase,
+                claim=claim,
+                reason_code=error.reason_code,
+                message=str(error),
+                now=now_or(None),
+                actor=Actor.system("executor"),
+            )
+        except LeaseLost:
+            return ExecutionOutcome.LEASE_LOST
+    if decision.give_up_reason:
+        _end(purchase_id, claim, decision.give_up_reason, is_known_failure=False)
+        return ExecutionOutcome.ESCALATED
+    raise ExecutionRetryable(
+        error.reason_code, retry_in=decision.retry_in, tries=decision.tries
+    ) from error
 
 
 def _claim(purchase_id: int, worker: str) -> _Claimed | None:

@@ -9,13 +9,13 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 
 from purchases.canonical import canonical_json, sha256_hex, strip_volatile
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.events import Actor, event_record
-from purchases.models import Buyer, Offering, Quote
+from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,21 @@ def offering_get_active(*, slug: str) -> Offering:
 
 
 def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str, Any]:
-    """Validate against the offering's schema, then strip volatile fields.
+    """Check the size, validate against the offering's schema, then strip volatile fields.
 
-    Raises DomainError(invalid_input) listing every schema violation.
+    Raises DomainError: input_too_large, invalid_input (listing every schema violation).
     """
     if not isinstance(raw_input, dict):
         raise DomainError(ErrorCode.INVALID_INPUT, "The input must be a JSON object.")
+    # Measured before the schema runs, so an oversized input costs no validation either.
+    size = len(canonical_json(raw_input).encode("utf-8", "surrogatepass"))
+    if size > offering.max_input_bytes:
+        raise DomainError(
+            ErrorCode.INPUT_TOO_LARGE,
+            f"The input is {size} bytes of JSON; {offering.slug} takes at most "
+            f"{offering.max_input_bytes}.",
+            extra={"input_bytes": size, "max_input_bytes": offering.max_input_bytes},
+        )
     validator = jsonschema.Draft202012Validator(offering.input_schema or {})
     errors = sorted(validator.iter_errors(raw_input), key=lambda e: list(e.absolute_path))
     if errors:
@@ -145,3 +154,24 @@ def quote_expire(*, quote: Quote, actor: Actor) -> None:
         reason_code="quote_expired",
         evidence={"stock_released": released},
     )
+
+
+def quotes_purge_expired_batch(*, expired_before: datetime, batch: int) -> tuple[int, int]:
+    """Delete up to `batch` quotes that expired unpaid before `expired_before`, and their own
+    events (a quote that never became a purchase is on no purchase's timeline).
+
+    Returns (quotes deleted, events deleted). Rows another run holds are skipped.
+    """
+    with transaction.atomic():
+        ids = list(
+            Quote.objects.select_for_update(skip_locked=True)
+            .filter(state=Quote.State.EXPIRED, expires_at__lt=expired_before)
+            .exclude(Exists(Purchase.objects.filter(quote_id=OuterRef("pk"))))
+            .order_by("pk")
+            .values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return 0, 0
+        events, _ = PurchaseEvent.objects.filter(quote_id__in=ids, purchase__isnull=True).delete()
+        quotes, _ = Quote.objects.filter(pk__in=ids).delete()  # PROTECT guards any purchase
+    return quotes, events

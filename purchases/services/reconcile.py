@@ -36,7 +36,7 @@ from purchases.services.alerts import (
     refunds_awaiting_alert,
 )
 from purchases.services.idempotency import payment_id_hash
-from purchases.services.quotes import quote_expire
+from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 from purchases.services.remedies import escalation_open
 from purchases.services.x402_settlement import (
     x402_follow_up,
@@ -373,6 +373,21 @@ def expire_quotes(*, now: datetime | None = None, batch: int = 500) -> Counter[s
                     quote_expire(quote=quote, actor=Actor.system("reconciliation"))
             stats["expired"] += len(quotes)
             if len(quotes) < batch:
+                break
+    return stats
+
+
+def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> Counter[str]:
+    """Delete quotes that expired unpaid longer than QUOTE_PURGE_AFTER ago, batch by batch."""
+    now = now_or(now)
+    with job_run("purge_quotes", now) as stats:
+        while True:
+            quotes, events = quotes_purge_expired_batch(
+                expired_before=now - settings.TOLLBOOTH["QUOTE_PURGE_AFTER"], batch=batch
+            )
+            stats["purged"] += quotes
+            stats["events_purged"] += events
+            if quotes < batch:
                 break
     return stats
 

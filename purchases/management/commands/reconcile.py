@@ -78,6 +78,7 @@ class Command(BaseCommand):
                 ("late_settlements", reconcile.watch_failed_attempts),
                 ("finalize_failed", reconcile.finalize_failed_purchases),
                 ("expire_quotes", reconcile.expire_quotes),
+                ("purge_quotes", reconcile.purge_expired_quotes),
                 ("compact_payment_ids", reconcile.compact_payment_ids),
                 ("alerts", reconcile.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),

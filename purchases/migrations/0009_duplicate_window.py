@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("purchases", "0006_escalation_alerts"),
+        ("purchases", "0008_quote_only_events_purgeable"),
     ]
 
     operations = [

@@ -1,0 +1,65 @@
+"""Expired unpaid quotes (one per anonymous 402) are purged on a schedule, in batches."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
+from purchases.services import reconcile
+from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.quotes import quote_create
+from tests.conftest import CSV_INPUT
+
+pytestmark = pytest.mark.django_db
+
+
+def keyed_quote(buyer, offering, title: str) -> Quote:
+    data = {**CSV_INPUT, "title": title}
+    return quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=data).quote
+
+
+def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
+    buyer, offering, db_is_postgres
+):
+    start = timezone.now()
+    stale = keyed_quote(buyer, offering, "stale")
+    answer = APIClient().post(f"/x402/{offering.slug}", CSV_INPUT, format="json")
+    assert answer.status_code == 402
+    anonymous = Quote.objects.get(public_id=answer.json()["quote"])
+    recent = keyed_quote(buyer, offering, "recent")
+    Quote.objects.filter(pk=recent.pk).update(expires_at=start + timedelta(hours=25))
+    paid = keyed_quote(buyer, offering, "paid")
+    paid_answer, _ = purchase_pay_prepaid(
+        buyer=buyer, quote_id=paid.public_id, payment_id="purge-test-payment-01"
+    )
+    assert paid_answer.status == 201
+    open_quote = keyed_quote(buyer, offering, "open")
+    Quote.objects.filter(pk=open_quote.pk).update(expires_at=start + timedelta(days=30))
+    # Time is moved, not waited for: everything but the long-lived quote expires...
+    reconcile.expire_quotes(now=start + timedelta(hours=26))
+    purchase = Purchase.objects.get(quote=paid)
+    timeline = list(purchase.events.values_list("pk", flat=True))
+    paid_quote_events = list(paid.events.values_list("pk", flat=True))
+    purged_events = PurchaseEvent.objects.filter(quote__in=[stale, anonymous]).count()
+    assert purged_events == 4  # opened and expired, each
+
+    # ...and a day after expiry the unpaid ones go, one row per batch here.
+    stats = reconcile.purge_expired_quotes(now=start + timedelta(hours=26), batch=1)
+
+    assert stats == {"purged": 2, "events_purged": 4}
+    assert set(Quote.objects.values_list("pk", flat=True)) == {recent.pk, paid.pk, open_quote.pk}
+    assert not PurchaseEvent.objects.filter(quote_id__in=[stale.pk, anonymous.pk]).exists()
+    assert list(purchase.events.values_list("pk", flat=True)) == timeline
+    assert list(paid.events.values_list("pk", flat=True)) == paid_quote_events
+    run = JobRun.objects.get(job="purge_quotes")
+    assert (run.stats, run.error) == ({"purged": 2, "events_purged": 4}, "")
+    again = reconcile.purge_expired_quotes(now=start + timedelta(hours=26))
+    assert again == {"purged": 0, "events_purged": 0}
+    if db_is_postgres:  # a purchase's timeline is still append-only in the database
+        with pytest.raises(DatabaseError), transaction.atomic():
+            PurchaseEvent.objects.filter(purchase=purchase).delete()
