@@ -32,6 +32,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "purchases.api.middleware.HostileInputMiddleware",
+    "purchases.api.middleware.NoStoreMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -86,7 +88,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["purchases.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["purchases.api.auth.IsAgent"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Bounded in size and depth before decoding; NUL and lone surrogates refused (docs/security.md).
+    "DEFAULT_PARSER_CLASSES": ["purchases.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "purchases.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
@@ -122,7 +125,12 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Tollbooth domain -------------------------------------------------------------
+# Largest request body read (bytes). It holds the largest honest input (a report's CSV of
+# 1,000,000 characters, JSON-escaped) and bounds what one request can make us read.
+MAX_BODY_BYTES = env.int("TOLLBOOTH_MAX_BODY_BYTES", default=2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 TOLLBOOTH = {
+    "MAX_BODY_BYTES": MAX_BODY_BYTES,
     # How long a quote stays open (domain default: 15 minutes).
     "QUOTE_TTL": timedelta(seconds=env.int("TOLLBOOTH_QUOTE_TTL_SECONDS", default=15 * 60)),
     # How long a payment-id record answers replays before it is compacted.

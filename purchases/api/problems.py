@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions
 from rest_framework.response import Response
 
+from core.input_limits import JsonTooDeep, RefusedText
 from purchases.errors import DomainError, ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -24,6 +27,11 @@ _DRF_CODES: list[tuple[type[Exception], ErrorCode]] = [
     (exceptions.UnsupportedMediaType, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
     (exceptions.Throttled, ErrorCode.THROTTLED),
     (exceptions.ParseError, ErrorCode.INVALID_REQUEST),
+    (exceptions.NotAcceptable, ErrorCode.NOT_ACCEPTABLE),
+    # Django's own upload cap (DATA_UPLOAD_MAX_MEMORY_SIZE), should anything read request.body.
+    (RequestDataTooBig, ErrorCode.REQUEST_TOO_LARGE),
+    (JsonTooDeep, ErrorCode.JSON_TOO_DEEP),
+    (RefusedText, ErrorCode.INVALID_TEXT),
     (exceptions.ValidationError, ErrorCode.INVALID_REQUEST),
 ]
 
@@ -48,8 +56,9 @@ def _from_drf(exc: Exception) -> DomainError | None:
                 detail = "The request body is invalid."
             error = DomainError(code, detail, extra=extra)
             wait = getattr(exc, "wait", None)
-            if isinstance(exc, exceptions.Throttled) and wait:
-                error.retry_after = int(wait)
+            if isinstance(exc, exceptions.Throttled) and wait is not None:
+                # Never "Retry-After: 0": a client would retry at once and be refused again.
+                error.retry_after = max(1, math.ceil(wait))
             return error
     return None
 
