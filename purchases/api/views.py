@@ -19,6 +19,7 @@ from purchases.api.serializers import (
     PurchaseCreateInputSerializer,
     QuoteCreateInputSerializer,
 )
+from purchases.api.throttles import PAID_THROTTLES
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.models import Buyer, Offering
@@ -84,6 +85,8 @@ class BalanceDetailApi(APIView):
 
 
 class QuoteCreateApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
     @extend_schema(
         request=QuoteCreateInputSerializer,
         responses={
@@ -109,6 +112,8 @@ class QuoteCreateApi(APIView):
 
 
 class QuotePurchaseApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
     @extend_schema(
         request=PurchaseCreateInputSerializer,
         parameters=[IDEMPOTENCY_KEY],

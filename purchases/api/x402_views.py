@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from purchases.api.serializers import ProblemSerializer
+from purchases.api.throttles import PAID_THROTTLES
 from purchases.models import Buyer
 from purchases.services.x402_checkout import x402_offer, x402_pay
 from purchases.services.x402_settlement import X402Answer
@@ -47,6 +48,7 @@ class X402PaidApi(APIView):
     """Buy one offering over x402. The request body is the offering's input (JSON)."""
 
     permission_classes = [AllowAny]  # an API key is optional: it makes quotes deterministic
+    throttle_classes = PAID_THROTTLES
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
