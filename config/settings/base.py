@@ -125,6 +125,11 @@ SPECTACULAR_SETTINGS = {
     # Served from the sidecar package: the docs page works with no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # The API-key auth and the problem+json errors every operation can answer.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "purchases.api.schema.problem_responses_hook",
+    ],
 }
 
 # Throttle counters (purchases/api/throttles.py) must be shared by every web process: Redis

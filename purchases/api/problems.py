@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
 
@@ -73,3 +73,25 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         response["WWW-Authenticate"] = 'Bearer realm="tollbooth"'
     return response
+
+
+def _plain_problem(code: ErrorCode) -> JsonResponse:
+    error = DomainError(code)
+    return JsonResponse(
+        error.as_problem(), status=error.spec.status, content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def not_found_view(request: HttpRequest, exception: Exception) -> JsonResponse:
+    """handler404: a path that matches no route is a problem too, never an HTML page."""
+    return _plain_problem(ErrorCode.NOT_FOUND)
+
+
+def bad_request_view(request: HttpRequest, exception: Exception) -> JsonResponse:
+    """handler400: Django's own refusals (a bad Host header, say) as problem+json."""
+    return _plain_problem(ErrorCode.INVALID_REQUEST)
+
+
+def server_error_view(request: HttpRequest) -> JsonResponse:
+    """handler500: anything that escaped a view; logged by Django, no trace leaked."""
+    return _plain_problem(ErrorCode.INTERNAL_ERROR)

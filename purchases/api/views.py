@@ -31,7 +31,7 @@ from purchases.services.quotes import quote_create
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,128}$"},
     OpenApiParameter.HEADER,
     required=True,
     description="Your payment id: 16-128 characters of [A-Za-z0-9_-]. Store it before sending.",
