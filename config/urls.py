@@ -29,3 +29,8 @@ urlpatterns = [
         name="api-docs",
     ),
 ]
+
+# Unrouted paths and errors outside the API views answer problem+json like the rest.
+handler400 = "purchases.api.problems.bad_request_view"
+handler404 = "purchases.api.problems.not_found_view"
+handler500 = "purchases.api.problems.server_error_view"

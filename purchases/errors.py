@@ -32,6 +32,10 @@ class ErrorCode(StrEnum):
     THROTTLED = "throttled"
     IDEMPOTENCY_KEY_MISSING = "idempotency_key_missing"
     IDEMPOTENCY_KEY_INVALID = "idempotency_key_invalid"
+    REQUEST_TOO_LARGE = "request_too_large"
+    JSON_TOO_DEEP = "json_too_deep"
+    INVALID_TEXT = "invalid_text"
+    NOT_ACCEPTABLE = "not_acceptable"
     # Quote boundary.
     OFFERING_NOT_FOUND = "offering_not_found"
     INVALID_INPUT = "invalid_input"
@@ -112,6 +116,22 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "fix_idempotency_key",
         False,
         "The Idempotency-Key must be 16-128 characters of [A-Za-z0-9_-].",
+    ),
+    ErrorCode.REQUEST_TOO_LARGE: CodeSpec(
+        413, Owner.BUYER, "fix_request", False, "The request body is larger than allowed."
+    ),
+    ErrorCode.JSON_TOO_DEEP: CodeSpec(
+        400, Owner.BUYER, "fix_request", False, "The JSON nests deeper than allowed."
+    ),
+    ErrorCode.INVALID_TEXT: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_request",
+        False,
+        "Text must not contain NUL or unpaired surrogate characters.",
+    ),
+    ErrorCode.NOT_ACCEPTABLE: CodeSpec(
+        406, Owner.BUYER, "fix_request", False, "Accept a JSON answer (application/json)."
     ),
     ErrorCode.OFFERING_NOT_FOUND: CodeSpec(
         404, Owner.BUYER, "choose_offering", False, "No such offering."

@@ -20,3 +20,29 @@ def test_openapi_schema_and_docs_page_are_served():
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content
+
+
+def test_schema_declares_the_api_key_and_problem_json_errors():
+    schema = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    assert schema["components"]["securitySchemes"]["ApiKey"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "`Authorization: Bearer <api key>`; the key names the buyer.",
+    }
+    quotes = schema["paths"]["/api/v1/quotes"]["post"]
+    assert quotes["security"] == [{"ApiKey": []}]
+    assert {"ApiKey": []} in schema["paths"]["/x402/{offering}"]["post"]["security"]
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            errors = {s: r for s, r in operation["responses"].items() if s[0] in "45"}
+            assert {"400", "500"} <= set(errors), (path, method)
+            for status, response in errors.items():
+                assert list(response["content"]) == ["application/problem+json"], (path, status)
+    assert {"401", "404", "409", "413", "415", "422", "429"} <= set(quotes["responses"])
+
+
+def test_unrouted_paths_answer_problem_json():
+    response = Client().get("/x402/not a slug")
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "not_found"

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "axes",
     "purchases",
     "payments",
     "fulfillment",
@@ -33,6 +34,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "purchases.api.middleware.HostileInputMiddleware",
+    "purchases.api.middleware.NoStoreMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "corsheaders.middleware.CorsMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -40,6 +43,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it answers a locked-out login.
+    "axes.middleware.AxesMiddleware",
 ]
 
 # Browser agents may buy from any origin: the paid URLs, the capability status URLs and
@@ -69,6 +74,21 @@ CORS_EXPOSE_HEADERS = [
     "Tollbooth-Duplicate-Of",
 ]
 CORS_PREFLIGHT_MAX_AGE = 600
+
+# Admin logins go through django-axes first, which counts failures and refuses a locked
+# out (username, address) pair before the password is even checked.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+# After this many failed logins for one username from one address, that pair is locked out
+# for AXES_COOLOFF_TIME. Per pair, so an attacker cannot lock support out from everywhere.
+AXES_FAILURE_LIMIT = env.int("TOLLBOOTH_ADMIN_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("TOLLBOOTH_ADMIN_LOCKOUT_MINUTES", default=30))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# The same address rule as the API throttles: REMOTE_ADDR unless proxies are trusted.
+AXES_CLIENT_IP_CALLABLE = "purchases.api.throttles.client_address"
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -126,15 +146,21 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
+REDIS_URL = env.str("REDIS_URL", default="")
+
 # --- REST API -------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["purchases.api.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["purchases.api.auth.IsAgent"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Bounded in size and depth before decoding; NUL and lone surrogates refused (docs/security.md).
+    "DEFAULT_PARSER_CLASSES": ["purchases.api.parsers.BoundedJSONParser"],
     "EXCEPTION_HANDLER": "purchases.api.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
+    # The client address is REMOTE_ADDR unless we sit behind this many trusted proxies, whose
+    # X-Forwarded-For then names it. Never trust a client-supplied X-Forwarded-For by default.
+    "NUM_PROXIES": env.int("TOLLBOOTH_TRUSTED_PROXIES", default=0),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Tollbooth agent API",
@@ -144,11 +170,29 @@ SPECTACULAR_SETTINGS = {
     # Served from the sidecar package: the docs page works with no CDN.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    # The API-key auth and the problem+json errors every operation can answer.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "purchases.api.schema.problem_responses_hook",
+    ],
+}
+
+# Throttle counters (purchases/api/throttles.py) must be shared by every web process: Redis
+# when REDIS_URL is set, else the process-local memory cache of the embedded demo.
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "tollbooth",
+        }
+        if REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
 }
 
 # --- Celery -----------------------------------------------------------------------
 # Redis when REDIS_URL is set; otherwise kombu's filesystem transport, which needs no server.
-REDIS_URL = env.str("REDIS_URL", default="")
 CELERY_BROKER_URL = REDIS_URL or "filesystem://"
 if not REDIS_URL:
     _broker_dir = VAR_DIR / "broker"
@@ -167,7 +211,18 @@ CELERY_TIMEZONE = "UTC"
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- Tollbooth domain -------------------------------------------------------------
+# Largest request body read (bytes). It holds the largest honest input (a report's CSV of
+# 1,000,000 characters, JSON-escaped) and bounds what one request can make us read.
+MAX_BODY_BYTES = env.int("TOLLBOOTH_MAX_BODY_BYTES", default=2_621_440)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 TOLLBOOTH = {
+    "MAX_BODY_BYTES": MAX_BODY_BYTES,
+    # Paid URLs and quotes (429 throttled + Retry-After past these). An agent polls a result
+    # every 2 s; quoting and paying take a few calls per purchase.
+    "THROTTLE_RATES": {
+        "api_key": env.str("TOLLBOOTH_THROTTLE_API_KEY_RATE", default="120/min"),
+        "client_address": env.str("TOLLBOOTH_THROTTLE_ADDRESS_RATE", default="120/min"),
+    },
     # How long a quote stays open (domain default: 15 minutes).
     "QUOTE_TTL": timedelta(seconds=env.int("TOLLBOOTH_QUOTE_TTL_SECONDS", default=15 * 60)),
     # Expired quotes that never got a purchase are deleted (with their own events) this

@@ -1,10 +1,44 @@
-"""Production: every secret and service comes from the environment."""
+"""Production: every secret and service comes from the environment, and is refused if weak.
+
+Each refusal raises ImproperlyConfigured at start-up, so a misconfigured deployment never
+serves a request (docs/security.md lists them).
+"""
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import env
+from .base import ALLOWED_HOSTS, TOLLBOOTH_METRICS_TOKEN, env
 
 DEBUG = False
-SECRET_KEY = env.str("DJANGO_SECRET_KEY")
+
+# Django's own advice: 50 characters or more, and never the local default.
+MIN_SECRET_KEY_LENGTH = 50
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="")
+if len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH or SECRET_KEY.startswith("insecure-"):
+    raise ImproperlyConfigured(
+        f"DJANGO_SECRET_KEY must be a random value of at least {MIN_SECRET_KEY_LENGTH} characters."
+    )
+
+# The embedded SQLite is for the demo only: production names its database.
+if not os.environ.get("DATABASE_URL"):
+    raise ImproperlyConfigured("DATABASE_URL is required in production (no embedded SQLite).")
+
+if not os.environ.get("DJANGO_ALLOWED_HOSTS"):
+    raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS is required in production.")
+if {"testserver", "*"} & set(ALLOWED_HOSTS):
+    raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS must name real hosts (no testserver, no *).")
+
+# Metrics show money owed and stuck payments: never open to the internet.
+if not TOLLBOOTH_METRICS_TOKEN:
+    raise ImproperlyConfigured("TOLLBOOTH_METRICS_TOKEN is required in production.")
+
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+SECURE_HSTS_PRELOAD = False  # preloading is a one-way door: the operator opts in by hand
+SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True

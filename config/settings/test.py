@@ -5,7 +5,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from .base import *  # noqa: F403
-from .base import DATABASES, REDIS_URL, TOLLBOOTH, env
+from .base import CACHES, DATABASES, REDIS_URL, TOLLBOOTH, env
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -21,6 +21,12 @@ TOLLBOOTH = {
     **TOLLBOOTH,
     "EXECUTION_LEASE": timedelta(seconds=env.int("TOLLBOOTH_EXECUTION_LEASE_SECONDS", default=30)),
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.05),
+    # Races fire 50 requests from one address at once: raised here, and the throttle tests
+    # put the production defaults back (tests/security/test_throttling.py).
+    "THROTTLE_RATES": {
+        "api_key": env.str("TOLLBOOTH_THROTTLE_API_KEY_RATE", default="100000/min"),
+        "client_address": env.str("TOLLBOOTH_THROTTLE_ADDRESS_RATE", default="100000/min"),
+    },
 }
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 
@@ -30,3 +36,5 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_TASK_DEFAULT_QUEUE = env.str(
     "TOLLBOOTH_CELERY_QUEUE", default=f"tollbooth-tests-{os.getpid()}"
 )
+# Each test process counts its own throttle hits, so runs sharing a Redis never meet.
+CACHES = {"default": {**CACHES["default"], "KEY_PREFIX": f"tollbooth-tests-{os.getpid()}"}}

@@ -7,8 +7,8 @@ PAYMENT-RESPONSE.
 
 from __future__ import annotations
 
+import base64
 import binascii
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,6 @@ from x402.http.constants import (
     PAYMENT_SIGNATURE_HEADER,
 )
 from x402.http.utils import (
-    decode_payment_signature_header,
     encode_payment_required_header,
     encode_payment_response_header,
 )
@@ -35,6 +34,7 @@ from x402.schemas import (
     SettleResponse,
 )
 
+from core.input_limits import JsonTooDeep, RefusedText, json_loads_bounded
 from payments.x402.types import NetworkConfig, Requirements
 
 __all__ = [
@@ -48,6 +48,11 @@ __all__ = [
     "payment_response_header",
     "requirements_wire",
 ]
+
+
+# An honest v2 payload is about 2 KB of base64; this leaves room for echoed extensions and
+# bounds what one header can make us decode (docs/security.md).
+MAX_PAYMENT_SIGNATURE_CHARS = 16_384
 
 
 class MalformedPayment(ValueError):
@@ -108,21 +113,32 @@ def payment_required_header(
 
 
 def decode_payment(header_value: str) -> DecodedPayment:
-    """Raises MalformedPayment for anything that is not a well-formed v2 payload."""
+    """Raises MalformedPayment for anything that is not a well-formed v2 payload.
+
+    Size and depth are bounded before the JSON is decoded (core.input_limits), so a hostile
+    header costs no more than an honest one.
+    """
+    value = header_value.strip()
+    if len(value) > MAX_PAYMENT_SIGNATURE_CHARS:
+        raise MalformedPayment(
+            f"PAYMENT-SIGNATURE is longer than {MAX_PAYMENT_SIGNATURE_CHARS} characters"
+        )
     try:
-        decoded = decode_payment_signature_header(header_value.strip())
-    except (
-        binascii.Error,
-        UnicodeDecodeError,
-        json.JSONDecodeError,
-        ValidationError,
-        ValueError,
-    ) as exc:
+        document = json_loads_bounded(base64.b64decode(value.encode("utf-8")))
+    except (JsonTooDeep, RefusedText) as exc:
+        raise MalformedPayment(f"PAYMENT-SIGNATURE: {exc}") from exc
+    except (binascii.Error, ValueError) as exc:  # UnicodeError, JSONDecodeError are ValueErrors
         raise MalformedPayment(
             f"PAYMENT-SIGNATURE is not base64 JSON of an x402 payload: {type(exc).__name__}"
         ) from exc
-    if not isinstance(decoded, PaymentPayload) or decoded.x402_version != 2:
+    if not isinstance(document, dict) or document.get("x402Version", 2) != 2:
         raise MalformedPayment("only x402Version 2 payloads are accepted")
+    try:
+        decoded = PaymentPayload.model_validate(document)
+    except ValidationError as exc:
+        raise MalformedPayment(
+            f"PAYMENT-SIGNATURE is not base64 JSON of an x402 payload: {type(exc).__name__}"
+        ) from exc
     extension = (decoded.extensions or {}).get(PAYMENT_IDENTIFIER) or {}
     info = extension.get("info") if isinstance(extension, dict) else None
     payment_id = info.get("id") if isinstance(info, dict) else None

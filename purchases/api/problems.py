@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
-from django.http import Http404
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
 
+from core.input_limits import JsonTooDeep, RefusedText
 from purchases.errors import DomainError, ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -24,6 +27,11 @@ _DRF_CODES: list[tuple[type[Exception], ErrorCode]] = [
     (exceptions.UnsupportedMediaType, ErrorCode.UNSUPPORTED_MEDIA_TYPE),
     (exceptions.Throttled, ErrorCode.THROTTLED),
     (exceptions.ParseError, ErrorCode.INVALID_REQUEST),
+    (exceptions.NotAcceptable, ErrorCode.NOT_ACCEPTABLE),
+    # Django's own upload cap (DATA_UPLOAD_MAX_MEMORY_SIZE), should anything read request.body.
+    (RequestDataTooBig, ErrorCode.REQUEST_TOO_LARGE),
+    (JsonTooDeep, ErrorCode.JSON_TOO_DEEP),
+    (RefusedText, ErrorCode.INVALID_TEXT),
     (exceptions.ValidationError, ErrorCode.INVALID_REQUEST),
 ]
 
@@ -48,8 +56,9 @@ def _from_drf(exc: Exception) -> DomainError | None:
                 detail = "The request body is invalid."
             error = DomainError(code, detail, extra=extra)
             wait = getattr(exc, "wait", None)
-            if isinstance(exc, exceptions.Throttled) and wait:
-                error.retry_after = int(wait)
+            if isinstance(exc, exceptions.Throttled) and wait is not None:
+                # Never "Retry-After: 0": a client would retry at once and be refused again.
+                error.retry_after = max(1, math.ceil(wait))
             return error
     return None
 
@@ -64,3 +73,25 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         response["WWW-Authenticate"] = 'Bearer realm="tollbooth"'
     return response
+
+
+def _plain_problem(code: ErrorCode) -> JsonResponse:
+    error = DomainError(code)
+    return JsonResponse(
+        error.as_problem(), status=error.spec.status, content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def not_found_view(request: HttpRequest, exception: Exception) -> JsonResponse:
+    """handler404: a path that matches no route is a problem too, never an HTML page."""
+    return _plain_problem(ErrorCode.NOT_FOUND)
+
+
+def bad_request_view(request: HttpRequest, exception: Exception) -> JsonResponse:
+    """handler400: Django's own refusals (a bad Host header, say) as problem+json."""
+    return _plain_problem(ErrorCode.INVALID_REQUEST)
+
+
+def server_error_view(request: HttpRequest) -> JsonResponse:
+    """handler500: anything that escaped a view; logged by Django, no trace leaked."""
+    return _plain_problem(ErrorCode.INTERNAL_ERROR)

@@ -1,15 +1,26 @@
 """Request shapes only: parsing, never rules."""
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+
+
+@extend_schema_field({"type": "object", "description": "Input matching the offering's schema."})
+class InputField(serializers.JSONField):
+    """Any JSON here; the offering's schema decides (a non-object is 422 invalid_input)."""
+
+
+@extend_schema_field({"type": "string", "enum": ["prepaid"]})
+class RailField(serializers.CharField):
+    """Documented as the one rail this endpoint takes; others are 400 unsupported_rail."""
 
 
 class QuoteCreateInputSerializer(serializers.Serializer):
     offering = serializers.SlugField(max_length=64)
-    input = serializers.JSONField()
+    input = InputField()
 
 
 class PurchaseCreateInputSerializer(serializers.Serializer):
-    rail = serializers.CharField(max_length=16)
+    rail = RailField(max_length=16)
 
 
 class ProblemSerializer(serializers.Serializer):

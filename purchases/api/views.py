@@ -19,6 +19,7 @@ from purchases.api.serializers import (
     PurchaseCreateInputSerializer,
     QuoteCreateInputSerializer,
 )
+from purchases.api.throttles import PAID_THROTTLES
 from purchases.clock import now_or
 from purchases.errors import DomainError, ErrorCode
 from purchases.models import Buyer, Offering
@@ -31,7 +32,7 @@ from purchases.services.quotes import quote_create
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,128}$"},
     OpenApiParameter.HEADER,
     required=True,
     description="Your payment id: 16-128 characters of [A-Za-z0-9_-]. Store it before sending.",
@@ -85,6 +86,8 @@ class BalanceDetailApi(APIView):
 
 
 class QuoteCreateApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
     @extend_schema(
         request=QuoteCreateInputSerializer,
         responses={
@@ -110,6 +113,8 @@ class QuoteCreateApi(APIView):
 
 
 class QuotePurchaseApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
     @extend_schema(
         request=PurchaseCreateInputSerializer,
         parameters=[IDEMPOTENCY_KEY],

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from purchases.api.serializers import ProblemSerializer
+from purchases.api.throttles import PAID_THROTTLES
 from purchases.models import Buyer
 from purchases.services.duplicates import COPY_HEADER
 from purchases.services.x402_checkout import x402_pay
@@ -76,6 +77,7 @@ class X402PaidApi(APIView):
     """Buy one offering over x402: POST its input as JSON (or GET with query parameters)."""
 
     permission_classes = [AllowAny]  # an API key is optional: it makes quotes deterministic
+    throttle_classes = PAID_THROTTLES
 
     def _pay(self, request: Request, offering: str, header: str) -> Response | HttpResponse:
         return _render(

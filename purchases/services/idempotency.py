@@ -28,7 +28,7 @@ from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
 
-PAYMENT_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{16,128}$")
+PAYMENT_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 payment_id_conflicts = Counter(
     "tollbooth_payment_identifier_conflicts_total",
@@ -58,7 +58,7 @@ def payment_id_validate(*, key: str | None) -> str:
     """Raises DomainError: idempotency_key_missing, idempotency_key_invalid."""
     if not key:
         raise DomainError(ErrorCode.IDEMPOTENCY_KEY_MISSING)
-    if not PAYMENT_ID_PATTERN.match(key):
+    if not PAYMENT_ID_PATTERN.fullmatch(key):
         raise DomainError(ErrorCode.IDEMPOTENCY_KEY_INVALID)
     return key
 

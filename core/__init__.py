@@ -1,0 +1,1 @@
+"""The kernel every app may use and that uses none of them."""
