@@ -75,6 +75,13 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
                 condition=Q(tx_hash__isnull=False),
                 name="unique_network_tx_hash",
             ),
+            # An EIP-3009 authorization pays for exactly one purchase: the first presentation
+            # wins, whatever payment id or quote a second one comes with.
+            models.UniqueConstraint(
+                fields=["network", "payer", "authorization_nonce"],
+                condition=Q(state__in=LIVE_ATTEMPT_STATES) & ~Q(authorization_nonce=""),
+                name="one_live_attempt_per_authorization",
+            ),
         ]
 
     @transition(field=state, source=State.RECORDED, target=State.SETTLEMENT_PENDING)

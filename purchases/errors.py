@@ -66,6 +66,7 @@ class ErrorCode(StrEnum):
     AUTHORIZATION_EXPIRED = "authorization_expired"
     AUTHORIZATION_USED = "authorization_used"
     INSUFFICIENT_BALANCE = "insufficient_balance"
+    AUTHORIZATION_IN_USE = "authorization_in_use"
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
@@ -256,6 +257,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
     ),
     ErrorCode.INSUFFICIENT_BALANCE: CodeSpec(
         402, Owner.BUYER, "fund_wallet", False, "The payer's token balance is below the price."
+    ),
+    ErrorCode.AUTHORIZATION_IN_USE: CodeSpec(
+        409,
+        Owner.BUYER,
+        "poll_existing_purchase",
+        False,
+        "This authorization already pays another purchase; `purchase` names it.",
     ),
     ErrorCode.VERIFICATION_UNAVAILABLE: CodeSpec(
         503,

@@ -458,6 +458,8 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     locked_until = models.DateTimeField(null=True, blank=True)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
+    # The body's exact bytes (jsonb reorders keys): what a replay sends, byte for byte.
+    response_text = models.TextField(blank=True)
     response_headers = models.JSONField(default=dict, blank=True)
     # x402 success and pending answers follow the purchase as it moves (pending -> paid ->
     # result), so a replay is answered from the purchase's current state, not a snapshot.

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from payments.models import PaymentAttempt
+from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt
 from payments.x402.types import (
     Authorization,
     PreparedBroadcast,
@@ -24,6 +24,22 @@ X402_SCOPE = "x402"
 
 def x402_attempt_for_payment_id(*, payment_id: str) -> PaymentAttempt | None:
     return PaymentAttempt.objects.filter(scope=X402_SCOPE, payment_id=payment_id).first()
+
+
+def x402_attempt_for_authorization(
+    *, network: str, payer: str, nonce: str
+) -> PaymentAttempt | None:
+    """The live attempt this authorization already pays, if any."""
+    return (
+        PaymentAttempt.objects.select_related("purchase")
+        .filter(
+            network=network,
+            payer=payer.lower(),
+            authorization_nonce=nonce.lower(),
+            state__in=LIVE_ATTEMPT_STATES,
+        )
+        .first()
+    )
 
 
 def x402_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:

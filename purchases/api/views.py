@@ -127,7 +127,7 @@ class QuotePurchaseApi(APIView):
         },
         summary="Pay a quote from the prepaid balance, exactly once per payment id",
     )
-    def post(self, request: Request, public_id: str) -> Response:
+    def post(self, request: Request, public_id: str) -> Response | HttpResponse:
         serializer = PurchaseCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         if serializer.validated_data["rail"] != "prepaid":
@@ -147,9 +147,13 @@ class QuotePurchaseApi(APIView):
             headers["Idempotent-Replayed"] = "true"
         if answer.purchase_ref and answer.status < 300:
             headers["Location"] = f"/api/v1/purchases/{answer.purchase_ref}"
-        return Response(
-            answer.body, status=answer.status, headers=headers, content_type=content_type
+        # The stored bytes, not a re-rendering: a replay is byte for byte the first answer.
+        response = HttpResponse(
+            answer.raw, status=answer.status, content_type=content_type or "application/json"
         )
+        for name, value in headers.items():
+            response[name] = value
+        return response
 
 
 class PurchaseDetailApi(APIView):

@@ -78,6 +78,9 @@ def purchase_pay_prepaid(
     except DomainError as error:
         if error.code in UNSTORED_CODES:
             raise
+        # The transaction rolled back: a purchase it had just created does not exist.
+        if error.purchase and not Purchase.objects.filter(ref=error.purchase).exists():
+            error.purchase = None
         answer = StoredAnswer(
             error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
         )

@@ -10,6 +10,7 @@ request with that key, which resumes from whatever the database recorded.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import secrets
@@ -18,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from prometheus_client import Counter
@@ -45,6 +47,13 @@ class StoredAnswer:
     purchase_ref: str | None = None
     # Live answers are recomputed from the purchase on every replay (x402 pending -> paid).
     is_live: bool = False
+    # The body exactly as sent: replays are byte for byte, whatever jsonb does to key order.
+    raw: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if self.raw is None and self.body is not None:
+            encoded = json.dumps(self.body, cls=DjangoJSONEncoder, ensure_ascii=False)
+            object.__setattr__(self, "raw", encoded.encode())
 
 
 @dataclass(frozen=True)
@@ -143,6 +152,7 @@ def payment_id_claim(
                 dict(record.response_headers),
                 purchase_ref,
                 is_live=record.answer_is_live,
+                raw=record.response_text.encode() if record.response_text else None,
             )
             return KeyClaim(record.pk, "", stored)
         if record.locked_until is not None and record.locked_until > now:
@@ -185,12 +195,14 @@ def payment_id_store_answer(
             record.purchase = purchase
         record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
         record.answer_is_live = answer.is_live
+        record.response_text = answer.raw.decode() if answer.raw is not None else ""
         record.save(
             update_fields=[
                 "state",
                 "purchase",
                 "response_status",
                 "response_body",
+                "response_text",
                 "response_headers",
                 "completed_at",
                 "locked_until",

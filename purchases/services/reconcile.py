@@ -25,7 +25,7 @@ from payments.x402.batch import BatchChainReader
 from payments.x402.chain import ChainUnavailable
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
-from payments.x402.types import SettlementOutcome, SettlementStatus
+from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
 from purchases.clock import now_or
 from purchases.events import Actor, event_record
 from purchases.models import Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
@@ -78,6 +78,40 @@ def job_run(job: str, now: datetime) -> Iterator[Counter[str]]:
     JobRun.objects.filter(pk=run.pk).update(finished_at=now_or(None), stats=dict(stats))
 
 
+@contextmanager
+def _isolated(
+    stats: Counter[str], job: str, kind: str, row_id: int, purchase_id: int | None, now: datetime
+) -> Iterator[None]:
+    """One row's failure never stops the batch: it is logged, counted, named in the run's
+    stats and put in front of support, and the next row goes on."""
+    try:
+        yield
+    except Exception as exc:
+        logger.exception("%s: %s %s failed; the batch goes on", job, kind, row_id)
+        stats["row_errors"] += 1
+        stats[f"failed:{kind}:{row_id}"] += 1
+        if purchase_id is not None:
+            _escalate_row_failure(purchase_id, job, kind, row_id, exc, now)
+
+
+def _escalate_row_failure(
+    purchase_id: int, job: str, kind: str, row_id: int, exc: Exception, now: datetime
+) -> None:
+    try:
+        with transaction.atomic():
+            purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
+            escalation_open(
+                purchase=purchase,
+                owner=Escalation.OwnerRole.SUPPORT,
+                reason_code="reconciliation_row_failed",
+                now=now,
+                actor=Actor.system("reconciliation"),
+                details={"job": job, kind: row_id, "error": type(exc).__name__},
+            )
+    except Exception:  # the database itself is failing: the log line above is what is left
+        logger.exception("%s: could not escalate the failure of %s %s", job, kind, row_id)
+
+
 # --- pending settlements --------------------------------------------------------------
 
 
@@ -108,9 +142,10 @@ def _resume_unbroadcast(now: datetime, stats: Counter[str]) -> None:
         broadcast_started_at__isnull=True,
         created_at__lte=cutoff,
     )
-    for attempt_id in stale.values_list("pk", flat=True)[:100]:
-        x402_settle_attempt(attempt_id=attempt_id, now=now)
-        stats["resumed_unbroadcast"] += 1
+    for attempt_id, purchase_id in stale.values_list("pk", "purchase_id")[:100]:
+        with _isolated(stats, "pending_settlements", "attempt", attempt_id, purchase_id, now):
+            x402_settle_attempt(attempt_id=attempt_id, now=now)
+            stats["resumed_unbroadcast"] += 1
 
 
 def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
@@ -141,7 +176,7 @@ def _reconcile_network(
     reader = BatchChainReader(
         network, chunk_size=chunk_size, logs_from_block=_search_from(attempts)
     )
-    items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
+    attempts, items = _readable(attempts, "pending_settlements", now, stats)
     try:
         reader.prefetch(items)
     except ChainUnavailable:
@@ -149,22 +184,28 @@ def _reconcile_network(
         return
     unchanged: dict[str, list[int]] = {}
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
-        outcome = settlement_lookup(
-            authorization=authorization,
-            network=network,
-            tx_hash=tx_hash,
-            reader=reader.reader_for(authorization, tx_hash),
-            now=int(now.timestamp()),
-        )
-        outcome = x402_follow_up(
-            attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
-        )
-        if _is_news(attempt, outcome):
-            _apply(attempt, outcome, now, stats)
-        else:
-            unchanged.setdefault(outcome.reason_code, []).append(attempt.pk)
-            stats["still_pending"] += 1
-            _escalate_if_overdue(attempt, now, stats)  # e.g. a used nonce that nobody can trace
+        job = "pending_settlements"
+        with _isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
+            outcome = settlement_lookup(
+                authorization=authorization,
+                network=network,
+                tx_hash=tx_hash,
+                reader=reader.reader_for(authorization, tx_hash),
+                now=int(now.timestamp()),
+            )
+            outcome = x402_follow_up(
+                attempt=attempt,
+                authorization=authorization,
+                network=network,
+                outcome=outcome,
+                now=now,
+            )
+            if _is_news(attempt, outcome):
+                _apply(attempt, outcome, now, stats)
+            else:
+                unchanged.setdefault(outcome.reason_code, []).append(attempt.pk)
+                stats["still_pending"] += 1
+                _escalate_if_overdue(attempt, now, stats)  # e.g. a used nonce nobody can trace
         if progress:
             progress(1)
     # One statement per reason for every row the chain said nothing new about: at 10 000
@@ -175,6 +216,19 @@ def _reconcile_network(
         )
     stats["rpc_round_trips"] += reader.round_trips
     reader.close()
+
+
+def _readable(
+    attempts: list[PaymentAttempt], job: str, now: datetime, stats: Counter[str]
+) -> tuple[list[PaymentAttempt], list[tuple[Authorization, str | None]]]:
+    """The attempts whose stored evidence can be read, with what to look up for each."""
+    kept: list[PaymentAttempt] = []
+    items: list[tuple[Authorization, str | None]] = []
+    for attempt in attempts:
+        with _isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
+            items.append((x402_attempt_authorization(attempt=attempt), attempt.tx_hash))
+            kept.append(attempt)
+    return kept, items
 
 
 def _search_from(attempts: list[PaymentAttempt]) -> int:
@@ -291,24 +345,25 @@ def _watch_network(
 ) -> None:
     network = network_config(network_id)
     reader = BatchChainReader(network, logs_from_block=_search_from(attempts))
-    items = [(x402_attempt_authorization(attempt=a), a.tx_hash) for a in attempts]
+    attempts, items = _readable(attempts, "late_settlements", now, stats)
     try:
         reader.prefetch(items)
     except ChainUnavailable:
         stats["chain_unavailable"] += len(attempts)
         return
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
-        outcome = settlement_lookup(
-            authorization=authorization,
-            network=network,
-            tx_hash=tx_hash,
-            reader=reader.reader_for(authorization, tx_hash),
-            now=int(now.timestamp()),
-        )
-        stats["watched"] += 1
-        if outcome.status == SettlementStatus.CONFIRMED:
-            x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
-            stats["late_found"] += 1
+        with _isolated(stats, "late_settlements", "attempt", attempt.pk, attempt.purchase_id, now):
+            outcome = settlement_lookup(
+                authorization=authorization,
+                network=network,
+                tx_hash=tx_hash,
+                reader=reader.reader_for(authorization, tx_hash),
+                now=int(now.timestamp()),
+            )
+            stats["watched"] += 1
+            if outcome.status == SettlementStatus.CONFIRMED:
+                x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+                stats["late_found"] += 1
 
 
 def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000) -> Counter[str]:
@@ -321,7 +376,8 @@ def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000)
             payment_state=Purchase.PaymentState.FAILED, updated_at__lte=cutoff
         )
         for purchase_id in candidates.values_list("pk", flat=True)[:limit]:
-            stats["voided" if _void_if_unusable(purchase_id, now) else "not_yet_final"] += 1
+            with _isolated(stats, "finalize_failed", "purchase", purchase_id, purchase_id, now):
+                stats["voided" if _void_if_unusable(purchase_id, now) else "not_yet_final"] += 1
     return stats
 
 
@@ -361,20 +417,33 @@ def _release_stock(quote: Quote) -> None:
 def expire_quotes(*, now: datetime | None = None, batch: int = 500) -> Counter[str]:
     """Close open quotes past their expiry and give their stock back."""
     now = now_or(now)
+    failed: list[int] = []
     with job_run("expire_quotes", now) as stats:
         while True:
             with transaction.atomic():
                 quotes = list(
                     Quote.objects.select_for_update(skip_locked=True)
                     .filter(state=Quote.State.OPEN, expires_at__lte=now)
+                    .exclude(pk__in=failed)
                     .order_by("pk")[:batch]
                 )
                 for quote in quotes:
-                    quote_expire(quote=quote, actor=Actor.system("reconciliation"))
-            stats["expired"] += len(quotes)
+                    _expire_one(quote, now, stats, failed)
             if len(quotes) < batch:
                 break
     return stats
+
+
+def _expire_one(quote: Quote, now: datetime, stats: Counter[str], failed: list[int]) -> None:
+    try:
+        with transaction.atomic():  # a savepoint: one quote's failure keeps the others
+            quote_expire(quote=quote, actor=Actor.system("reconciliation"))
+        stats["expired"] += 1
+    except Exception:
+        logger.exception("expire_quotes: quote %s failed; the batch goes on", quote.pk)
+        failed.append(quote.pk)
+        stats["row_errors"] += 1
+        stats[f"failed:quote:{quote.pk}"] += 1
 
 
 def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> Counter[str]:
@@ -408,8 +477,9 @@ def compact_payment_ids(*, now: datetime | None = None) -> Counter[str]:
             for record in due:
                 record.key = payment_id_hash(record.key)
                 record.response_body, record.response_headers, record.compacted_at = None, {}, now
+                record.response_text = ""
             IdempotencyRecord.objects.bulk_update(
-                due, ["key", "response_body", "response_headers", "compacted_at"]
+                due, ["key", "response_body", "response_text", "response_headers", "compacted_at"]
             )
         stats["compacted"] = len(due)
     return stats
@@ -420,10 +490,12 @@ def send_pending_alerts(*, now: datetime | None = None) -> Counter[str]:
     now = now_or(now)
     with job_run("alerts", now) as stats:
         for refund_id in refunds_awaiting_alert():
-            stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
+            with _isolated(stats, "alerts", "refund", refund_id, None, now):
+                stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
         for escalation_id in escalations_awaiting_alert():
-            sent = escalation_alert(escalation_id=escalation_id)
-            stats["escalations_sent" if sent else "escalations_not_sent"] += 1
+            with _isolated(stats, "alerts", "escalation", escalation_id, None, now):
+                sent = escalation_alert(escalation_id=escalation_id)
+                stats["escalations_sent" if sent else "escalations_not_sent"] += 1
         stats["owed_open"] = Refund.objects.filter(state=Refund.State.OWED).count()
     return stats
 

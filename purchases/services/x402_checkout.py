@@ -23,11 +23,16 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 
 from payments import services as payment_services
-from payments.x402.attempts import X402_SCOPE, x402_attempt_for_payment_id, x402_attempt_record
+from payments.x402.attempts import (
+    X402_SCOPE,
+    x402_attempt_for_authorization,
+    x402_attempt_for_payment_id,
+    x402_attempt_record,
+)
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.types import Authorization, Requirements, VerificationFailed
 from payments.x402.verify import (
@@ -76,6 +81,7 @@ UNSTORED_CODES = {
     ErrorCode.PAYMENT_IN_FLIGHT,
     ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
     ErrorCode.VERIFICATION_UNAVAILABLE,
+    ErrorCode.AUTHORIZATION_IN_USE,
 }
 _ACCEPTED_FIELDS = [  # (wire field, requirement attribute, code when they differ)
     ("network", "network", ErrorCode.NETWORK_MISMATCH),
@@ -117,11 +123,19 @@ def x402_payment_key(*, decoded: DecodedPayment, authorization: Authorization) -
 
     Raises DomainError: payment_identifier_invalid.
     """
+    client_id = _client_payment_id(decoded)
+    if client_id is not None:
+        return client_id
+    network = str(decoded.accepted.get("network", ""))
+    unique = f"{network}|{authorization.payer.lower()}|{authorization.nonce.lower()}"
+    return AUTHORIZATION_KEY_PREFIX + sha256_hex(unique)
+
+
+def _client_payment_id(decoded: DecodedPayment) -> str | None:
+    """Raises DomainError: payment_identifier_invalid."""
     client_id = decoded.payment_id
     if client_id is None or client_id == "":
-        network = str(decoded.accepted.get("network", ""))
-        unique = f"{network}|{authorization.payer.lower()}|{authorization.nonce.lower()}"
-        return AUTHORIZATION_KEY_PREFIX + sha256_hex(unique)
+        return None
     if not isinstance(client_id, str) or not PAYMENT_ID_PATTERN.fullmatch(client_id):
         raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_INVALID)
     return client_id
@@ -158,10 +172,10 @@ def x402_pay(
             payment_id_release(claim=claim)
             raise
         stored = StoredAnswer(
-            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
+            error.spec.status, error.as_problem(), PROBLEM_HEADERS, _ref_if_exists(error.purchase)
         )
         payment_id_store_answer(claim=claim, answer=stored, purchase=None, now=request.now)
-        return X402Answer(stored.status, stored.body, dict(stored.headers))
+        return _as_sent(stored)
     except Exception:
         payment_id_release(claim=claim)
         raise
@@ -175,6 +189,7 @@ def _pay_request(
         decoded = decode_payment(header)
     except MalformedPayment as exc:
         raise DomainError(ErrorCode.PAYMENT_SIGNATURE_MALFORMED, str(exc)) from exc
+    _client_payment_id(decoded)  # a malformed id is named before the payload is judged
     try:
         authorization = parse_authorization(decoded.payload)
     except VerificationFailed as exc:
@@ -199,7 +214,19 @@ def _replayed(stored: StoredAnswer) -> X402Answer:
         return X402Answer(
             answer.status, answer.body, {**answer.headers, **stored.headers}, answer.content_type
         )
-    return X402Answer(stored.status, stored.body, dict(stored.headers))
+    return _as_sent(stored)
+
+
+def _as_sent(stored: StoredAnswer) -> X402Answer:
+    """A stored answer, byte for byte as it was first sent."""
+    headers = dict(stored.headers)
+    content_type = headers.pop("Content-Type", "application/json")
+    return X402Answer(stored.status, stored.raw or b"", headers, content_type=content_type)
+
+
+def _ref_if_exists(ref: str | None) -> str | None:
+    """A refusal rolled back the purchase it was about to create: never name that one."""
+    return ref if ref and Purchase.objects.filter(ref=ref).exists() else None
 
 
 def _pay_claimed(request: _PayRequest, claim: KeyClaim) -> X402Answer:
@@ -208,15 +235,31 @@ def _pay_claimed(request: _PayRequest, claim: KeyClaim) -> X402Answer:
         # A request holding this id died mid-way: resume from the recorded attempt.
         return _finish(existing.purchase, existing.pk, claim, request.now)
     route = x402_route(offering_slug=request.offering_slug)
-    quote = _quote_named(request.decoded.quote_id, route.offering)
+    quote = _quote_named(request.decoded.quote_id, route.offering, request)
     requirements = x402_requirements(quote=quote, network=route.network)
     _check_accepted(request.decoded.accepted, requirements)
+    _refuse_if_authorization_in_use(request, quote.network)
     try:
         duplicate_key = _verify(request, route, requirements, quote)
         purchase, attempt_id = _record(request, quote, duplicate_key, claim, _verified_at(route))
     except _Duplicate as duplicate:
         return _answer_duplicate(request, duplicate.purchase, quote, claim)
     return _finish(purchase, attempt_id, claim, request.now)
+
+
+def _refuse_if_authorization_in_use(request: _PayRequest, network: str) -> None:
+    """One authorization pays one purchase: a second presentation (another payment id, or
+    another quote) is refused before anything is verified or broadcast.
+
+    Raises DomainError: authorization_in_use, naming the purchase it already pays.
+    """
+    taken = x402_attempt_for_authorization(
+        network=network,
+        payer=request.authorization.payer,
+        nonce=request.authorization.nonce,
+    )
+    if taken is not None:
+        raise DomainError(ErrorCode.AUTHORIZATION_IN_USE, purchase=taken.purchase.ref)
 
 
 def _verify(
@@ -324,16 +367,32 @@ def _finish(purchase: Purchase, attempt_id: int, claim: KeyClaim, now: datetime)
         is_live=not is_failed,
     )
     payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
-    return answer
+    return _as_sent(stored) if is_failed else answer
 
 
-def _quote_named(quote_id: str | None, offering: Offering) -> Quote:
+def _quote_named(quote_id: str | None, offering: Offering, request: _PayRequest) -> Quote:
+    """The quote the payment names, if this payer may pay it.
+
+    A quote opened with an API key is its buyer's: paid with that key, or without a key from
+    a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
+    exists). Raises DomainError: quote_not_found.
+    """
     quote = Quote.objects.filter(public_id=quote_id or "", offering=offering).first()
-    if quote is None:
+    if quote is None or not _may_pay(quote, request):
         raise DomainError(
             ErrorCode.QUOTE_NOT_FOUND, "accepted.extra.quote names no quote of this offering."
         )
     return quote
+
+
+def _may_pay(quote: Quote, request: _PayRequest) -> bool:
+    if quote.buyer_id is None:
+        return True  # an anonymous quote: whoever pays it first
+    if request.buyer is not None:
+        return request.buyer.pk == quote.buyer_id
+    return BuyerWallet.objects.filter(
+        buyer_id=quote.buyer_id, address=request.authorization.payer.lower()
+    ).exists()
 
 
 def _check_accepted(accepted: dict[str, Any], requirements: Requirements) -> None:
@@ -364,6 +423,20 @@ def _record(
     records, the others find its purchase and raise _Duplicate.
     Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out.
     """
+    try:
+        return _record_once(request, quote, duplicate_key, claim, verified_at_block)
+    except IntegrityError as exc:
+        # Two presentations of one authorization raced past the look-up: the database
+        # constraint lets exactly one through; this one names the winner's purchase.
+        if "authorization" not in str(exc):
+            raise
+        _refuse_if_authorization_in_use(request, quote.network)
+        raise
+
+
+def _record_once(
+    request: _PayRequest, quote: Quote, duplicate_key: str, claim: KeyClaim, verified_at_block: int
+) -> tuple[Purchase, int]:
     authorization, actor = request.authorization, request.actor
     with transaction.atomic():
         if quote.offering.duplicate_window:

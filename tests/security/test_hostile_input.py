@@ -177,5 +177,5 @@ def test_payment_id_in_a_signature_with_a_trailing_newline_is_invalid(offering):
     }
     header = signature_header(document)
     response = post_raw(APIClient(), f"/x402/{offering.slug}", b"{}", HTTP_PAYMENT_SIGNATURE=header)
-    assert_refused(response, 400, "idempotency_key_invalid")
+    assert_refused(response, 400, "payment_identifier_invalid")
     nothing_recorded()

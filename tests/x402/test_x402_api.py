@@ -158,8 +158,12 @@ def test_verification_failures_have_their_own_code_and_record_nothing(
 def test_insufficient_balance_and_used_nonce(client, x402_world):
     broke = x402_world.node.accounts[8]
     header = required_header(client, x402_world)
-    response = ask(client, x402_world, payment=sign_payment(header, broke, PAY_ID))
+    payment = sign_payment(header, broke, PAY_ID)
+    response = ask(client, x402_world, payment=payment)
     assert response.json()["code"] == "insufficient_balance"
+    assert response["Content-Type"] == "application/problem+json"
+    replay = ask(client, x402_world, payment=payment)  # the stored answer, byte for byte
+    assert replay.status_code == 402 and replay.content == response.content
     assert x402_world.relayer_sent() == 0
 
 
