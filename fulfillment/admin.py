@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from core.admin import ReadOnlyModelAdmin
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from purchases.admin import ReadOnlyModelAdmin
 
 
 @admin.register(ExecutionAttempt)

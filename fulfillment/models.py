@@ -8,7 +8,7 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from purchases.refs import new_ref
+from core.refs import new_ref
 
 
 class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):

@@ -2,6 +2,8 @@
 
 The purchases orchestration locks the purchase row and calls these inside its transaction;
 lease renewal is the one write made outside it (a conditional update on the attempt).
+They take the purchase's id and plain values and return what changed (core.changes.Change)
+for the orchestration to put on the purchase's timeline.
 """
 
 from __future__ import annotations
@@ -16,10 +18,9 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
+from core.changes import Change
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from purchases.events import Actor, event_record
-from purchases.models import Purchase
 
 
 class LeaseLost(Exception):
@@ -36,6 +37,7 @@ class ExecutionClaim:
     tries: int = 0
     # Set when the execution has spent its tries or passed its deadline: end it, do not run.
     spent_reason: str = ""
+    change: Change | None = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class RetryDecision:
     tries: int
     retry_in: float  # seconds until the next try is due; 0 when giving up
     give_up_reason: str  # "" while tries remain
+    change: Change
 
 
 def _lease_until(now: datetime) -> datetime:
@@ -65,16 +68,16 @@ def _backoff_seconds(tries: int) -> float:
     return min(600.0, base * 2 ** max(tries - 1, 0)) + random.uniform(0, base / 2)  # noqa: S311
 
 
-def execution_live_attempt(*, purchase: Purchase) -> ExecutionAttempt | None:
+def execution_live_attempt(*, purchase_id: int) -> ExecutionAttempt | None:
     return (
         ExecutionAttempt.objects.select_for_update()
-        .filter(purchase=purchase, state=ExecutionAttempt.State.RUNNING)
+        .filter(purchase_id=purchase_id, state=ExecutionAttempt.State.RUNNING)
         .first()
     )
 
 
 def execution_claim(
-    *, purchase: Purchase, worker: str, now: datetime, actor: Actor
+    *, purchase_id: int, purchase_ref: str, executor: str, worker: str, now: datetime
 ) -> ExecutionClaim | None:
     """Claim the purchase's execution for `worker`, or return None if someone else holds it.
 
@@ -83,7 +86,7 @@ def execution_claim(
     """
     assert transaction.get_connection().in_atomic_block
     token = secrets.token_hex(8)
-    live = execution_live_attempt(purchase=purchase)
+    live = execution_live_attempt(purchase_id=purchase_id)
     if live is not None:
         is_own_retry = live.worker == worker  # a Celery retry keeps its task id, so its name
         if live.lease_expires_at > now and not is_own_retry:
@@ -96,10 +99,8 @@ def execution_claim(
             live.tries = F("tries") + 1  # type: ignore[assignment]  # a try starts: count it
         live.save(update_fields=["worker", "lease_token", "lease_expires_at", "takeovers", "tries"])
         live.refresh_from_db(fields=["tries"])
-        event_record(
+        change = Change(
             subject="execution_attempt",
-            purchase=purchase,
-            actor=actor,
             from_state=live.state,
             to_state=live.state,
             reason_code="lease_resumed_by_retry" if is_own_retry else "lease_expired_taken_over",
@@ -119,38 +120,37 @@ def execution_claim(
             is_takeover=True,
             tries=live.tries,
             spent_reason=spent_reason,
+            change=change,
         )
     attempt = ExecutionAttempt.objects.create(
-        purchase=purchase,
-        executor=purchase.offering.executor,
+        purchase_id=purchase_id,
+        executor=executor,
         worker=worker,
         lease_token=token,
         lease_expires_at=_lease_until(now),
         started_at=now,
         tries=1,
         # One key per purchase, not per attempt: a restarted attempt finds the first job.
-        job_idempotency_key=f"tollbooth-{purchase.ref}",
+        job_idempotency_key=f"tollbooth-{purchase_ref}",
     )
-    event_record(
+    change = Change(
         subject="execution_attempt",
-        purchase=purchase,
-        actor=actor,
         to_state=attempt.state,
         evidence={"attempt": attempt.pk, "worker": worker, "try": 1},
     )
     return ExecutionClaim(
-        attempt.pk, token, "", attempt.job_idempotency_key, is_takeover=False, tries=1
+        attempt.pk,
+        token,
+        "",
+        attempt.job_idempotency_key,
+        is_takeover=False,
+        tries=1,
+        change=change,
     )
 
 
 def execution_record_retry(
-    *,
-    purchase: Purchase,
-    claim: ExecutionClaim,
-    reason_code: str,
-    message: str,
-    now: datetime,
-    actor: Actor,
+    *, claim: ExecutionClaim, reason_code: str, message: str, now: datetime
 ) -> RetryDecision:
     """Put a try that ended with the effect unknown on the timeline, and say what comes next.
 
@@ -164,10 +164,8 @@ def execution_record_retry(
     if not give_up_reason:
         attempt.lease_expires_at = _lease_until(now + timedelta(seconds=retry_in))
         attempt.save(update_fields=["lease_expires_at"])
-    event_record(
+    change = Change(
         subject="execution_attempt",
-        purchase=purchase,
-        actor=actor,
         from_state=attempt.state,
         to_state=attempt.state,
         reason_code="executor_retry",
@@ -182,7 +180,7 @@ def execution_record_retry(
             "give_up": give_up_reason,
         },
     )
-    return RetryDecision(attempt.tries, retry_in, give_up_reason)
+    return RetryDecision(attempt.tries, retry_in, give_up_reason, change)
 
 
 def execution_renew_lease(*, claim: ExecutionClaim, now: datetime) -> None:
@@ -225,30 +223,30 @@ class PaymentEvidence:
 
 def execution_succeed(
     *,
-    purchase: Purchase,
+    purchase_id: int,
     claim: ExecutionClaim,
     output: JobOutput,
     payment: PaymentEvidence,
+    retention: timedelta,
     now: datetime,
-    actor: Actor,
-) -> Result:
+) -> tuple[Result, Change]:
     """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock."""
     attempt = _locked_own_attempt(claim)
     attempt.succeed(at=now)
     attempt.save(update_fields=["state", "finished_at"])
     digest = hashlib.sha256(output.content).hexdigest()
     result = Result.objects.create(
-        purchase=purchase,
+        purchase_id=purchase_id,
         execution=attempt,
         content_type=output.content_type,
         body=output.content,
         sha256=digest,
         size=len(output.content),
         created_at=now,
-        expires_at=now + purchase.offering.result_retention,
+        expires_at=now + retention,
     )
     Receipt.objects.create(
-        purchase=purchase,
+        purchase_id=purchase_id,
         payer=payment.payer,
         amount=payment.amount,
         asset=payment.asset,
@@ -257,10 +255,8 @@ def execution_succeed(
         body_sha256=digest,
         delivered_at=now,
     )
-    event_record(
+    change = Change(
         subject="execution_attempt",
-        purchase=purchase,
-        actor=actor,
         from_state=ExecutionAttempt.State.RUNNING,
         to_state=attempt.state,
         evidence={
@@ -270,18 +266,12 @@ def execution_succeed(
             "size": result.size,
         },
     )
-    return result
+    return result, change
 
 
 def execution_end(
-    *,
-    claim: ExecutionClaim,
-    reason_code: str,
-    is_known_failure: bool,
-    now: datetime,
-    purchase: Purchase,
-    actor: Actor,
-) -> ExecutionAttempt:
+    *, claim: ExecutionClaim, reason_code: str, is_known_failure: bool, now: datetime
+) -> Change:
     """End an attempt as failed (the work provably did not happen) or unknown (it may have)."""
     attempt = _locked_own_attempt(claim)
     if is_known_failure:
@@ -289,16 +279,13 @@ def execution_end(
     else:
         attempt.lose_track(reason_code=reason_code, at=now)
     attempt.save(update_fields=["state", "reason_code", "finished_at"])
-    event_record(
+    return Change(
         subject="execution_attempt",
-        purchase=purchase,
-        actor=actor,
         from_state=ExecutionAttempt.State.RUNNING,
         to_state=attempt.state,
         reason_code=reason_code,
         evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref, "tries": attempt.tries},
     )
-    return attempt
 
 
 def result_mark_delivered(*, result: Result, now: datetime) -> None:

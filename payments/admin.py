@@ -22,10 +22,10 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from core.actors import Actor
+from core.admin import ReadOnlyModelAdmin, amount_human
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from payments.services import LedgerReferenceConflict, ledger_credit, refund_mark_paid
-from purchases.admin import ReadOnlyModelAdmin, amount_human
-from purchases.events import Actor
 from purchases.models import Buyer, Offering
 
 if TYPE_CHECKING:

@@ -12,9 +12,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Sum
 
+from core.actors import Actor
+from core.errors import DomainError, ErrorCode
 from payments.models import LIVE_ATTEMPT_STATES, LedgerEntry, PaymentAttempt, Refund
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, Purchase
 
 PREPAID_NETWORK = "prepaid"

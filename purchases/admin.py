@@ -6,12 +6,11 @@ editable here (FSM fields are protected and the evidence admins are view-only).
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.utils import display_for_value, flatten_fieldsets, unquote
+from django.contrib.admin.utils import display_for_value, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.db.models.expressions import OrderBy
@@ -20,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from core.admin import ReadOnlyInline, ReadOnlyModelAdmin, amount_human
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt, Refund
@@ -41,55 +41,6 @@ from purchases.services.remedies import escalation_resolve
 admin.site.site_header = "Tollbooth back office"
 admin.site.site_title = "Tollbooth back office"
 admin.site.index_title = "Purchases, escalations and refunds"
-
-
-def amount_human(amount: int, decimals: int) -> Decimal:
-    """Atomic units to asset units, exactly (never float): 250000 at 6 is Decimal("0.250000")."""
-    return Decimal(amount).scaleb(-decimals)
-
-
-def _all_fields_read_only(model_admin: Any) -> list[str]:
-    # Non-editable fields (created_at, refs) only render when listed as read-only.
-    if model_admin.fieldsets:
-        return list(flatten_fieldsets(model_admin.fieldsets))
-    if model_admin.fields:
-        return [*model_admin.fields, *model_admin.readonly_fields]
-    names = [f.name for f in model_admin.model._meta.fields if not f.primary_key]
-    return [*names, *model_admin.readonly_fields]
-
-
-class ReadOnlyModelAdmin(admin.ModelAdmin):
-    """Evidence is looked at, never edited: records change only through services."""
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return _all_fields_read_only(self)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-    show_change_link = True
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return _all_fields_read_only(self)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 # --- purchase: the timeline and every record hanging under it ----------------------------
@@ -234,7 +185,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         )
 
     def _result_field(self, obj: Purchase, name: str) -> str:
-        result = fulfillment_selectors.result_for_purchase(purchase=obj)
+        result = fulfillment_selectors.result_for_purchase(purchase_id=obj.pk)
         # Formatted like the model fields around it (dates localised, None as "-").
         return display_for_value(getattr(result, name, None), "-")
 
@@ -256,7 +207,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
 
     @admin.display(description="receipt")
     def receipt_id(self, obj: Purchase) -> str:
-        receipt = fulfillment_selectors.receipt_for_purchase(purchase=obj)
+        receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=obj.pk)
         return receipt.public_id if receipt is not None else "-"
 
 

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
 
+from core.actors import Actor
+from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
-
-
-@dataclass(frozen=True)
-class Actor:
-    type: str
-    name: str = ""
-
-    @classmethod
-    def system(cls, name: str = "tollbooth") -> Actor:
-        return cls(PurchaseEvent.ActorType.SYSTEM, name)
-
-    @classmethod
-    def agent(cls, name: str) -> Actor:
-        return cls(PurchaseEvent.ActorType.AGENT, name)
-
-    @classmethod
-    def staff(cls, name: str) -> Actor:
-        return cls(PurchaseEvent.ActorType.STAFF, name)
 
 
 def event_record(
@@ -52,4 +35,19 @@ def event_record(
         actor=actor.name,
         reason_code=reason_code,
         evidence=evidence or {},
+    )
+
+
+def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:
+    """Put what a lower service changed on the purchase's timeline (None: nothing changed)."""
+    if change is None:
+        return
+    event_record(
+        subject=change.subject,
+        purchase=purchase,
+        actor=actor,
+        from_state=change.from_state,
+        to_state=change.to_state,
+        reason_code=change.reason_code,
+        evidence=change.evidence,
     )

@@ -8,10 +8,10 @@ from typing import Any
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
 
+from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
 from payments.models import Refund
-from purchases.errors import DomainError, ErrorCode
 from purchases.models import Buyer, Escalation, Purchase, Quote
 
 PAY = Purchase.PaymentState
@@ -70,7 +70,7 @@ def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
 
 
 def _delivery_state(purchase: Purchase, now: datetime) -> str:
-    result = fulfillment_selectors.result_for_purchase(purchase=purchase)
+    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
     if result is None:
         return (
             "pending"
@@ -152,7 +152,7 @@ def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
     delivery = _delivery_state(purchase, now)
     remedy = _remedy(purchase)
     next_action, owner = _next_move(purchase, delivery, remedy["state"])
-    receipt = fulfillment_selectors.receipt_for_purchase(purchase=purchase)
+    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
     return {
         "purchase": purchase.ref,
         "offering": purchase.offering.slug,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from purchases.errors import CODE_SPECS, DomainError, ErrorCode
+from core.errors import CODE_SPECS, DomainError, ErrorCode
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
 ROW = re.compile(

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
+from core.actors import Actor
 from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt
 from payments.x402.types import (
     Authorization,
@@ -16,7 +17,7 @@ from payments.x402.types import (
     SettlementOutcome,
     SettlementStatus,
 )
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Purchase
 
 X402_SCOPE = "x402"

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from core.errors import DomainError, ErrorCode
 from core.input_limits import RefusedText, text_check
 from purchases.api.problems import PROBLEM_CONTENT_TYPE
-from purchases.errors import DomainError, ErrorCode
 
 # Answers under these prefixes are about money or one buyer's purchase: no shared or
 # private cache may keep them (a cached 402, status or result is wrong or leaks).

@@ -9,8 +9,8 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
+from core.errors import DomainError, ErrorCode
 from core.input_limits import JsonTooDeep, RefusedText, json_loads_bounded
-from purchases.errors import DomainError, ErrorCode
 
 
 def json_body_decode(raw: bytes) -> Any:

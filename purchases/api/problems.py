@@ -11,8 +11,8 @@ from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
 
+from core.errors import DomainError, ErrorCode
 from core.input_limits import JsonTooDeep, RefusedText
-from purchases.errors import DomainError, ErrorCode
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"

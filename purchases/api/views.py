@@ -13,6 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from payments.services import ledger_balance
 from purchases.api.serializers import (
     ProblemSerializer,
@@ -20,8 +22,6 @@ from purchases.api.serializers import (
     QuoteCreateInputSerializer,
 )
 from purchases.api.throttles import PAID_THROTTLES
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
 from purchases.models import Buyer, Offering
 from purchases.selectors import purchase_get_for_buyer, purchase_status, quote_representation
 from purchases.services.checkout import purchase_pay_prepaid

@@ -9,11 +9,12 @@ from functools import partial
 
 from django.db import transaction
 
+from core.actors import Actor
+from core.canonical import fingerprint
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from payments import services as payment_services
-from purchases.canonical import fingerprint
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, Purchase, Quote
 from purchases.selectors import purchase_status
 from purchases.services.duplicates import (

@@ -9,10 +9,10 @@ from typing import Any
 
 from django.urls import reverse
 
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment import services as fulfillment_services
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 
@@ -37,7 +37,7 @@ class DeliveryPending(Exception):
 
 
 def _receipt_url(purchase: Purchase) -> str | None:
-    receipt = fulfillment_selectors.receipt_for_purchase(purchase=purchase)
+    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
     return (
         reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None
     )
@@ -65,7 +65,7 @@ def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) 
             purchase=purchase.ref,
             extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state},
         )
-    result = fulfillment_selectors.result_for_purchase(purchase=purchase)
+    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
     receipt_url = _receipt_url(purchase)
     if result is None or receipt_url is None:
         raise RuntimeError(f"purchase {purchase.ref} succeeded without a stored result and receipt")

@@ -14,9 +14,10 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from purchases.canonical import sha256_hex
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from core.actors import Actor
+from core.canonical import sha256_hex
+from core.errors import DomainError, ErrorCode
+from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
 from purchases.services.quotes import quote_expire
 

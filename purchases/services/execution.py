@@ -14,6 +14,8 @@ from enum import StrEnum
 from django.conf import settings
 from django.db import transaction
 
+from core.actors import Actor
+from core.clock import now_or
 from fulfillment import services as fulfillment_services
 from fulfillment.executors import (
     Executor,
@@ -25,8 +27,7 @@ from fulfillment.executors import (
 )
 from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
 from payments import services as payment_services
-from purchases.clock import now_or
-from purchases.events import Actor, event_record
+from purchases.events import event_record, event_record_change
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
 
@@ -97,15 +98,13 @@ def _retry_or_give_up(
         purchase = Purchase.objects.select_for_update(of=("self",)).get(pk=purchase_id)
         try:
             decision = fulfillment_services.execution_record_retry(
-                purchase=purchase,
-                claim=claim,
-                reason_code=error.reason_code,
-                message=str(error),
-                now=now_or(None),
-                actor=Actor.system("executor"),
+                claim=claim, reason_code=error.reason_code, message=str(error), now=now_or(None)
             )
         except LeaseLost:
             return ExecutionOutcome.LEASE_LOST
+        event_record_change(
+            purchase=purchase, actor=Actor.system("executor"), change=decision.change
+        )
     if decision.give_up_reason:
         _end(purchase_id, claim, decision.give_up_reason, is_known_failure=False)
         return ExecutionOutcome.ESCALATED
@@ -126,10 +125,15 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             return None  # finished, failed or not paid yet: nothing for a worker to do
         now = now_or(None)
         claim = fulfillment_services.execution_claim(
-            purchase=purchase, worker=worker, now=now, actor=actor
+            purchase_id=purchase.pk,
+            purchase_ref=purchase.ref,
+            executor=purchase.offering.executor,
+            worker=worker,
+            now=now,
         )
         if claim is None:
             return None
+        event_record_change(purchase=purchase, actor=actor, change=claim.change)
         if purchase.fulfillment_state == RUN.QUEUED:
             purchase.fulfillment_start()
             purchase.save(update_fields=["fulfillment_state", "updated_at"])
@@ -210,16 +214,17 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
         actor = Actor.system("executor")
         now = now_or(None)
         try:
-            fulfillment_services.execution_succeed(
-                purchase=purchase,
+            _result, change = fulfillment_services.execution_succeed(
+                purchase_id=purchase.pk,
                 claim=claim,
                 output=output,
                 payment=_payment_evidence(purchase),
+                retention=purchase.offering.result_retention,
                 now=now,
-                actor=actor,
             )
         except LeaseLost:
             return ExecutionOutcome.LEASE_LOST
+        event_record_change(purchase=purchase, actor=actor, change=change)
         previous = purchase.fulfillment_state
         purchase.fulfillment_succeed()
         purchase.save(update_fields=["fulfillment_state", "reason_code", "updated_at"])
@@ -246,16 +251,12 @@ def _end(
         actor = Actor.system("executor")
         now = now_or(None)
         try:
-            fulfillment_services.execution_end(
-                claim=claim,
-                reason_code=reason_code,
-                is_known_failure=is_known_failure,
-                now=now,
-                purchase=purchase,
-                actor=actor,
+            change = fulfillment_services.execution_end(
+                claim=claim, reason_code=reason_code, is_known_failure=is_known_failure, now=now
             )
         except LeaseLost:
             return
+        event_record_change(purchase=purchase, actor=actor, change=change)
         previous = purchase.fulfillment_state
         if is_known_failure:
             purchase.fulfillment_fail(reason_code=reason_code)
@@ -286,7 +287,7 @@ def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: st
     """
     with transaction.atomic():
         purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
-        live = fulfillment_services.execution_live_attempt(purchase=purchase)
+        live = fulfillment_services.execution_live_attempt(purchase_id=purchase.pk)
         if live is None or purchase.fulfillment_state != RUN.RUNNING:
             return
         claim = ExecutionClaim(

@@ -24,8 +24,8 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from prometheus_client import Counter
 
+from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
-from purchases.errors import DomainError, ErrorCode
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def _refuse_if_compacted(*, scope: str, key: str, principal: str) -> None:
     if record.principal != principal:
         raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
     receipt = (
-        fulfillment_selectors.receipt_for_purchase(purchase=record.purchase)
+        fulfillment_selectors.receipt_for_purchase(purchase_id=record.purchase.pk)
         if record.purchase
         else None
     )

@@ -14,9 +14,10 @@ from functools import partial
 from django.db import transaction
 from django.db.models import F
 
+from core.actors import Actor
 from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Offering, Purchase, PurchaseEvent
 
 PAY = Purchase.PaymentState

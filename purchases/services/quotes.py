@@ -11,10 +11,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Exists, F, OuterRef
 
-from purchases.canonical import canonical_json, sha256_hex, strip_volatile
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from core.actors import Actor
+from core.canonical import canonical_json, sha256_hex, strip_volatile
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
+from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 
 

@@ -19,6 +19,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
+from core.actors import Actor
+from core.clock import now_or
 from payments.models import PaymentAttempt, Refund
 from payments.x402.attempts import x402_attempt_authorization
 from payments.x402.batch import BatchChainReader
@@ -26,8 +28,7 @@ from payments.x402.chain import ChainUnavailable
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
-from purchases.clock import now_or
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
 from purchases.services.alerts import (
     escalation_alert,

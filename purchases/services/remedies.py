@@ -8,8 +8,9 @@ from functools import partial
 from django.conf import settings
 from django.db import transaction
 
+from core.actors import Actor
 from payments import services as payment_services
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Escalation, Offering, Purchase
 
 

@@ -7,8 +7,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import Q
 
+from core.clock import now_or
 from fulfillment.models import ExecutionAttempt
-from purchases.clock import now_or
 from purchases.models import Purchase
 
 

@@ -26,6 +26,10 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 
+from core.actors import Actor
+from core.canonical import fingerprint, sha256_hex
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from payments import services as payment_services
 from payments.x402.attempts import (
     X402_SCOPE,
@@ -41,10 +45,7 @@ from payments.x402.verify import (
     verify_payment_on_chain,
 )
 from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
-from purchases.canonical import fingerprint, sha256_hex
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
 from purchases.services.checkout import purchase_create_for_quote, purchase_open_for_payment

@@ -16,13 +16,14 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from core.actors import Actor
+from core.canonical import canonical_json, sha256_hex
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
-from purchases.canonical import canonical_json, sha256_hex
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_settlement import (

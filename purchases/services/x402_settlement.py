@@ -16,6 +16,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from core.actors import Actor
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.x402.attempts import (
     x402_attempt_apply_outcome,
@@ -38,9 +41,7 @@ from payments.x402.types import (
     SettlementStatus,
 )
 from payments.x402.wire import payment_response_header
-from purchases.clock import now_or
-from purchases.errors import DomainError, ErrorCode
-from purchases.events import Actor, event_record
+from purchases.events import event_record
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import (
     purchase_capability_url,

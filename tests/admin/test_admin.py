@@ -22,10 +22,10 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from core.actors import Actor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from payments.services import refund_create
-from purchases.events import Actor
 from purchases.models import (
     ApiKey,
     Buyer,

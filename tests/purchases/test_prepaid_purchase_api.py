@@ -122,7 +122,7 @@ def test_same_key_other_buyer_is_a_conflict(client_for_buyer, buyer, offering, m
 
 def test_same_key_still_running_is_in_flight_with_retry_after(client_for_buyer, buyer, offering):
     quote_id = new_quote(client_for_buyer, offering)
-    from purchases.canonical import fingerprint
+    from core.canonical import fingerprint
 
     # A first request holding the key right now (claimed, work not yet committed).
     payment_id_claim(

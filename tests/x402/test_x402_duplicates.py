@@ -13,9 +13,9 @@ from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_signature_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload
 
+from core.canonical import sha256_hex
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
-from purchases.canonical import sha256_hex
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from purchases.services.execution import purchase_execute
 from tests.x402.e2e import NETWORK, PRICE, sign_payment
