@@ -157,8 +157,15 @@ def _reconcile_network(
             now=int(now.timestamp()),
         )
         outcome = x402_follow_up(
-            attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
+            attempt=attempt,
+            authorization=authorization,
+            network=network,
+            outcome=outcome,
+            now=now,
+            actor=Actor.system("reconciliation"),
         )
+        if "resubmission" in outcome.evidence:
+            stats["resubmitted"] += 1
         if _is_news(attempt, outcome):
             _apply(attempt, outcome, now, stats)
         else:
