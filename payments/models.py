@@ -53,6 +53,10 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     # (drives the backoff and, past the deadline, the escalation).
     next_check_at = models.DateTimeField(null=True, blank=True, db_index=True)
     unanswered_checks = models.PositiveIntegerField(default=0)
+    # Times the same signed authorization was submitted again after the chain showed its
+    # nonce unused and no broadcast of it pending; bounded, with backoff from the last try.
+    resubmissions = models.PositiveIntegerField(default=0)
+    resubmitted_at = models.DateTimeField(null=True, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

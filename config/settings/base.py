@@ -278,6 +278,11 @@ TOLLBOOTH = {
     "SETTLEMENT_GRACE": timedelta(
         seconds=env.int("TOLLBOOTH_SETTLEMENT_GRACE_SECONDS", default=120)
     ),
+    # A signed authorization that never reached the chain (nonce unused, no broadcast of it
+    # pending) is submitted again at most this many times per attempt, with backoff; then
+    # it waits for its window to close and support is told. EIP-3009 makes a second
+    # settlement of one authorization impossible, so a resubmission can never charge twice.
+    "SETTLEMENT_RESUBMIT_LIMIT": env.int("TOLLBOOTH_SETTLEMENT_RESUBMIT_LIMIT", default=5),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),

@@ -200,7 +200,10 @@ def _reconcile_network(
                 network=network,
                 outcome=outcome,
                 now=now,
+                actor=Actor.system("reconciliation"),
             )
+            if "resubmission" in outcome.evidence:
+                stats["resubmitted"] += 1
             if _is_news(attempt, outcome):
                 _apply(attempt, outcome, now, stats)
             else:

@@ -2,7 +2,8 @@
 
 An attempt whose broadcast may already have happened is looked up on chain (by tx hash
 and by payer + nonce) before anything is sent again; what is sent again is only ever the
-exact transaction committed before the first broadcast.
+same signed authorization (in direct mode the exact transaction committed before the first
+broadcast), and only as `x402_resubmit` allows.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from purchases.selectors import (
 )
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
 from purchases.services.late_payments import settlement_unexpected
+from purchases.services.x402_resubmit import x402_resubmit_if_due
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -125,22 +127,20 @@ def x402_follow_up(
     network: NetworkConfig,
     outcome: SettlementOutcome,
     now: datetime,
+    actor: Actor | None = None,
 ) -> SettlementOutcome:
-    """Act on what a look-up found before recording it: resend a dropped transaction,
-    and never believe a revert until the nonce has been looked up."""
-    if (
-        _is_dropped(outcome)
-        and network.mode == "direct"
-        and attempt.state != PaymentAttempt.State.FAILED
-    ):
-        # Dropped (or never sent) while still valid: the very same signed transaction again;
-        # a fresh relayer transaction only if none was ever signed. Never a new buyer signature.
-        attempt = PaymentAttempt.objects.select_related("purchase__quote").get(pk=attempt.pk)
-        outcome = (
-            _broadcast(attempt, authorization, network, x402_attempt_prepared(attempt=attempt))
-            if attempt.raw_transaction
-            else _prepare_and_broadcast(attempt, authorization, network, now)
-        )
+    """Act on what a look-up found before recording it: submit the same signed authorization
+    again if it never reached the chain (bounded, see x402_resubmit), and never believe a
+    revert until the nonce has been looked up."""
+    outcome = x402_resubmit_if_due(
+        attempt=attempt,
+        authorization=authorization,
+        network=network,
+        outcome=outcome,
+        now=now,
+        send=partial(_resend, authorization=authorization, network=network, now=now),
+        actor=actor or Actor.system("settlement"),
+    )
     if outcome.status == SettlementStatus.FAILED and outcome.reason_code == "transaction_reverted":
         outcome = _lookup(
             authorization,
@@ -150,6 +150,17 @@ def x402_follow_up(
             attempt.search_from_block,
         )
     return outcome
+
+
+def _resend(
+    attempt: PaymentAttempt, *, authorization: Authorization, network: NetworkConfig, now: datetime
+) -> SettlementOutcome:
+    # The very same signed relayer transaction again (direct), or the same payload to /settle
+    # (facilitator: nothing is ever signed on our side); a fresh relayer transaction only if
+    # none was ever signed. Never a new buyer signature.
+    if attempt.raw_transaction:
+        return _broadcast(attempt, authorization, network, x402_attempt_prepared(attempt=attempt))
+    return _prepare_and_broadcast(attempt, authorization, network, now)
 
 
 def _claim_first_broadcast(attempt_id: int, now: datetime) -> bool:
@@ -204,14 +215,6 @@ def _lookup(
         reader=ChainReader(network),
         now=int(now.timestamp()),
         logs_from_block=from_block or 0,
-    )
-
-
-def _is_dropped(outcome: SettlementOutcome) -> bool:
-    return (
-        outcome.status == SettlementStatus.PENDING
-        and outcome.reason_code == "not_on_chain_yet"
-        and not outcome.evidence.get("tx_known")
     )
 
 

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 import requests
 from django.db import connection
+from django.db.models import F
 from rest_framework.test import APIClient
 
 from fulfillment.models import Result
@@ -111,7 +112,7 @@ def test_paused_mining_answers_pending_then_the_result_without_a_new_signature(x
     assert world.relayer_sent() == 1  # one transaction, ever
 
 
-def test_dropped_transaction_is_rebroadcast_identically_on_the_next_poll(x402_paused_world):
+def test_dropped_transaction_is_rebroadcast_identically_after_the_backoff(x402_paused_world):
     world, client = x402_paused_world, APIClient()
     payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
     assert ask(client, world, payment=payment).status_code == 202
@@ -119,6 +120,11 @@ def test_dropped_transaction_is_rebroadcast_identically_on_the_next_poll(x402_pa
     world.node.drop_transaction(attempt.tx_hash)
     assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
 
+    assert ask(client, world, payment=payment).status_code == 202  # inside the first backoff
+    assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(  # the buyer polls again 31 s later
+        broadcast_started_at=F("broadcast_started_at") - timedelta(seconds=31)
+    )
     still_pending = ask(client, world, payment=payment)  # finds it gone, sends the same bytes
     assert still_pending.status_code == 202
     assert still_pending.json()["transaction"] == attempt.tx_hash  # same hash: same transaction
