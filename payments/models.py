@@ -11,6 +11,13 @@ from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
 
 
+class Rail(models.TextChoices):
+    """How a purchase is paid. A new rail is one more value and one module in payments.rails."""
+
+    PREPAID = "prepaid"
+    X402 = "x402"
+
+
 class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     """One try to pay a purchase, keyed by the client's payment id."""
 

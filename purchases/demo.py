@@ -93,7 +93,7 @@ def _agent(
         BuyerWallet.objects.filter(buyer=buyer).delete()
         BuyerWallet.objects.update_or_create(address=wallet.lower(), defaults={"buyer": buyer})
     ledger_credit(
-        buyer=buyer,
+        buyer_id=buyer.pk,
         asset=asset,
         amount=funds,
         kind=LedgerEntry.Kind.TOP_UP,

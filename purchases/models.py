@@ -10,6 +10,7 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from core.refs import new_ref
+from payments.models import Rail
 
 
 class Offering(models.Model):
@@ -203,10 +204,6 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         UNKNOWN = "unknown"
-
-    class Rail(models.TextChoices):
-        PREPAID = "prepaid"
-        X402 = "x402"
 
     ref = models.CharField(max_length=40, unique=True, editable=False)
     # OneToOne is the database constraint "one purchase per quote".

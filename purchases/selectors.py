@@ -83,7 +83,7 @@ def _delivery_state(purchase: Purchase, now: datetime) -> str:
 
 
 def _remedy(purchase: Purchase) -> dict[str, Any]:
-    refunds = payment_selectors.refunds_for_purchase(purchase=purchase)
+    refunds = payment_selectors.refunds_for_purchase(purchase_id=purchase.pk)
     escalations = list(purchase.escalations.order_by("pk"))
     open_escalations = [e for e in escalations if e.state == Escalation.State.OPEN]
     if open_escalations:
@@ -136,7 +136,7 @@ def _next_move(purchase: Purchase, delivery: str, remedy: str) -> tuple[str, str
 
 
 def _settlement(purchase: Purchase) -> dict[str, Any]:
-    attempt = payment_selectors.payment_attempt_latest(purchase=purchase)
+    attempt = payment_selectors.payment_attempt_latest(purchase_id=purchase.pk)
     if attempt is None:
         return {"state": "none", "network": None, "transaction": None}
     return {

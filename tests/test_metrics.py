@@ -12,7 +12,7 @@ from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from payments.models import PaymentAttempt, Refund
+from payments.models import PaymentAttempt, Rail, Refund
 from purchases import metrics
 from purchases.models import Escalation, JobRun, Offering, Purchase, Quote
 from purchases.services.idempotency import payment_id_conflicts
@@ -69,7 +69,7 @@ def _purchase(offering: Offering, *, payment: str, fulfillment: str = "not_start
         amount=offering.price,
         asset=offering.asset,
         network=offering.network,
-        rail=Purchase.Rail.X402,
+        rail=Rail.X402,
     )
     # FSM fields are protected: tests place rows in a state directly.
     Purchase.objects.filter(pk=purchase.pk).update(

@@ -1,6 +1,7 @@
 """x402 payment attempts: record before broadcast, then record what the chain said.
 
-Called by the purchases orchestration, which holds the purchase row lock where noted.
+Called by the purchases orchestration, which holds the purchase row lock where noted and
+puts the returned Change on the purchase's timeline.
 """
 
 from __future__ import annotations
@@ -9,16 +10,14 @@ from datetime import UTC, datetime
 
 from django.db import transaction
 
-from core.actors import Actor
-from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt
+from core.changes import Change
+from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.x402.types import (
     Authorization,
     PreparedBroadcast,
     SettlementOutcome,
     SettlementStatus,
 )
-from purchases.events import event_record
-from purchases.models import Purchase
 
 X402_SCOPE = "x402"
 
@@ -43,10 +42,10 @@ def x402_attempt_for_authorization(
     )
 
 
-def x402_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:
+def x402_attempt_live(*, purchase_id: int) -> PaymentAttempt | None:
     return (
         PaymentAttempt.objects.filter(
-            purchase=purchase,
+            purchase_id=purchase_id,
             state__in=[PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING],
         )
         .order_by("-pk")
@@ -56,19 +55,18 @@ def x402_attempt_live(*, purchase: Purchase) -> PaymentAttempt | None:
 
 def x402_attempt_record(
     *,
-    purchase: Purchase,
+    purchase_id: int,
     authorization: Authorization,
     payment_id: str,
     fingerprint: str,
     network: str,
     asset: str,
-    actor: Actor,
     search_from_block: int | None = None,
-) -> PaymentAttempt:
+) -> tuple[PaymentAttempt, Change]:
     """Write the attempt with the signed authorization itself. Caller holds the purchase lock."""
     attempt = PaymentAttempt.objects.create(
-        purchase=purchase,
-        rail=Purchase.Rail.X402,
+        purchase_id=purchase_id,
+        rail=Rail.X402,
         scope=X402_SCOPE,
         payment_id=payment_id,
         payer=authorization.payer.lower(),
@@ -81,10 +79,8 @@ def x402_attempt_record(
         valid_before_at=datetime.fromtimestamp(authorization.valid_before, tz=UTC),
         search_from_block=search_from_block,
     )
-    event_record(
+    change = Change(
         subject="payment_attempt",
-        purchase=purchase,
-        actor=actor,
         to_state=attempt.state,
         evidence={
             "attempt": attempt.pk,
@@ -94,7 +90,7 @@ def x402_attempt_record(
             "valid_before": authorization.valid_before,
         },
     )
-    return attempt
+    return attempt, change
 
 
 def x402_attempt_mark_prepared(
@@ -121,16 +117,16 @@ def x402_attempt_mark_prepared(
 
 
 def x402_attempt_apply_outcome(
-    *, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
-) -> bool:
-    """Move the attempt per the chain's answer. Returns True if anything changed.
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome
+) -> Change | None:
+    """Move the attempt per the chain's answer. Returns what changed, or None.
 
     Idempotent: a second report of the same outcome writes nothing. Caller holds locks.
     """
     previous = attempt.state
     tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
     if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
-        return False
+        return None
     if outcome.status == SettlementStatus.CONFIRMED:
         attempt.tx_hash = tx_hash
         attempt.block_number = outcome.block_number
@@ -141,7 +137,7 @@ def x402_attempt_apply_outcome(
         attempt.pend(tx_hash=tx_hash)
         attempt.reason_code = outcome.reason_code
     elif (tx_hash, outcome.reason_code) == (attempt.tx_hash, attempt.reason_code):
-        return False  # still pending for the same reason: nothing new for the timeline
+        return None  # still pending for the same reason: nothing new for the timeline
     else:
         attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
     attempt.save(
@@ -154,10 +150,8 @@ def x402_attempt_apply_outcome(
             "updated_at",
         ]
     )
-    event_record(
+    return Change(
         subject="payment_attempt",
-        purchase=attempt.purchase,
-        actor=actor,
         from_state=previous,
         to_state=attempt.state,
         reason_code=outcome.reason_code,
@@ -168,7 +162,6 @@ def x402_attempt_apply_outcome(
             **outcome.evidence,
         },
     )
-    return attempt.state != previous
 
 
 def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:

@@ -78,7 +78,7 @@ class BalanceDetailApi(APIView):
             {
                 "buyer": buyer.ref,
                 "balances": [
-                    {"asset": a, "amount": str(ledger_balance(buyer=buyer, asset=a))}
+                    {"asset": a, "amount": str(ledger_balance(buyer_id=buyer.pk, asset=a))}
                     for a in assets
                 ],
             }

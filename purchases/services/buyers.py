@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from core.errors import DomainError, ErrorCode
+from payments.services import spend_in_window
 from purchases.models import ApiKey, Buyer, BuyerWallet
 
 KEY_PREFIX = "tbk"
@@ -55,3 +59,21 @@ def api_key_authenticate(*, raw_key: str) -> Buyer | None:
 
 def api_key_revoke(*, key: ApiKey) -> None:
     ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def buyer_spend_cap_check(
+    *, buyer: Buyer, amount: int, now: datetime, purchase_ref: str | None = None
+) -> None:
+    """Lock the buyer row and refuse a payment past its cap, on any rail.
+
+    The buyer row is also the prepaid ledger's lock: two debits of one buyer never
+    interleave. Call it inside the payment's transaction. Raises DomainError:
+    spend_cap_exceeded.
+    """
+    Buyer.objects.select_for_update().get(pk=buyer.pk)
+    since = now - settings.TOLLBOOTH["SPEND_CAP_WINDOW"]
+    if (
+        buyer.spend_cap is not None
+        and spend_in_window(buyer_id=buyer.pk, since=since) + amount > buyer.spend_cap
+    ):
+        raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase_ref)

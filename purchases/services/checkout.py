@@ -14,9 +14,12 @@ from core.canonical import fingerprint
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments import services as payment_services
-from purchases.events import event_record
+from payments.models import Rail
+from payments.services import PrepaidCharge
+from purchases.events import event_record, event_record_change
 from purchases.models import Buyer, Purchase, Quote
 from purchases.selectors import purchase_status
+from purchases.services.buyers import buyer_spend_cap_check
 from purchases.services.duplicates import (
     DUPLICATE_HEADER,
     copy_label_validate,
@@ -122,18 +125,24 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
         if duplicate is not None:
             return _answer_duplicate(payment, duplicate, quote, claim)
     purchase = _purchase_for_payment(buyer, quote, now, actor)
-    payment_services.prepaid_attempt_settle(
-        purchase=purchase,
-        buyer=buyer,
-        payment_id=payment.key,
-        scope=PREPAID_SCOPE,
-        fingerprint=payment.fingerprint,
-        now=now,
-        actor=actor,
+    buyer_spend_cap_check(buyer=buyer, amount=purchase.amount, now=now)
+    _attempt, change = payment_services.prepaid_attempt_settle(
+        charge=PrepaidCharge(
+            purchase_id=purchase.pk,
+            purchase_ref=purchase.ref,
+            buyer_id=buyer.pk,
+            buyer_ref=buyer.ref,
+            amount=purchase.amount,
+            asset=purchase.asset,
+            payment_id=payment.key,
+            scope=PREPAID_SCOPE,
+            fingerprint=payment.fingerprint,
+        )
     )
+    event_record_change(purchase=purchase, actor=actor, change=change)
     previous = purchase.payment_state
     purchase.payment_complete(paid_at=now)
-    purchase.rail, purchase.payer = Purchase.Rail.PREPAID, buyer.ref
+    purchase.rail, purchase.payer = Rail.PREPAID, buyer.ref
     purchase.duplicate_key = duplicate_key
     purchase.fulfillment_queue()
     purchase.save(
@@ -255,5 +264,5 @@ def _purchase_for_payment(buyer: Buyer, quote: Quote, now: datetime, actor: Acto
     if purchase is not None:
         return purchase
     return purchase_create_for_quote(
-        quote=quote, buyer=buyer, rail=Purchase.Rail.PREPAID, payer=buyer.ref, actor=actor
+        quote=quote, buyer=buyer, rail=Rail.PREPAID, payer=buyer.ref, actor=actor
     )

@@ -191,8 +191,8 @@ def _wait_for_job(executor: Executor, claim: ExecutionClaim, job_ref: str) -> Jo
 def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
     # Settled, or (delivery on verification) the live attempt whose settlement is under way.
     attempt = payment_services.payment_attempt_settled(
-        purchase=purchase
-    ) or payment_services.payment_attempt_live(purchase=purchase)
+        purchase_id=purchase.pk
+    ) or payment_services.payment_attempt_live(purchase_id=purchase.pk)
     if attempt is None:
         raise RuntimeError(f"purchase {purchase.ref} executed without a payment")
     return PaymentEvidence(

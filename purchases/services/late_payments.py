@@ -15,10 +15,10 @@ from django.db import transaction
 from django.db.models import F
 
 from core.actors import Actor
-from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record
 from purchases.models import Offering, Purchase, PurchaseEvent
+from purchases.services.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
 LATE = "late_settlement"
@@ -62,7 +62,7 @@ def settlement_unexpected(
             reason_code="late_settlement_fulfilled",
         )
         return None
-    refund = payment_services.refund_create(
+    refund = purchase_refund_create(
         purchase=purchase,
         attempt=attempt,
         reason_code=reason,

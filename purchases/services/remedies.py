@@ -10,7 +10,8 @@ from django.db import transaction
 
 from core.actors import Actor
 from payments import services as payment_services
-from purchases.events import event_record
+from payments.models import PaymentAttempt, Refund
+from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
 
 
@@ -86,7 +87,7 @@ def purchase_remedy_after_failure(
 
     An unknown outcome always escalates: refunding work that may have run is a guess.
     """
-    attempt = payment_services.payment_attempt_settled(purchase=purchase)
+    attempt = payment_services.payment_attempt_settled(purchase_id=purchase.pk)
     if not is_known_failure or attempt is None:
         escalation_open(
             purchase=purchase,
@@ -98,7 +99,7 @@ def purchase_remedy_after_failure(
         )
         return
     if purchase.offering.refund_policy == Offering.RefundPolicy.REFUND:
-        payment_services.refund_create(
+        purchase_refund_create(
             purchase=purchase, attempt=attempt, reason_code="execution_failed", now=now, actor=actor
         )
     else:
@@ -110,3 +111,44 @@ def purchase_remedy_after_failure(
             actor=actor,
             details={"execution_reason": reason_code},
         )
+
+
+def purchase_refund_create(
+    *,
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    reason_code: str,
+    now: datetime,
+    actor: Actor,
+    tx_hash: str | None = None,
+) -> Refund:
+    """A refund linked to the purchase and its payment, on the timeline. Caller holds the
+    purchase lock. Prepaid money is credited back at once; on-chain money is owed."""
+    refund, changes = payment_services.refund_create(
+        attempt=attempt,
+        buyer_id=purchase.buyer_id,
+        reason_code=reason_code,
+        paid_by=actor.name or actor.type,
+        now=now,
+        tx_hash=tx_hash,
+    )
+    for change in changes:
+        event_record_change(purchase=purchase, actor=actor, change=change)
+    return refund
+
+
+def purchase_refund_mark_paid(
+    *, refund_id: int, reference: str, now: datetime, actor: Actor
+) -> Refund:
+    """Finance paid a refund back: close it with the payment's reference, on the timeline.
+
+    Raises ValueError for an empty reference or one that differs from an earlier close.
+    """
+    purchase_id = Refund.objects.values_list("purchase_id", flat=True).get(pk=refund_id)
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
+        refund, change = payment_services.refund_mark_paid(
+            refund_id=refund_id, reference=reference, by=actor.name or actor.type, now=now
+        )
+        event_record_change(purchase=purchase, actor=actor, change=change)
+    return refund

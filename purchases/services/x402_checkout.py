@@ -30,7 +30,7 @@ from core.actors import Actor
 from core.canonical import fingerprint, sha256_hex
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
-from payments import services as payment_services
+from payments.models import Rail
 from payments.x402.attempts import (
     X402_SCOPE,
     x402_attempt_for_authorization,
@@ -45,9 +45,10 @@ from payments.x402.verify import (
     verify_payment_on_chain,
 )
 from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
-from purchases.events import event_record
+from purchases.events import event_record, event_record_change
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
+from purchases.services.buyers import buyer_spend_cap_check
 from purchases.services.checkout import purchase_create_for_quote, purchase_open_for_payment
 from purchases.services.duplicates import (
     DUPLICATE_HEADER,
@@ -453,19 +454,19 @@ def _record_once(
             .get(pk=quote.pk)
         )
         purchase = _purchase_for_x402(quote, authorization, request.buyer, request.now, actor)
-        attempt = x402_attempt_record(
-            purchase=purchase,
+        attempt, change = x402_attempt_record(
+            purchase_id=purchase.pk,
             authorization=authorization,
             payment_id=request.key,
             fingerprint=request.fingerprint,
             network=quote.network,
             asset=quote.asset,
-            actor=actor,
             search_from_block=verified_at_block,
         )
+        event_record_change(purchase=purchase, actor=actor, change=change)
         previous = purchase.payment_state
         purchase.payment_begin()
-        purchase.rail, purchase.payer = Purchase.Rail.X402, authorization.payer.lower()
+        purchase.rail, purchase.payer = Rail.X402, authorization.payer.lower()
         purchase.duplicate_key = duplicate_key
         purchase.save(
             update_fields=[
@@ -496,7 +497,7 @@ def _purchase_for_x402(
     capped = buyer or quote.buyer or _wallet_owner(authorization.payer)
     if capped is not None:
         # Spend caps bind the paying wallet's owner whichever rail it pays on.
-        payment_services.spend_cap_check(
+        buyer_spend_cap_check(
             buyer=capped,
             amount=quote.price,
             now=now,
@@ -509,7 +510,7 @@ def _purchase_for_x402(
     return purchase_create_for_quote(
         quote=quote,
         buyer=buyer or quote.buyer,
-        rail=Purchase.Rail.X402,
+        rail=Rail.X402,
         payer=authorization.payer.lower(),
         actor=actor,
     )

@@ -20,7 +20,7 @@ from django.db import transaction
 from core.actors import Actor
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
-from payments.models import PaymentAttempt
+from payments.models import PaymentAttempt, Rail
 from payments.x402.attempts import (
     x402_attempt_apply_outcome,
     x402_attempt_authorization,
@@ -42,7 +42,7 @@ from payments.x402.types import (
     SettlementStatus,
 )
 from payments.x402.wire import payment_response_header
-from purchases.events import event_record
+from purchases.events import event_record, event_record_change
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import (
     purchase_capability_url,
@@ -244,7 +244,9 @@ def x402_record_outcome(*, attempt_id: int, outcome: SettlementOutcome, now: dat
             )
             purchase_queue_execution_if_due(purchase=purchase, actor=actor)
             return
-        if not x402_attempt_apply_outcome(attempt=attempt, outcome=outcome, actor=actor):
+        change = x402_attempt_apply_outcome(attempt=attempt, outcome=outcome)
+        event_record_change(purchase=purchase, actor=actor, change=change)
+        if change is None or change.from_state == change.to_state:
             return
         previous = purchase.payment_state
         if outcome.status == SettlementStatus.CONFIRMED:
@@ -297,7 +299,7 @@ def purchase_reload(*, purchase: Purchase) -> Purchase:
 def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answer:
     """What an x402 client gets for this purchase now: the result, pending, or the failure."""
     if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
-        attempt = x402_attempt_live(purchase=purchase)
+        attempt = x402_attempt_live(purchase_id=purchase.pk)
         if attempt is not None:
             x402_settle_attempt(attempt_id=attempt.pk)
         purchase = purchase_reload(purchase=purchase)
@@ -400,6 +402,6 @@ def x402_answer_for_capability(*, ref: str, token: str) -> X402Answer:
     """
     purchase = purchase_get_by_capability(ref=ref, token=token)
     answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
-    if purchase.rail != Purchase.Rail.X402:
+    if purchase.rail != Rail.X402:
         answer.headers.pop("PAYMENT-RESPONSE", None)
     return answer

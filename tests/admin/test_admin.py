@@ -24,8 +24,7 @@ from rest_framework.test import APIClient
 
 from core.actors import Actor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from payments.models import LedgerEntry, PaymentAttempt, Refund
-from payments.services import refund_create
+from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -39,7 +38,7 @@ from purchases.models import (
 )
 from purchases.roles import roles_ensure
 from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.remedies import escalation_open, escalation_resolve
+from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, OfferingFactory
 
@@ -102,7 +101,7 @@ def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
         amount=offering.price,
         asset=offering.asset,
         network=offering.network,
-        rail=Purchase.Rail.X402,
+        rail=Rail.X402,
         payer=WALLET,
         reason_code="settlement_failed",
         payment_state=Purchase.PaymentState.FAILED,
@@ -130,12 +129,12 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
     now = timezone.now()
     system = Actor.system("test")
     with transaction.atomic():
-        owed = refund_create(
+        owed = purchase_refund_create(
             purchase=x402, attempt=attempt, reason_code="late_confirmation", now=now, actor=system
         )
     with transaction.atomic():
         # A prepaid refund is credited to the balance, so it is paid at once.
-        paid = refund_create(
+        paid = purchase_refund_create(
             purchase=prepaid,
             attempt=prepaid.payment_attempts.get(),
             reason_code="goodwill",

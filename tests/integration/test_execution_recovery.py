@@ -147,14 +147,14 @@ def test_job_created_but_not_recorded_is_found_not_duplicated(buyer, job_service
 
 def test_failed_job_refunds_the_prepaid_balance(buyer, job_service):
     purchase = paid_purchase(buyer, fail=True)
-    assert ledger_balance(buyer=buyer, asset=USDC_LOCAL) == FUNDS - 250_000
+    assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == FUNDS - 250_000
     assert purchase_execute(purchase_id=purchase.pk, worker="w") == ExecutionOutcome.FAILED
     purchase.refresh_from_db()
     assert purchase.fulfillment_state == "failed"
     assert purchase.reason_code == "job_failed"
     refund = Refund.objects.get(purchase=purchase)
     assert (refund.state, refund.method, refund.amount) == ("paid", "ledger_credit", 250_000)
-    assert ledger_balance(buyer=buyer, asset=USDC_LOCAL) == FUNDS
+    assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == FUNDS
     assert not Result.objects.filter(purchase=purchase).exists()
 
 
@@ -187,4 +187,4 @@ def test_unreachable_job_service_is_unknown_not_failed(buyer, job_service):
     assert purchase.fulfillment_state == "unknown"
     assert Escalation.objects.get(purchase=purchase).reason_code == "execution_outcome_unknown"
     assert not Refund.objects.exists()
-    assert ledger_balance(buyer=buyer, asset=USDC_LOCAL) == FUNDS - 250_000
+    assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == FUNDS - 250_000

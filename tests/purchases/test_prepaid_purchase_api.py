@@ -47,7 +47,7 @@ def test_prepaid_purchase_debits_once_and_marks_paid(client_for_buyer, buyer, of
     assert body["execution"]["state"] == "queued"
     assert body["next_action"] == "poll_result"
     assert response["Location"] == f"/api/v1/purchases/{body['purchase']}"
-    assert ledger_balance(buyer=buyer, asset=USDC_LOCAL) == 10_000_000 - 250_000
+    assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == 10_000_000 - 250_000
     purchase = Purchase.objects.get(ref=body["purchase"])
     assert purchase.quote.state == Quote.State.ACCEPTED
     assert PaymentAttempt.objects.get(purchase=purchase).state == PaymentAttempt.State.SUCCEEDED

@@ -1,7 +1,7 @@
 """The back office for finance: the refund-owed list, the prepaid ledger, payment attempts.
 
-Refunds change only through refund_mark_paid and the ledger only through ledger_credit;
-nothing here edits a row.
+Refunds change only through purchase_refund_mark_paid and the ledger only through
+ledger_credit; nothing here edits a row.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from django.utils import timezone
 from core.actors import Actor
 from core.admin import ReadOnlyModelAdmin, amount_human
 from payments.models import LedgerEntry, PaymentAttempt, Refund
-from payments.services import LedgerReferenceConflict, ledger_credit, refund_mark_paid
+from payments.services import LedgerReferenceConflict, ledger_credit
 from purchases.models import Buyer, Offering
+from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
@@ -207,10 +208,9 @@ class RefundAdmin(ReadOnlyModelAdmin):
         for refund in refunds:
             now = timezone.now()
             try:
-                locked = refund_mark_paid(
-                    refund=refund,
+                locked = purchase_refund_mark_paid(
+                    refund_id=refund.pk,
                     reference=data[f"reference_{refund.pk}"],
-                    by=username,
                     now=now,
                     actor=Actor.staff(username),
                 )
@@ -327,7 +327,7 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
         memo = f"{who}: {data['memo']}" if data["memo"] else who
         try:
             ledger_credit(
-                buyer=data["buyer"],
+                buyer_id=data["buyer"].pk,
                 asset=data["asset"],
                 amount=data["amount_atomic"],
                 kind=LedgerEntry.Kind.TOP_UP,
