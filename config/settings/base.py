@@ -148,7 +148,8 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # `collectstatic` fills it; WhiteNoise serves it
+STATIC_ROOT.mkdir(exist_ok=True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
 
