@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 NODE_STAMP := node_modules/.installed-$(shell cat package.json package-lock.json 2>/dev/null | sha256sum | cut -c1-12)
 
-.PHONY: install demo test lint typecheck pytest clean
+.PHONY: install demo serve test lint typecheck pytest clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ install: $(STAMP) $(NODE_STAMP)
 
 demo: install
 	$(BIN)/python scripts/demo.py
+
+# Production: gunicorn, a Celery worker and beat on PostgreSQL and Redis (docs/deployment.md).
+# ROLES picks what this host runs: any of migrate, web, worker, beat (default: all).
+ROLES ?=
+serve: install
+	$(BIN)/python scripts/serve.py $(ROLES)
 
 lint: install
 	$(BIN)/ruff check .

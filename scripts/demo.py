@@ -1,6 +1,6 @@
 """`make demo`: migrate, start a local anvil chain with the test USDC, seed, then run the
-API + admin, a Celery worker with beat and the external job service, all on embedded
-defaults. Ctrl-C stops every process it started.
+API + admin (under gunicorn, as production does), a Celery worker with beat and the external
+job service, all on embedded defaults. Ctrl-C stops every process it started.
 
 The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
 and every paid URL are printed and written to var/demo-chain.json, so any x402 client
@@ -101,6 +101,7 @@ def banner(seed: dict, chain: dict, base: str) -> None:
         f"  Agent API      {base}/api/v1/   (OpenAPI: {base}/api/schema/, docs: {base}/api/docs/)"
     )
     print(f"  Admin          {base}/admin/")
+    print(f"  Health         {base}/healthz (liveness), {base}/readyz (readiness)")
     print(f"  Job service    http://127.0.0.1:{JOB_PORT}")
     print("  Staff logins:")
     for staff in seed["staff"]:
@@ -128,12 +129,30 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print("  Ctrl-C stops everything.\n", flush=True)
 
 
+def wait_ready(base: str, web: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Print the URLs once they answer: gunicorn takes a moment to boot its workers."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and web.poll() is None:
+        try:
+            with opener.open(f"{base}/readyz", timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the demo as cleanly as Ctrl-C
 
 
 def main() -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    # Named, not defaulted: wsgi.py and celery_app.py default to production.
+    os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JOB_SERVICE_URL": f"http://127.0.0.1:{JOB_PORT}", "PYTHONUNBUFFERED": "1"}
     print("Migrating the database ...", flush=True)
@@ -199,11 +218,15 @@ def main() -> int:
             ],
             env,
         ),
+        # The production server (config/gunicorn.py), on the demo's settings and port.
         "web": spawn(
-            "web", [PYTHON, "manage.py", "runserver", f"{HOST}:{PORT}", "--noreload"], env
+            "web",
+            [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn"],
+            {**env, "GUNICORN_BIND": f"{HOST}:{PORT}", "GUNICORN_WORKERS": "2"},
         ),
     }
     signal.signal(signal.SIGTERM, _interrupt)
+    wait_ready(base, processes["web"])
     banner(seed, chain, base)
     try:
         while True:

@@ -17,6 +17,7 @@ from tests.factories import BuyerFactory, OfferingFactory, fund
 
 pytest_plugins = [
     "tests.fixtures.jobservice",
+    "tests.fixtures.replicas",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
     "tests.fixtures.worker",

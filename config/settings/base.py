@@ -33,7 +33,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: load-balancer probes are answered before host checks and the HTTPS redirect.
+    "config.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's) from the app itself: no other web server needed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "purchases.api.middleware.HostileInputMiddleware",
     "purchases.api.middleware.NoStoreMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -144,9 +148,13 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = VAR_DIR / "static"  # `collectstatic` fills it; WhiteNoise serves it
+STATIC_ROOT.mkdir(exist_ok=True)
 
 REDIS_URL = env.str("REDIS_URL", default="")
+
+# /readyz reuses a result this long, so a flood of probes is not a flood of RPC calls.
+TOLLBOOTH_READINESS_CACHE_SECONDS = env.float("TOLLBOOTH_READINESS_CACHE_SECONDS", default=2.0)
 
 # --- REST API -------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -201,6 +209,8 @@ if not REDIS_URL:
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
     }
+# Every web replica and worker of one deployment must agree on it (docs/deployment.md).
+CELERY_TASK_DEFAULT_QUEUE = env.str("TOLLBOOTH_CELERY_QUEUE", default="celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

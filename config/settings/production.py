@@ -9,7 +9,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import ALLOWED_HOSTS, TOLLBOOTH_METRICS_TOKEN, env
+from .base import ALLOWED_HOSTS, DATABASES, REDIS_URL, TOLLBOOTH_METRICS_TOKEN, env
 
 DEBUG = False
 
@@ -24,6 +24,12 @@ if len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH or SECRET_KEY.startswith("insecure-")
 # The embedded SQLite is for the demo only: production names its database.
 if not os.environ.get("DATABASE_URL"):
     raise ImproperlyConfigured("DATABASE_URL is required in production (no embedded SQLite).")
+
+# The filesystem broker and per-process throttle counters only work on one machine.
+if not REDIS_URL:
+    raise ImproperlyConfigured(
+        "REDIS_URL is required in production (Celery broker and shared throttle counters)."
+    )
 
 if not os.environ.get("DJANGO_ALLOWED_HOSTS"):
     raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS is required in production.")
@@ -42,3 +48,17 @@ SECURE_HSTS_PRELOAD = False  # preloading is a one-way door: the operator opts i
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SESSION_COOKIE_SECURE = True
 CSRF_COOKIE_SECURE = True
+
+# Persistent connections, one per web thread and worker process, checked before reuse
+# (docs/deployment.md says why not a pool). A database that does not answer a connect in
+# a few seconds fails the request (and /readyz) instead of hanging a thread.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+
+# Hashed, compressed names from `collectstatic`, served by WhiteNoise with far-future caching.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}

@@ -1,0 +1,173 @@
+"""Liveness (`/healthz`) and readiness (`/readyz`) for load balancers and orchestrators.
+
+Answered by a middleware that sits first, before host validation and the HTTPS redirect: a
+probe comes from the load balancer by pod or host address over plain HTTP, and must get the
+truth, not a 400 for its Host header or a 301 to https. Nothing else runs for these paths
+(no session, no throttle, no authentication) and every answer is `no-store`.
+
+- `/healthz`: the process is up and serving. No I/O at all, so a slow database never gets a
+  healthy process restarted.
+- `/readyz`: the database, the broker and each configured x402 network's RPC answer, each
+  within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
+  that long. 200 when every check passes, 503 otherwise. Each check reports `ok` and its
+  latency; a failure names only the error's type (a message could carry a host or an RPC
+  key). A result is reused for TOLLBOOTH_READINESS_CACHE_SECONDS, so a flood of probes
+  cannot turn into a flood of RPC calls on a metered provider.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import requests
+from django.conf import settings
+from django.db import connections
+from django.http import HttpRequest, HttpResponse
+
+CHECK_TIMEOUT_SECONDS = 2.0
+LIVENESS_PATH = "/healthz"
+READINESS_PATH = "/readyz"
+
+CheckResult = dict[str, Any]
+
+_cache_lock = threading.Lock()
+_cached: tuple[float, int, dict[str, Any]] | None = None
+
+
+def _check_database() -> None:
+    connection = connections["default"]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        # The check runs in its own thread: its connection must not outlive it.
+        connection.close()
+
+
+def _check_broker() -> None:
+    from config.celery_app import app
+
+    # Kombu's Redis channel pings on open; max_retries=0 gives up at the first failure.
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=0, timeout=CHECK_TIMEOUT_SECONDS)
+
+
+def _rpc_check(rpc_url: str, chain_id: int) -> Callable[[], None]:
+    def check() -> None:
+        answer = requests.post(
+            rpc_url,
+            json={"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []},
+            timeout=CHECK_TIMEOUT_SECONDS,
+        )
+        answer.raise_for_status()
+        if int(answer.json()["result"], 16) != chain_id:
+            raise WrongChain  # the URL points at another chain than the one we settle on
+
+    return check
+
+
+class WrongChain(Exception):
+    pass
+
+
+def _configured_networks() -> dict[str, dict[str, Any]]:
+    """Networks we can settle on: a token and a way to settle (relayer key or facilitator)."""
+    facilitator = bool(settings.X402_FACILITATOR_URL)
+    return {
+        caip2: raw
+        for caip2, raw in settings.X402_NETWORKS.items()
+        if raw.get("token_address")
+        and (
+            raw.get("relayer_private_key")
+            if raw.get("mode") == "direct"
+            else raw.get("facilitator_url") or facilitator
+        )
+    }
+
+
+def readiness_checks() -> dict[str, Callable[[], None]]:
+    checks: dict[str, Callable[[], None]] = {
+        "database": _check_database,
+        "broker": _check_broker,
+    }
+    for caip2, raw in _configured_networks().items():
+        checks[f"rpc:{caip2}"] = _rpc_check(raw["rpc_url"], int(raw["chain_id"]))
+    return checks
+
+
+def _run(checks: dict[str, Callable[[], None]]) -> dict[str, CheckResult]:
+    results: dict[str, CheckResult] = {}
+
+    def run_one(name: str, check: Callable[[], None]) -> None:
+        started = time.monotonic()
+        try:
+            check()
+            outcome: CheckResult = {"ok": True}
+        except Exception as exc:  # any failure is "not ready", never a 500
+            outcome = {"ok": False, "error": type(exc).__name__}
+        outcome["ms"] = round((time.monotonic() - started) * 1000, 1)
+        results[name] = outcome
+
+    threads = {
+        name: threading.Thread(target=run_one, args=(name, check), daemon=True)
+        for name, check in checks.items()
+    }
+    for thread in threads.values():
+        thread.start()
+    deadline = time.monotonic() + CHECK_TIMEOUT_SECONDS + 0.5
+    for thread in threads.values():
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+    for name in checks:
+        # A check stuck past its timeout (a connect that ignores it) is a failure; its
+        # daemon thread is abandoned and ends with its socket.
+        results.setdefault(name, {"ok": False, "error": "Timeout", "ms": None})
+    return {name: results[name] for name in checks}
+
+
+def readiness() -> tuple[int, dict[str, Any]]:
+    """(status, body) of the readiness probe, reused for the configured cache time."""
+    global _cached
+    ttl = float(getattr(settings, "TOLLBOOTH_READINESS_CACHE_SECONDS", 0.0))
+    with _cache_lock:  # concurrent probes wait for one run instead of each doing I/O
+        now = time.monotonic()
+        if _cached is not None and now - _cached[0] < ttl:
+            return _cached[1], _cached[2]
+        results = _run(readiness_checks())
+        ready = all(result["ok"] for result in results.values())
+        body = {"status": "ready" if ready else "unavailable", "checks": results}
+        status = 200 if ready else 503
+        _cached = (time.monotonic(), status, body)
+        return status, body
+
+
+def _answer(status: int, body: dict[str, Any], *, head: bool = False) -> HttpResponse:
+    content = b"" if head else json.dumps(body).encode()
+    response = HttpResponse(content, status=status, content_type="application/json")
+    response["Cache-Control"] = "no-store"
+    response["Content-Length"] = str(len(json.dumps(body).encode()) if head else len(content))
+    return response
+
+
+class HealthCheckMiddleware:
+    """Answer the probes before anything else runs (see the module docstring)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        path = request.path_info
+        if path not in (LIVENESS_PATH, READINESS_PATH):
+            return self.get_response(request)
+        if request.method not in ("GET", "HEAD"):
+            response = _answer(405, {"status": "method_not_allowed"})
+            response["Allow"] = "GET, HEAD"
+            return response
+        head = request.method == "HEAD"
+        if path == LIVENESS_PATH:
+            return _answer(200, {"status": "alive"}, head=head)
+        status, body = readiness()
+        return _answer(status, body, head=head)

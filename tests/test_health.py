@@ -1,0 +1,112 @@
+"""Liveness and readiness probes (config/health.py): answered before host checks, without
+I/O for liveness, each readiness check bounded and reported, never a trace."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.test import Client
+
+import config.health as health
+from tests.x402.e2e import NETWORK
+
+
+@pytest.fixture(autouse=True)
+def _no_readiness_cache(settings: Any) -> None:
+    settings.TOLLBOOTH_READINESS_CACHE_SECONDS = 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # nothing listens once the socket closes
+
+
+def _network(settings: Any, rpc_url: str) -> None:
+    local = settings.X402_NETWORKS[NETWORK]
+    settings.X402_NETWORKS = {
+        NETWORK: {
+            **local,
+            "rpc_url": rpc_url,
+            "token_address": "0x" + "1" * 40,
+            "mode": "direct",
+            "relayer_private_key": "0x" + "2" * 64,
+        },
+    }
+
+
+def test_liveness_does_no_io_and_ignores_the_host_header():
+    # No database access is allowed in this test: a query would fail it.
+    answer = Client().get("/healthz", HTTP_HOST="10.0.0.7")  # a probe by pod address
+    assert answer.status_code == 200 and answer.json() == {"status": "alive"}
+    assert answer["Cache-Control"] == "no-store"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readiness_reports_each_check_with_its_latency(settings):
+    settings.X402_NETWORKS = {}
+    answer = Client().get("/readyz", HTTP_HOST="10.0.0.7")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert body["status"] == "ready" and set(body["checks"]) == {"database", "broker"}
+    for check in body["checks"].values():
+        assert check["ok"] is True and check["ms"] >= 0
+    assert answer["Cache-Control"] == "no-store"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_rpc_is_503_naming_only_the_error_type(settings):
+    _network(settings, f"http://127.0.0.1:{_closed_port()}/secret-provider-key")
+    answer = Client().get("/readyz")
+    assert answer.status_code == 503
+    body = answer.json()
+    assert body["status"] == "unavailable"
+    assert body["checks"][f"rpc:{NETWORK}"] == {
+        "ok": False,
+        "error": "ConnectionError",
+        "ms": body["checks"][f"rpc:{NETWORK}"]["ms"],
+    }
+    assert body["checks"]["database"]["ok"] is True
+    assert "secret-provider-key" not in answer.content.decode()
+    assert "Traceback" not in answer.content.decode()
+
+
+def test_networks_without_a_way_to_settle_are_not_checked(settings):
+    settings.X402_FACILITATOR_URL = ""
+    local = settings.X402_NETWORKS[NETWORK]
+    settings.X402_NETWORKS = {NETWORK: {**local, "token_address": "", "relayer_private_key": ""}}
+    assert set(health.readiness_checks()) == {"database", "broker"}
+
+
+def test_a_hung_check_fails_within_the_timeout(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(health, "CHECK_TIMEOUT_SECONDS", 0.2)
+    monkeypatch.setattr(health, "readiness_checks", lambda: {"hung": lambda: release.wait(30)})
+    started = time.monotonic()
+    try:
+        answer = Client().get("/readyz")
+    finally:
+        release.set()
+    assert time.monotonic() - started < 5
+    assert answer.status_code == 503
+    assert answer.json()["checks"]["hung"] == {"ok": False, "error": "Timeout", "ms": None}
+
+
+def test_a_result_is_reused_for_the_cache_time(settings, monkeypatch):
+    settings.TOLLBOOTH_READINESS_CACHE_SECONDS = 60
+    monkeypatch.setattr(health, "_cached", None)
+    runs: list[int] = []
+    monkeypatch.setattr(health, "readiness_checks", lambda: {"counted": lambda: runs.append(1)})
+    for _ in range(3):
+        assert Client().get("/readyz").status_code == 200
+    assert runs == [1]
+
+
+def test_only_get_and_head():
+    assert Client().post("/healthz").status_code == 405
+    head = Client().head("/healthz")
+    assert head.status_code == 200 and head.content == b""
