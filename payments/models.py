@@ -19,7 +19,7 @@ class Rail(models.TextChoices):
 
 
 class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
-    """One try to pay a purchase, keyed by the client's payment id."""
+    """One try to pay a purchase, under one payment id (its key, which holds the id)."""
 
     class State(models.TextChoices):
         RECORDED = "recorded", "Recorded, not yet settled"
@@ -31,8 +31,14 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
         "purchases.Purchase", on_delete=models.PROTECT, related_name="payment_attempts"
     )
     rail = models.CharField(max_length=16)
-    scope = models.CharField(max_length=32)
-    payment_id = models.CharField(max_length=128)
+    # The payment id lives once, on its key; compaction of the key covers the attempt too.
+    idempotency_record = models.ForeignKey(
+        "purchases.IdempotencyRecord",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="payment_attempts",
+    )
     payer = models.CharField(max_length=64)
     network = models.CharField(max_length=64)
     asset = models.CharField(max_length=64)
@@ -79,7 +85,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
                 name="one_live_payment_attempt_per_purchase",
             ),
             models.UniqueConstraint(
-                fields=["scope", "payment_id"], name="unique_attempt_payment_id_per_scope"
+                fields=["idempotency_record"],
+                condition=Q(idempotency_record__isnull=False),
+                name="one_attempt_per_payment_id",
             ),
             models.UniqueConstraint(
                 fields=["network", "tx_hash"],

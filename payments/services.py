@@ -80,8 +80,7 @@ class PrepaidCharge:
     buyer_ref: str
     amount: int
     asset: str
-    payment_id: str
-    scope: str
+    idempotency_record_id: int
     fingerprint: str
 
 
@@ -97,8 +96,7 @@ def prepaid_attempt_settle(*, charge: PrepaidCharge) -> tuple[PaymentAttempt, Ch
     attempt = PaymentAttempt.objects.create(
         purchase_id=charge.purchase_id,
         rail=Rail.PREPAID,
-        scope=charge.scope,
-        payment_id=charge.payment_id,
+        idempotency_record_id=charge.idempotency_record_id,
         payer=charge.buyer_ref,
         network=PREPAID_NETWORK,
         asset=charge.asset,

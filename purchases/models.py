@@ -440,6 +440,13 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
         IN_FLIGHT = "in_flight"
         COMPLETED = "completed"
 
+    class RecoveryPoint(models.TextChoices):
+        """The last phase committed under this key: a retry resumes exactly after it."""
+
+        STARTED = "started", "Claimed; nothing recorded yet"
+        PAYMENT_RECORDED = "payment_recorded", "Purchase and payment attempt committed"
+        FINISHED = "finished", "Answer stored"
+
     scope = models.CharField(max_length=32, help_text="Endpoint family the key belongs to.")
     key = models.CharField(max_length=128)
     principal = models.CharField(max_length=64, help_text="Buyer ref or payer wallet that sent it.")
@@ -461,6 +468,9 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     # x402 success and pending answers follow the purchase as it moves (pending -> paid ->
     # result), so a replay is answered from the purchase's current state, not a snapshot.
     answer_is_live = models.BooleanField(default=False)
+    recovery_point = models.CharField(
+        max_length=24, choices=RecoveryPoint.choices, default=RecoveryPoint.STARTED
+    )
     # After retention the key is kept only as its hash (and the purchase, for the receipt).
     compacted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt
-from purchases.models import Purchase, PurchaseEvent
+from purchases.models import IdempotencyRecord, Purchase, PurchaseEvent
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 
@@ -32,11 +32,19 @@ def purchase(buyer, offering) -> Purchase:
 
 
 def attempt(purchase: Purchase, payment_id: str, **extra) -> PaymentAttempt:
+    key, _ = IdempotencyRecord.objects.get_or_create(
+        scope="x402",
+        key=payment_id,
+        defaults={
+            "principal": "0xabc",
+            "request_fingerprint": "f",
+            "created_at": timezone.now(),
+        },
+    )
     return PaymentAttempt.objects.create(
         purchase=purchase,
         rail="x402",
-        scope="x402",
-        payment_id=payment_id,
+        idempotency_record=key,
         payer="0xabc",
         network="eip155:31337",
         asset=purchase.asset,

@@ -85,8 +85,6 @@ def _attempt(
     attempt = PaymentAttempt.objects.create(
         purchase=purchase,
         rail="x402",
-        scope="x402",
-        payment_id=f"pay-{n:016d}",
         payer="0x" + "0c" * 20,
         network=purchase.network,
         asset=purchase.asset,

@@ -22,8 +22,13 @@ from payments.x402.types import (
 X402_SCOPE = "x402"
 
 
-def x402_attempt_for_payment_id(*, payment_id: str) -> PaymentAttempt | None:
-    return PaymentAttempt.objects.filter(scope=X402_SCOPE, payment_id=payment_id).first()
+def x402_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | None:
+    """The attempt recorded under this payment id, if its request got that far."""
+    return (
+        PaymentAttempt.objects.select_related("purchase")
+        .filter(idempotency_record_id=idempotency_record_id)
+        .first()
+    )
 
 
 def x402_attempt_for_authorization(
@@ -57,7 +62,7 @@ def x402_attempt_record(
     *,
     purchase_id: int,
     authorization: Authorization,
-    payment_id: str,
+    idempotency_record_id: int,
     fingerprint: str,
     network: str,
     asset: str,
@@ -67,8 +72,7 @@ def x402_attempt_record(
     attempt = PaymentAttempt.objects.create(
         purchase_id=purchase_id,
         rail=Rail.X402,
-        scope=X402_SCOPE,
-        payment_id=payment_id,
+        idempotency_record_id=idempotency_record_id,
         payer=authorization.payer.lower(),
         network=network,
         asset=asset,

@@ -477,7 +477,15 @@ class QuoteAdmin(ReadOnlyModelAdmin):
 
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
-    list_display = ("scope", "principal", "purchase", "state", "response_status", "created_at")
+    list_display = (
+        "scope",
+        "principal",
+        "purchase",
+        "state",
+        "recovery_point",
+        "response_status",
+        "created_at",
+    )
     list_filter = ("scope", "state")
     list_select_related = ("purchase",)
     search_fields = ("=key", "=principal", "=purchase__ref")

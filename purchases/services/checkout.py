@@ -31,21 +31,22 @@ from purchases.services.duplicates import (
 )
 from purchases.services.idempotency import (
     KeyClaim,
+    KeyedRequest,
     StoredAnswer,
-    payment_id_claim,
-    payment_id_release,
+    idempotent_request,
     payment_id_store_answer,
     payment_id_validate,
 )
 
 PREPAID_SCOPE = "prepaid"
-PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 # Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
-UNSTORED_CODES = {
-    ErrorCode.PAYMENT_IN_FLIGHT,
-    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
-    ErrorCode.RETENTION_EXPIRED,
-}
+UNSTORED_CODES = frozenset(
+    {
+        ErrorCode.PAYMENT_IN_FLIGHT,
+        ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
+        ErrorCode.RETENTION_EXPIRED,
+    }
+)
 
 
 def purchase_pay_prepaid(
@@ -71,28 +72,19 @@ def purchase_pay_prepaid(
     label = copy_label_validate(label=copy_label)
     request = {"quote": quote_id, "rail": "prepaid", **({"copy": label} if label else {})}
     request_fingerprint = fingerprint(request)
-    claim = payment_id_claim(
-        scope=PREPAID_SCOPE, key=key, principal=buyer.ref, fingerprint=request_fingerprint, now=now
-    )
-    if claim.replay is not None:
-        return claim.replay, True
     payment = _PrepaidPayment(buyer, quote_id, key, request_fingerprint, label, now)
-    try:
-        return _pay_and_answer(payment, claim), False
-    except DomainError as error:
-        if error.code in UNSTORED_CODES:
-            raise
-        # The transaction rolled back: a purchase it had just created does not exist.
-        if error.purchase and not Purchase.objects.filter(ref=error.purchase).exists():
-            error.purchase = None
-        answer = StoredAnswer(
-            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
-        )
-        payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=now)
-        return answer, False
-    except Exception:
-        payment_id_release(claim=claim)
-        raise
+    return idempotent_request(
+        request=KeyedRequest(
+            scope=PREPAID_SCOPE,
+            key=key,
+            principal=buyer.ref,
+            fingerprint=request_fingerprint,
+            now=now,
+            unstored=UNSTORED_CODES,
+        ),
+        work=lambda claim: (_pay_and_answer(payment, claim), False),
+        render=lambda answer, is_replay: (answer, is_replay),
+    )
 
 
 @dataclass(frozen=True)
@@ -134,8 +126,7 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
             buyer_ref=buyer.ref,
             amount=purchase.amount,
             asset=purchase.asset,
-            payment_id=payment.key,
-            scope=PREPAID_SCOPE,
+            idempotency_record_id=claim.record_id,
             fingerprint=payment.fingerprint,
         )
     )

@@ -1,10 +1,12 @@
-"""Payment-id records with atomic phases (claim, do the work, store the answer).
+"""Idempotent requests: one wrapper for every payment, on every rail.
 
-A key is claimed in its own short transaction, so a concurrent request with the same key
-sees it in flight instead of waiting on a lock. The answer is stored in the same
-transaction as the work it describes, so "charged but no stored answer" cannot exist.
-A record whose lease runs out (the process holding it died) is taken over by the next
-request with that key, which resumes from whatever the database recorded.
+A key is claimed with one INSERT ... ON CONFLICT DO NOTHING (never a failing INSERT), so a
+concurrent request with the same key sees it in flight instead of waiting on a lock. The
+key records its recovery point, the last phase committed (started, payment recorded,
+finished), so a retry that takes over a dead request's lease, or a completer, resumes
+exactly there. The answer is stored in the same transaction as the work it describes, so
+"charged but no stored answer" cannot exist. The payment id lives once, on the key:
+payment attempts link to it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import json
 import logging
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.urls import reverse
 from prometheus_client import Counter
 
@@ -61,6 +64,26 @@ class KeyClaim:
     record_id: int
     lease_token: str
     replay: StoredAnswer | None = None
+    # Where a taken-over request resumes: the last phase its predecessor committed.
+    recovery_point: str = IdempotencyRecord.RecoveryPoint.STARTED
+    is_new: bool = False
+
+
+@dataclass(frozen=True)
+class KeyedRequest:
+    """One request under a payment id: who sent it, for what, and which outcomes are about
+    the key itself (answered fresh each time, never stored as its answer)."""
+
+    scope: str
+    key: str
+    principal: str
+    fingerprint: str
+    now: datetime
+    unstored: frozenset[ErrorCode] = frozenset()
+
+
+PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
+T = TypeVar("T")
 
 
 def payment_id_validate(*, key: str | None) -> str:
@@ -104,44 +127,56 @@ def _refuse_if_compacted(*, scope: str, key: str, principal: str) -> None:
     )
 
 
-def payment_id_claim(
-    *, scope: str, key: str, principal: str, fingerprint: str, now: datetime
-) -> KeyClaim:
+def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     """Claim a payment id, or learn that it already has an answer.
 
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
-    _refuse_if_compacted(scope=scope, key=key, principal=principal)
     token = secrets.token_hex(8)
-    lease_until = now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
-    try:
-        with transaction.atomic():
-            record = IdempotencyRecord.objects.create(
-                scope=scope,
-                key=key,
-                principal=principal,
-                request_fingerprint=fingerprint,
+    # INSERT ... ON CONFLICT DO NOTHING: a replay costs no failing statement.
+    IdempotencyRecord.objects.bulk_create(
+        [
+            IdempotencyRecord(
+                scope=request.scope,
+                key=request.key,
+                principal=request.principal,
+                request_fingerprint=request.fingerprint,
                 lease_token=token,
-                locked_until=lease_until,
-                created_at=now,
+                locked_until=request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"],
+                created_at=request.now,
             )
-            return KeyClaim(record.pk, token)
-    except IntegrityError:
-        pass  # the key exists: decide from what it recorded
+        ],
+        ignore_conflicts=True,
+    )
+    claim = _claim_recorded(request, token)
+    if claim.lease_token == token and claim.replay is None and claim.is_new:
+        try:
+            _refuse_if_compacted(scope=request.scope, key=request.key, principal=request.principal)
+        except DomainError:
+            IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=token).delete()
+            raise
+    return claim
+
+
+def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
     with transaction.atomic():
         record = (
             IdempotencyRecord.objects.select_for_update(of=("self",))
             .select_related("purchase")
-            .get(scope=scope, key=key)
+            .get(scope=request.scope, key=request.key)
         )
+        if record.lease_token == token:
+            return KeyClaim(record.pk, token, is_new=True)  # our INSERT made it: a new key
         purchase_ref = record.purchase.ref if record.purchase else None
-        if record.principal != principal or record.request_fingerprint != fingerprint:
-            payment_id_conflicts.labels(scope=scope).inc()
+        if record.principal != request.principal or (
+            record.request_fingerprint != request.fingerprint
+        ):
+            payment_id_conflicts.labels(scope=request.scope).inc()
             logger.warning(
                 "payment id conflict scope=%s record=%s principal_matches=%s",
-                scope,
+                request.scope,
                 record.pk,
-                record.principal == principal,
+                record.principal == request.principal,
             )
             # Never name the other party's purchase: the key may not be this caller's.
             raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
@@ -154,24 +189,34 @@ def payment_id_claim(
                 is_live=record.answer_is_live,
                 raw=record.response_text.encode() if record.response_text else None,
             )
-            return KeyClaim(record.pk, "", stored)
-        if record.locked_until is not None and record.locked_until > now:
+            return KeyClaim(record.pk, "", stored, record.recovery_point)
+        if record.locked_until is not None and record.locked_until > request.now:
             raise DomainError(
                 ErrorCode.PAYMENT_IN_FLIGHT,
                 purchase=purchase_ref,
                 retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
             )
-        # The request that held it died: take the lease and resume from the recorded state.
-        logger.info("payment id lease taken over scope=%s record=%s", scope, record.pk)
-        record.lease_token, record.locked_until = token, lease_until
+        # The request that held it died: take the lease and resume from its recovery point.
+        logger.info(
+            "payment id lease taken over scope=%s record=%s at %s",
+            request.scope,
+            record.pk,
+            record.recovery_point,
+        )
+        record.lease_token = token
+        record.locked_until = request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
         record.save(update_fields=["lease_token", "locked_until"])
-        return KeyClaim(record.pk, token)
+        return KeyClaim(record.pk, token, None, record.recovery_point)
 
 
-def payment_id_link_purchase(*, claim: KeyClaim, purchase: Purchase) -> None:
-    """Name the purchase on the record as soon as it exists, for in-flight answers."""
+def payment_id_mark_recorded(*, claim: KeyClaim, purchase: Purchase) -> None:
+    """Recovery point: the payment is recorded (purchase and attempt committed with this).
+
+    Names the purchase on the key at once, for in-flight answers. Runs in the recording
+    transaction.
+    """
     IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=claim.lease_token).update(
-        purchase=purchase
+        purchase=purchase, recovery_point=IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED
     )
 
 
@@ -194,6 +239,7 @@ def payment_id_store_answer(
         if purchase is not None:
             record.purchase = purchase
         record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
+        record.recovery_point = IdempotencyRecord.RecoveryPoint.FINISHED
         record.answer_is_live = answer.is_live
         record.response_text = answer.raw.decode() if answer.raw is not None else ""
         record.save(
@@ -203,6 +249,7 @@ def payment_id_store_answer(
                 "response_status",
                 "response_body",
                 "response_text",
+                "recovery_point",
                 "response_headers",
                 "completed_at",
                 "locked_until",
@@ -216,3 +263,42 @@ def payment_id_release(*, claim: KeyClaim) -> None:
     IdempotencyRecord.objects.filter(
         pk=claim.record_id, lease_token=claim.lease_token, state=IdempotencyRecord.State.IN_FLIGHT
     ).update(locked_until=None)
+
+
+def ref_if_exists(ref: str | None) -> str | None:
+    """A refusal rolled back the purchase it was about to create: never name that one."""
+    return ref if ref and Purchase.objects.filter(ref=ref).exists() else None
+
+
+def idempotent_request(
+    *,
+    request: KeyedRequest,
+    work: Callable[[KeyClaim], T],
+    render: Callable[[StoredAnswer, bool], T],
+) -> T:
+    """The one wrapper: claim the key, replay its answer, or do the work under it.
+
+    `work` stores its own answer in the transaction of what it did. A DomainError it raises
+    becomes the key's stored answer, except the codes about the key itself (request.unstored),
+    which give the key back and propagate; anything unanticipated gives the key back and
+    propagates (a 500), so the next retry starts afresh from the recovery point.
+    `render(answer, is_replay)` turns a stored answer into what the caller returns.
+    """
+    claim = payment_id_claim(request=request)
+    if claim.replay is not None:
+        return render(claim.replay, True)
+    try:
+        return work(claim)
+    except DomainError as error:
+        if error.code in request.unstored:
+            payment_id_release(claim=claim)
+            raise
+        error.purchase = ref_if_exists(error.purchase)
+        answer = StoredAnswer(
+            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
+        )
+        payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
+        return render(answer, False)
+    except Exception:
+        payment_id_release(claim=claim)
+        raise

@@ -34,7 +34,7 @@ from payments.models import Rail
 from payments.x402.attempts import (
     X402_SCOPE,
     x402_attempt_for_authorization,
-    x402_attempt_for_payment_id,
+    x402_attempt_for_key,
     x402_attempt_record,
 )
 from payments.x402.chain import ChainReader, ChainUnavailable
@@ -62,10 +62,10 @@ from purchases.services.duplicates import (
 from purchases.services.idempotency import (
     PAYMENT_ID_PATTERN,
     KeyClaim,
+    KeyedRequest,
     StoredAnswer,
-    payment_id_claim,
-    payment_id_link_purchase,
-    payment_id_release,
+    idempotent_request,
+    payment_id_mark_recorded,
     payment_id_store_answer,
 )
 from purchases.services.x402_offers import X402Route, x402_route
@@ -79,12 +79,14 @@ from purchases.services.x402_settlement import (
 
 PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 # Answered fresh every time; never stored as the payment id's answer.
-UNSTORED_CODES = {
-    ErrorCode.PAYMENT_IN_FLIGHT,
-    ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
-    ErrorCode.VERIFICATION_UNAVAILABLE,
-    ErrorCode.AUTHORIZATION_IN_USE,
-}
+UNSTORED_CODES = frozenset(
+    {
+        ErrorCode.PAYMENT_IN_FLIGHT,
+        ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
+        ErrorCode.VERIFICATION_UNAVAILABLE,
+        ErrorCode.AUTHORIZATION_IN_USE,
+    }
+)
 _ACCEPTED_FIELDS = [  # (wire field, requirement attribute, code when they differ)
     ("network", "network", ErrorCode.NETWORK_MISMATCH),
     ("asset", "asset", ErrorCode.ASSET_MISMATCH),
@@ -158,29 +160,18 @@ def x402_pay(
     verification_unavailable. Every other outcome is returned, and stored or live.
     """
     request = _pay_request(offering_slug, payment_header, buyer, copy_label, now_or(now))
-    claim = payment_id_claim(
-        scope=X402_SCOPE,
-        key=request.key,
-        principal=request.authorization.payer.lower(),
-        fingerprint=request.fingerprint,
-        now=request.now,
+    return idempotent_request(
+        request=KeyedRequest(
+            scope=X402_SCOPE,
+            key=request.key,
+            principal=request.authorization.payer.lower(),
+            fingerprint=request.fingerprint,
+            now=request.now,
+            unstored=UNSTORED_CODES,
+        ),
+        work=lambda claim: _pay_claimed(request, claim),
+        render=lambda stored, is_replay: _replayed(stored) if is_replay else _as_sent(stored),
     )
-    if claim.replay is not None:
-        return _replayed(claim.replay)
-    try:
-        return _pay_claimed(request, claim)
-    except DomainError as error:
-        if error.code in UNSTORED_CODES:
-            payment_id_release(claim=claim)
-            raise
-        stored = StoredAnswer(
-            error.spec.status, error.as_problem(), PROBLEM_HEADERS, _ref_if_exists(error.purchase)
-        )
-        payment_id_store_answer(claim=claim, answer=stored, purchase=None, now=request.now)
-        return _as_sent(stored)
-    except Exception:
-        payment_id_release(claim=claim)
-        raise
 
 
 def _pay_request(
@@ -226,16 +217,12 @@ def _as_sent(stored: StoredAnswer) -> X402Answer:
     return X402Answer(stored.status, stored.raw or b"", headers, content_type=content_type)
 
 
-def _ref_if_exists(ref: str | None) -> str | None:
-    """A refusal rolled back the purchase it was about to create: never name that one."""
-    return ref if ref and Purchase.objects.filter(ref=ref).exists() else None
-
-
 def _pay_claimed(request: _PayRequest, claim: KeyClaim) -> X402Answer:
-    existing = x402_attempt_for_payment_id(payment_id=request.key)
-    if existing is not None:
-        # A request holding this id died mid-way: resume from the recorded attempt.
-        return _finish(existing.purchase, existing.pk, claim, request.now)
+    if claim.recovery_point == IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED:
+        # A request holding this id died after recording the payment: resume there.
+        existing = x402_attempt_for_key(idempotency_record_id=claim.record_id)
+        if existing is not None:
+            return _finish(existing.purchase, existing.pk, claim, request.now)
     route = x402_route(offering_slug=request.offering_slug)
     quote = _quote_named(request.decoded.quote_id, route.offering, request)
     requirements = x402_requirements(quote=quote, network=route.network)
@@ -457,7 +444,7 @@ def _record_once(
         attempt, change = x402_attempt_record(
             purchase_id=purchase.pk,
             authorization=authorization,
-            payment_id=request.key,
+            idempotency_record_id=claim.record_id,
             fingerprint=request.fingerprint,
             network=quote.network,
             asset=quote.asset,
@@ -486,7 +473,7 @@ def _record_once(
             to_state=purchase.payment_state,
             evidence={"attempt": attempt.pk},
         )
-        payment_id_link_purchase(claim=claim, purchase=purchase)
+        payment_id_mark_recorded(claim=claim, purchase=purchase)
     return purchase, attempt.pk
 
 

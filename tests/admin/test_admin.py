@@ -109,8 +109,6 @@ def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
     attempt = PaymentAttempt.objects.create(
         purchase=purchase,
         rail="x402",
-        scope="x402",
-        payment_id="pay-x402-0001-bbbb",
         payer=WALLET,
         network=offering.network,
         asset=offering.asset,

@@ -11,7 +11,11 @@ from payments.models import LedgerEntry, PaymentAttempt
 from payments.services import ledger_balance
 from purchases.models import IdempotencyRecord, Purchase, Quote
 from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.idempotency import payment_id_claim, payment_id_conflicts
+from purchases.services.idempotency import (
+    KeyedRequest,
+    payment_id_claim,
+    payment_id_conflicts,
+)
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 
@@ -126,11 +130,13 @@ def test_same_key_still_running_is_in_flight_with_retry_after(client_for_buyer, 
 
     # A first request holding the key right now (claimed, work not yet committed).
     payment_id_claim(
-        scope="prepaid",
-        key=KEY,
-        principal=buyer.ref,
-        fingerprint=fingerprint({"quote": quote_id, "rail": "prepaid"}),
-        now=timezone.now(),
+        request=KeyedRequest(
+            scope="prepaid",
+            key=KEY,
+            principal=buyer.ref,
+            fingerprint=fingerprint({"quote": quote_id, "rail": "prepaid"}),
+            now=timezone.now(),
+        )
     )
     response = pay(client_for_buyer, quote_id)
     assert response.status_code == 409

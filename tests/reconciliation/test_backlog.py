@@ -59,7 +59,7 @@ def _backlog(world, count: int) -> None:
     )
     payer = world.payers[0].address
     attempts = []
-    for i, purchase in enumerate(purchases):
+    for purchase in purchases:
         auth = Authorization(
             payer=payer,
             to=offering.pay_to,
@@ -73,8 +73,6 @@ def _backlog(world, count: int) -> None:
             PaymentAttempt(
                 purchase=purchase,
                 rail="x402",
-                scope="x402",
-                payment_id=f"backlog-{i:08d}",
                 payer=payer.lower(),
                 network=offering.network,
                 asset=world.token,

@@ -55,7 +55,7 @@ def test_payment_without_id_is_keyed_by_network_payer_and_nonce(client, x402_wor
     expected_key = "auth:" + sha256_hex(f"{NETWORK}|{payer}|{_nonce(payment).lower()}")
     record = IdempotencyRecord.objects.get()
     assert record.key == expected_key and record.principal == payer
-    assert PaymentAttempt.objects.get().payment_id == expected_key
+    assert PaymentAttempt.objects.get().idempotency_record == record
 
     again = _pay(client, world, payment)  # the same PAYMENT-SIGNATURE resent
     assert again.status_code == 202 and again.json()["purchase"] == first.json()["purchase"]
