@@ -11,7 +11,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
-from payments.models import Refund
+from payments.models import PaymentAttempt, Refund
 from purchases.models import Buyer, Escalation, Purchase, Quote
 
 PAY = Purchase.PaymentState
@@ -135,8 +135,7 @@ def _next_move(purchase: Purchase, delivery: str, remedy: str) -> tuple[str, str
     return "none", "none"
 
 
-def _settlement(purchase: Purchase) -> dict[str, Any]:
-    attempt = payment_selectors.payment_attempt_latest(purchase_id=purchase.pk)
+def _settlement(purchase: Purchase, attempt: PaymentAttempt | None) -> dict[str, Any]:
     if attempt is None:
         return {"state": "none", "network": None, "transaction": None}
     return {
@@ -146,13 +145,25 @@ def _settlement(purchase: Purchase) -> dict[str, Any]:
     }
 
 
-def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
-    """The purchase as an agent sees it: every boundary, the reason, the next move."""
+def purchase_status(
+    *, purchase: Purchase, now: datetime, created_with: PaymentAttempt | None = None
+) -> dict[str, Any]:
+    """The purchase as an agent sees it: every boundary, the reason, the next move.
+
+    `created_with`: the purchase was created in this transaction with this payment, so it
+    has no result, refund, escalation or receipt yet: nothing else is read.
+    """
     quote = purchase.quote
-    delivery = _delivery_state(purchase, now)
-    remedy = _remedy(purchase)
+    if created_with is not None:
+        delivery, receipt = "pending", None
+        remedy: dict[str, Any] = {"state": "none", "refunds": [], "escalations": []}
+        attempt: PaymentAttempt | None = created_with
+    else:
+        delivery = _delivery_state(purchase, now)
+        remedy = _remedy(purchase)
+        receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
+        attempt = payment_selectors.payment_attempt_latest(purchase_id=purchase.pk)
     next_action, owner = _next_move(purchase, delivery, remedy["state"])
-    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
     return {
         "purchase": purchase.ref,
         "offering": purchase.offering.slug,
@@ -170,7 +181,7 @@ def purchase_status(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
             "state": purchase.payment_state,
             "paid_at": purchase.paid_at.isoformat() if purchase.paid_at else None,
         },
-        "settlement": _settlement(purchase),
+        "settlement": _settlement(purchase, attempt),
         "execution": {"state": purchase.fulfillment_state},
         "delivery": {"state": delivery},
         "remedy": remedy,

@@ -118,7 +118,7 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
             return _answer_duplicate(payment, duplicate, quote, claim)
     purchase = _purchase_for_payment(buyer, quote, now, actor)
     buyer_spend_cap_check(buyer=buyer, amount=purchase.amount, now=now)
-    _attempt, change = payment_services.prepaid_attempt_settle(
+    attempt, change = payment_services.prepaid_attempt_settle(
         charge=PrepaidCharge(
             purchase_id=purchase.pk,
             purchase_ref=purchase.ref,
@@ -163,7 +163,8 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
         from_state=Purchase.FulfillmentState.NOT_STARTED,
         to_state=purchase.fulfillment_state,
     )
-    answer = StoredAnswer(201, purchase_status(purchase=purchase, now=now), {}, purchase.ref)
+    status = purchase_status(purchase=purchase, now=now, created_with=attempt)
+    answer = StoredAnswer(201, status, {}, purchase.ref)
     payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=now)
     from purchases.tasks import purchase_execute_task  # tasks import services; break the cycle here
 

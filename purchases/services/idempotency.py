@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import connection, transaction
 from django.urls import reverse
 from prometheus_client import Counter
 
@@ -100,15 +100,8 @@ def payment_id_hash(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def _refuse_if_compacted(*, scope: str, key: str, principal: str) -> None:
+def _refuse_compacted(record: IdempotencyRecord, principal: str) -> None:
     """A retry after retention is answered with the receipt, never treated as a new sale."""
-    record = (
-        IdempotencyRecord.objects.select_related("purchase")
-        .filter(scope=scope, key=payment_id_hash(key))
-        .first()
-    )
-    if record is None:
-        return
     if record.principal != principal:
         raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
     receipt = (
@@ -130,32 +123,83 @@ def _refuse_if_compacted(*, scope: str, key: str, principal: str) -> None:
 def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     """Claim a payment id, or learn that it already has an answer.
 
+    A replay costs one SELECT (an answered key never changes, so it needs no lock); a new key
+    one SELECT and one INSERT ... ON CONFLICT DO NOTHING, never a failing INSERT.
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
+    hashed = payment_id_hash(request.key)
+    known = {
+        record.key: record
+        for record in IdempotencyRecord.objects.select_related("purchase").filter(
+            scope=request.scope, key__in=[request.key, hashed]
+        )
+    }
     token = secrets.token_hex(8)
-    # INSERT ... ON CONFLICT DO NOTHING: a replay costs no failing statement.
-    IdempotencyRecord.objects.bulk_create(
-        [
-            IdempotencyRecord(
-                scope=request.scope,
-                key=request.key,
-                principal=request.principal,
-                request_fingerprint=request.fingerprint,
-                lease_token=token,
-                locked_until=request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"],
-                created_at=request.now,
-            )
-        ],
-        ignore_conflicts=True,
+    record = known.get(request.key)
+    if record is not None and record.state == IdempotencyRecord.State.COMPLETED:
+        _refuse_if_another_request(record, request)
+        return KeyClaim(record.pk, "", _stored(record), record.recovery_point)
+    if record is None and hashed in known:
+        _refuse_compacted(known[hashed], request.principal)
+    record_id = _insert_if_absent(request, token) if record is None else None
+    if record_id is not None:
+        return KeyClaim(record_id, token, is_new=True)
+    return _claim_recorded(request, token)  # in flight, dead, or a racing first claim
+
+
+def _insert_if_absent(request: KeyedRequest, token: str) -> int | None:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: the new key's id, or None if it exists."""
+    record = IdempotencyRecord(
+        scope=request.scope,
+        key=request.key,
+        principal=request.principal,
+        request_fingerprint=request.fingerprint,
+        lease_token=token,
+        locked_until=request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"],
+        created_at=request.now,
     )
-    claim = _claim_recorded(request, token)
-    if claim.lease_token == token and claim.replay is None and claim.is_new:
-        try:
-            _refuse_if_compacted(scope=request.scope, key=request.key, principal=request.principal)
-        except DomainError:
-            IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=token).delete()
-            raise
-    return claim
+    meta = IdempotencyRecord._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 - names come from the model
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
+        f"RETURNING {quote(meta.pk.column)}"
+    )
+    params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return int(row[0]) if row else None
+
+
+def _stored(record: IdempotencyRecord) -> StoredAnswer:
+    return StoredAnswer(
+        record.response_status or 500,
+        record.response_body,
+        dict(record.response_headers),
+        record.purchase.ref if record.purchase else None,
+        is_live=record.answer_is_live,
+        raw=record.response_text.encode() if record.response_text else None,
+    )
+
+
+def _refuse_if_another_request(record: IdempotencyRecord, request: KeyedRequest) -> None:
+    """Raises DomainError: payment_identifier_conflict (logged and counted, never the answer)."""
+    if record.principal == request.principal and (
+        record.request_fingerprint == request.fingerprint
+    ):
+        return
+    payment_id_conflicts.labels(scope=request.scope).inc()
+    logger.warning(
+        "payment id conflict scope=%s record=%s principal_matches=%s",
+        request.scope,
+        record.pk,
+        record.principal == request.principal,
+    )
+    # Never name the other party's purchase: the key may not be this caller's.
+    raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
 
 
 def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
@@ -165,35 +209,13 @@ def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
             .select_related("purchase")
             .get(scope=request.scope, key=request.key)
         )
-        if record.lease_token == token:
-            return KeyClaim(record.pk, token, is_new=True)  # our INSERT made it: a new key
-        purchase_ref = record.purchase.ref if record.purchase else None
-        if record.principal != request.principal or (
-            record.request_fingerprint != request.fingerprint
-        ):
-            payment_id_conflicts.labels(scope=request.scope).inc()
-            logger.warning(
-                "payment id conflict scope=%s record=%s principal_matches=%s",
-                request.scope,
-                record.pk,
-                record.principal == request.principal,
-            )
-            # Never name the other party's purchase: the key may not be this caller's.
-            raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
+        _refuse_if_another_request(record, request)
         if record.state == IdempotencyRecord.State.COMPLETED:
-            stored = StoredAnswer(
-                record.response_status or 500,
-                record.response_body,
-                dict(record.response_headers),
-                purchase_ref,
-                is_live=record.answer_is_live,
-                raw=record.response_text.encode() if record.response_text else None,
-            )
-            return KeyClaim(record.pk, "", stored, record.recovery_point)
+            return KeyClaim(record.pk, "", _stored(record), record.recovery_point)
         if record.locked_until is not None and record.locked_until > request.now:
             raise DomainError(
                 ErrorCode.PAYMENT_IN_FLIGHT,
-                purchase=purchase_ref,
+                purchase=record.purchase.ref if record.purchase else None,
                 retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
             )
         # The request that held it died: take the lease and resume from its recovery point.
@@ -223,38 +245,35 @@ def payment_id_mark_recorded(*, claim: KeyClaim, purchase: Purchase) -> None:
 def payment_id_store_answer(
     *, claim: KeyClaim, answer: StoredAnswer, purchase: Purchase | None, now: datetime
 ) -> None:
-    """Store the answer. Runs inside the transaction of the work it answers for."""
-    with transaction.atomic():
-        record = IdempotencyRecord.objects.select_for_update().get(pk=claim.record_id)
-        if (
-            record.lease_token != claim.lease_token
-            or record.state != IdempotencyRecord.State.IN_FLIGHT
-        ):
-            # Our lease ran out and another request resumed: its answer stands, ours rolls back.
-            raise DomainError(
-                ErrorCode.PAYMENT_IN_FLIGHT,
-                purchase=purchase.ref if purchase else None,
-                retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
-            )
-        if purchase is not None:
-            record.purchase = purchase
-        record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
-        record.recovery_point = IdempotencyRecord.RecoveryPoint.FINISHED
-        record.answer_is_live = answer.is_live
-        record.response_text = answer.raw.decode() if answer.raw is not None else ""
-        record.save(
-            update_fields=[
-                "state",
-                "purchase",
-                "response_status",
-                "response_body",
-                "response_text",
-                "recovery_point",
-                "response_headers",
-                "completed_at",
-                "locked_until",
-                "answer_is_live",
-            ]
+    """Store the answer. Runs inside the transaction of the work it answers for.
+
+    One conditional UPDATE: the FSM transition computes the new values on the claimed state,
+    and the WHERE clause (our lease, still in flight) is the lock.
+    """
+    record = IdempotencyRecord(pk=claim.record_id, state=IdempotencyRecord.State.IN_FLIGHT)
+    record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
+    stored = IdempotencyRecord.objects.filter(
+        pk=claim.record_id,
+        lease_token=claim.lease_token,
+        state=IdempotencyRecord.State.IN_FLIGHT,
+    ).update(
+        state=record.state,
+        response_status=record.response_status,
+        response_body=record.response_body,
+        response_headers=record.response_headers,
+        response_text=answer.raw.decode() if answer.raw is not None else "",
+        completed_at=record.completed_at,
+        locked_until=record.locked_until,
+        answer_is_live=answer.is_live,
+        recovery_point=IdempotencyRecord.RecoveryPoint.FINISHED,
+        **({"purchase": purchase} if purchase is not None else {}),
+    )
+    if not stored:
+        # Our lease ran out and another request resumed: its answer stands, ours rolls back.
+        raise DomainError(
+            ErrorCode.PAYMENT_IN_FLIGHT,
+            purchase=purchase.ref if purchase else None,
+            retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
         )
 
 
