@@ -204,10 +204,13 @@ CACHES = {
 CELERY_BROKER_URL = REDIS_URL or "filesystem://"
 if not REDIS_URL:
     _broker_dir = VAR_DIR / "broker"
-    _broker_dir.mkdir(parents=True, exist_ok=True)
+    # The control folder too: left unset, kombu writes it into the working directory.
+    for _folder in ("data", "control"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_broker_dir),
-        "data_folder_out": str(_broker_dir),
+        "data_folder_in": str(_broker_dir / "data"),
+        "data_folder_out": str(_broker_dir / "data"),
+        "control_folder": str(_broker_dir / "control"),
     }
 # Every web replica and worker of one deployment must agree on it (docs/deployment.md).
 CELERY_TASK_DEFAULT_QUEUE = env.str("TOLLBOOTH_CELERY_QUEUE", default="celery")
