@@ -35,7 +35,13 @@ from purchases.models import (
     PurchaseEvent,
     Quote,
 )
-from purchases.services.buyers import api_key_issue, buyer_create
+from purchases.services.buyers import (
+    api_key_issue,
+    buyer_create,
+    buyer_wallet_add,
+    buyer_wallet_remove,
+)
+from purchases.services.offerings import offering_update
 from purchases.services.remedies import escalation_resolve
 
 admin.site.site_header = "Tollbooth back office"
@@ -362,7 +368,7 @@ class OfferingAdmin(admin.ModelAdmin):
     )
     list_filter = ("is_active", "network", "executor", "refund_policy")
     search_fields = ("slug", "title")
-    readonly_fields = ("created_at",)
+    readonly_fields = ("version", "created_at")  # the version moves with the terms
     fieldsets = (
         ("What is sold", {"fields": ("slug", "title", "description", "executor", "is_active")}),
         (
@@ -399,9 +405,9 @@ class OfferingAdmin(admin.ModelAdmin):
         if not change:
             super().save_model(request, obj, form, change)
             return
-        # Only the edited columns: a full-row save would put back stock that quotes took
-        # (by a conditional decrement) while the page was open, and oversell.
-        obj.save(update_fields=form.changed_data)
+        changes = {name: form.cleaned_data[name] for name in form.changed_data}
+        updated = offering_update(offering_id=obj.pk, changes=changes)
+        obj.version = updated.version
 
 
 class BuyerWalletForm(forms.ModelForm):
@@ -441,6 +447,17 @@ class BuyerAdmin(admin.ModelAdmin):
         if obj is None:
             return ["name", "spend_cap"]  # what buyer_create takes; the ref comes from it
         return ["ref", "name", "spend_cap", "is_active", "created_at"]
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is not BuyerWallet:
+            super().save_formset(request, form, formset, change)
+            return
+        # Wallets change only through the buyer services; an edited address is a new wallet.
+        edited = formset.save(commit=False)
+        for wallet in [*formset.deleted_objects, *[w for w in edited if w.pk]]:
+            buyer_wallet_remove(wallet_id=wallet.pk)
+        for wallet in edited:
+            buyer_wallet_add(buyer=form.instance, address=wallet.address)
 
     def save_model(self, request: HttpRequest, obj: Buyer, form: Any, change: bool) -> None:
         if change:

@@ -77,3 +77,13 @@ def buyer_spend_cap_check(
         and spend_in_window(buyer_id=buyer.pk, since=since) + amount > buyer.spend_cap
     ):
         raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase_ref)
+
+
+def buyer_wallet_add(*, buyer: Buyer, address: str) -> BuyerWallet:
+    """Register a wallet that pays for this buyer (spend caps, keyed quotes). Stored
+    lower-case, so look-ups by payer never miss on case."""
+    return BuyerWallet.objects.create(buyer=buyer, address=address.strip().lower())
+
+
+def buyer_wallet_remove(*, wallet_id: int) -> None:
+    BuyerWallet.objects.filter(pk=wallet_id).delete()

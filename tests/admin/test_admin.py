@@ -570,6 +570,30 @@ def test_editing_an_offering_never_puts_back_stock_taken_meanwhile(superuser: Cl
     assert offering.stock == 10  # a deliberate restock is written
 
 
+def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client) -> None:
+    offering = OfferingFactory.create()
+    shown = model_to_dict(offering)
+    form = {
+        **{k: "" if v is None else v for k, v in shown.items() if k not in ("id", "version")},
+        "input_schema": json.dumps(shown["input_schema"]),
+        "volatile_fields": json.dumps(shown["volatile_fields"]),
+        "result_retention": "7 00:00:00",
+        "duplicate_window": "00:10:00",
+        "expected_run_time": "00:00:10",
+    }
+    renamed = superuser.post(_change(offering), {**form, "title": "Renamed"})
+    assert renamed.status_code == 302, renamed.content
+    offering.refresh_from_db()
+    assert (offering.title, offering.version) == ("Renamed", 1)  # not a term
+    superuser.post(_change(offering), {**form, "title": "Renamed", "price": "300000"})
+    offering.refresh_from_db()
+    assert (offering.price, offering.version) == (300_000, 2)  # the terms changed
+    # The version is shown, never typed: a posted one is ignored.
+    superuser.post(_change(offering), {**form, "title": "Again", "price": "300000", "version": 9})
+    offering.refresh_from_db()
+    assert offering.version == 2
+
+
 def test_idempotency_record_shows_no_editable_response(world: World, superuser: Client) -> None:
     record = IdempotencyRecord.objects.get()
     page = superuser.get(_change(record)).content.decode()
