@@ -12,12 +12,12 @@ from datetime import datetime
 from functools import partial
 
 from django.db import transaction
-from django.db.models import F
 
 from core.actors import Actor
 from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record
 from purchases.models import Offering, Purchase, PurchaseEvent
+from purchases.services.offerings import offering_stock_take
 from purchases.services.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
@@ -84,9 +84,7 @@ def _fulfils_late_payments(purchase: Purchase) -> bool:
     if quote.holds_stock or purchase.offering.stock is None:
         return True
     # The released unit is never silently resurrected: take one only if one is free now.
-    taken = Offering.objects.filter(pk=purchase.offering_id, stock__gt=0).update(
-        stock=F("stock") - 1
-    )
+    taken = offering_stock_take(offering_id=purchase.offering_id)
     if taken:
         quote.holds_stock = True
         quote.save(update_fields=["holds_stock"])

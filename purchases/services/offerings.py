@@ -52,3 +52,15 @@ def offering_update(*, offering_id: int, changes: dict[str, Any]) -> Offering:
         bump = {"version": F("version") + 1} if TERM_FIELDS & set(edited) else {}
         Offering.objects.filter(pk=offering_id).update(**edited, **bump)
         return Offering.objects.get(pk=offering_id)
+
+
+def offering_stock_take(*, offering_id: int) -> bool:
+    """Take one unit if one is free: a conditional decrement, so stock never goes below zero
+    whatever races. Returns False when sold out. The one place stock goes down."""
+    return bool(Offering.objects.filter(pk=offering_id, stock__gt=0).update(stock=F("stock") - 1))
+
+
+def offering_stock_release(*, offering_id: int) -> None:
+    """Give one unit back (a quote expired or a purchase was voided). The one place stock
+    goes up, besides a person restocking in the admin."""
+    Offering.objects.filter(pk=offering_id, stock__isnull=False).update(stock=F("stock") + 1)

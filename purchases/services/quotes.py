@@ -9,7 +9,7 @@ from typing import Any
 import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, OuterRef
 
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex, strip_volatile
@@ -17,6 +17,7 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
+from purchases.services.offerings import offering_stock_release, offering_stock_take
 
 
 @dataclass(frozen=True)
@@ -105,11 +106,8 @@ def _quote_find_or_open(
     if existing is not None:
         quote_expire(quote=existing, actor=Actor.system())
     holds_stock = offering.stock is not None
-    if holds_stock:
-        # A conditional decrement: the row can never go below zero, whatever races.
-        taken = Offering.objects.filter(pk=offering.pk, stock__gt=0).update(stock=F("stock") - 1)
-        if not taken:
-            raise DomainError(ErrorCode.SOLD_OUT)
+    if holds_stock and not offering_stock_take(offering_id=offering.pk):
+        raise DomainError(ErrorCode.SOLD_OUT)
     quote = Quote.objects.create(
         offering=offering,
         buyer=buyer,
@@ -145,7 +143,7 @@ def quote_expire(*, quote: Quote, actor: Actor) -> None:
     quote.expire()
     quote.save(update_fields=["state", "holds_stock"])
     if released:
-        Offering.objects.filter(pk=quote.offering_id).update(stock=F("stock") + 1)
+        offering_stock_release(offering_id=quote.offering_id)
     event_record(
         subject="quote",
         quote=quote,

@@ -29,7 +29,7 @@ from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
 from purchases.events import event_record
-from purchases.models import Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
+from purchases.models import Escalation, IdempotencyRecord, JobRun, Purchase, Quote
 from purchases.services.alerts import (
     escalation_alert,
     escalations_awaiting_alert,
@@ -37,6 +37,7 @@ from purchases.services.alerts import (
     refunds_awaiting_alert,
 )
 from purchases.services.idempotency import payment_id_hash
+from purchases.services.offerings import offering_stock_release
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 from purchases.services.remedies import escalation_open
 from purchases.services.x402_settlement import (
@@ -412,7 +413,7 @@ def _void_if_unusable(purchase_id: int, now: datetime) -> bool:
 def _release_stock(quote: Quote) -> None:
     if quote.holds_stock:
         Quote.objects.filter(pk=quote.pk).update(holds_stock=False)
-        Offering.objects.filter(pk=quote.offering_id).update(stock=F("stock") + 1)
+        offering_stock_release(offering_id=quote.offering_id)
 
 
 # --- quotes, payment ids, alerts ------------------------------------------------------

@@ -24,7 +24,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
 
 from core.actors import Actor
 from core.canonical import fingerprint, sha256_hex
@@ -68,6 +67,7 @@ from purchases.services.idempotency import (
     payment_id_mark_recorded,
     payment_id_store_answer,
 )
+from purchases.services.offerings import offering_stock_take
 from purchases.services.x402_offers import X402Route, x402_route
 from purchases.services.x402_settlement import (
     X402Answer,
@@ -510,7 +510,6 @@ def _wallet_owner(address: str) -> Buyer | None:
 
 def _reserve_stock(quote: Quote) -> None:
     """Anonymous quotes hold nothing; stock is taken only when a valid payment arrives."""
-    taken = Offering.objects.filter(pk=quote.offering_id, stock__gt=0).update(stock=F("stock") - 1)
-    if not taken:
+    if not offering_stock_take(offering_id=quote.offering_id):
         raise DomainError(ErrorCode.SOLD_OUT)
     quote.holds_stock = True
