@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import transaction
+from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
 from core.changes import Change
@@ -50,4 +52,37 @@ def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | No
         to_state=change.to_state,
         reason_code=change.reason_code,
         evidence=change.evidence,
+    )
+
+
+def purchase_transition(
+    *,
+    purchase: Purchase,
+    transition: Callable[..., None],
+    actor: Actor,
+    arguments: dict[str, Any] | None = None,
+    update_fields: Sequence[str] = (),
+    evidence: dict[str, Any] | None = None,
+) -> None:
+    """The transition recipe, written once: check `can_proceed`, transition (with
+    `arguments`), save the moved field and `update_fields`, and put the move on the timeline
+    (with the purchase's reason code when the transition sets one). Caller holds the lock
+    on the purchase inside its transaction. Raises TransitionNotAllowed."""
+    field = transition._django_fsm.field  # type: ignore[attr-defined]
+    if not can_proceed(transition):
+        raise TransitionNotAllowed(
+            f"{purchase.ref}: {transition.__name__} not allowed from "
+            f"{getattr(purchase, field.name)}"
+        )
+    previous = getattr(purchase, field.name)
+    transition(**(arguments or {}))
+    purchase.save(update_fields=[field.name, *update_fields, "updated_at"])
+    event_record(
+        subject=f"purchase.{field.name.removesuffix('_state')}",
+        purchase=purchase,
+        actor=actor,
+        from_state=previous,
+        to_state=getattr(purchase, field.name),
+        reason_code=purchase.reason_code if "reason_code" in update_fields else "",
+        evidence=evidence,
     )

@@ -27,7 +27,7 @@ from fulfillment.executors import (
 )
 from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
 from payments import services as payment_services
-from purchases.events import event_record, event_record_change
+from purchases.events import event_record_change, purchase_transition
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
 
@@ -135,14 +135,8 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             return None
         event_record_change(purchase=purchase, actor=actor, change=claim.change)
         if purchase.fulfillment_state == RUN.QUEUED:
-            purchase.fulfillment_start()
-            purchase.save(update_fields=["fulfillment_state", "updated_at"])
-            event_record(
-                subject="purchase.fulfillment",
-                purchase=purchase,
-                actor=actor,
-                from_state=RUN.QUEUED,
-                to_state=purchase.fulfillment_state,
+            purchase_transition(
+                purchase=purchase, transition=purchase.fulfillment_start, actor=actor
             )
         spec = JobSpec(
             purchase_ref=purchase.ref,
@@ -225,15 +219,11 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
         except LeaseLost:
             return ExecutionOutcome.LEASE_LOST
         event_record_change(purchase=purchase, actor=actor, change=change)
-        previous = purchase.fulfillment_state
-        purchase.fulfillment_succeed()
-        purchase.save(update_fields=["fulfillment_state", "reason_code", "updated_at"])
-        event_record(
-            subject="purchase.fulfillment",
+        purchase_transition(
             purchase=purchase,
+            transition=purchase.fulfillment_succeed,
             actor=actor,
-            from_state=previous,
-            to_state=purchase.fulfillment_state,
+            update_fields=["reason_code"],
         )
     return ExecutionOutcome.SUCCEEDED
 
@@ -257,19 +247,14 @@ def _end(
         except LeaseLost:
             return
         event_record_change(purchase=purchase, actor=actor, change=change)
-        previous = purchase.fulfillment_state
-        if is_known_failure:
-            purchase.fulfillment_fail(reason_code=reason_code)
-        else:
-            purchase.fulfillment_lose_track(reason_code=reason_code)
-        purchase.save(update_fields=["fulfillment_state", "reason_code", "updated_at"])
-        event_record(
-            subject="purchase.fulfillment",
+        purchase_transition(
             purchase=purchase,
+            transition=(
+                purchase.fulfillment_fail if is_known_failure else purchase.fulfillment_lose_track
+            ),
             actor=actor,
-            from_state=previous,
-            to_state=purchase.fulfillment_state,
-            reason_code=reason_code,
+            arguments={"reason_code": reason_code},
+            update_fields=["reason_code"],
         )
         purchase_remedy_after_failure(
             purchase=purchase,

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from payments.models import PaymentAttempt, Refund
-from purchases.events import event_record
+from purchases.events import event_record, purchase_transition
 from purchases.models import Offering, Purchase, PurchaseEvent
 from purchases.services.offerings import offering_stock_take
 from purchases.services.remedies import purchase_refund_create
@@ -50,16 +50,12 @@ def settlement_unexpected(
     )
     is_recoverable = purchase.payment_state in (PAY.FAILED, PAY.VOID)
     if reason == LATE and is_recoverable and _fulfils_late_payments(purchase):
-        previous = purchase.payment_state
-        purchase.payment_recover(paid_at=now)
-        purchase.save(update_fields=["payment_state", "paid_at", "reason_code", "updated_at"])
-        event_record(
-            subject="purchase.payment",
+        purchase_transition(
             purchase=purchase,
+            transition=purchase.payment_recover,
             actor=actor,
-            from_state=previous,
-            to_state=purchase.payment_state,
-            reason_code="late_settlement_fulfilled",
+            arguments={"paid_at": now},
+            update_fields=["paid_at", "reason_code"],
         )
         return None
     refund = purchase_refund_create(

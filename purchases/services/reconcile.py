@@ -28,7 +28,7 @@ from payments.x402.chain import ChainUnavailable
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
-from purchases.events import event_record
+from purchases.events import purchase_transition
 from purchases.models import Escalation, IdempotencyRecord, JobRun, Purchase, Quote
 from purchases.services.alerts import (
     escalation_alert,
@@ -395,15 +395,12 @@ def _void_if_unusable(purchase_id: int, now: datetime) -> bool:
         purchase = Purchase.objects.select_for_update().select_related("quote").get(pk=purchase_id)
         if purchase.payment_state != Purchase.PaymentState.FAILED:
             return False
-        purchase.payment_void(reason_code="authorizations_unusable")
-        purchase.save(update_fields=["payment_state", "reason_code", "updated_at"])
-        event_record(
-            subject="purchase.payment",
+        purchase_transition(
             purchase=purchase,
+            transition=purchase.payment_void,
             actor=Actor.system("reconciliation"),
-            from_state=Purchase.PaymentState.FAILED,
-            to_state=purchase.payment_state,
-            reason_code="authorizations_unusable",
+            arguments={"reason_code": "authorizations_unusable"},
+            update_fields=["reason_code"],
             evidence={"attempts": [a.pk for a in attempts]},
         )
         _release_stock(purchase.quote)

@@ -9,6 +9,7 @@ broadcast), and only as `x402_resubmit` allows.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -42,7 +43,7 @@ from payments.x402.types import (
     SettlementStatus,
 )
 from payments.x402.wire import payment_response_header
-from purchases.events import event_record, event_record_change
+from purchases.events import event_record, event_record_change, purchase_transition
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import (
     purchase_capability_url,
@@ -248,25 +249,31 @@ def x402_record_outcome(*, attempt_id: int, outcome: SettlementOutcome, now: dat
         event_record_change(purchase=purchase, actor=actor, change=change)
         if change is None or change.from_state == change.to_state:
             return
-        previous = purchase.payment_state
-        if outcome.status == SettlementStatus.CONFIRMED:
-            purchase.payment_complete(paid_at=now)
-        elif outcome.status == SettlementStatus.FAILED:
-            purchase.payment_fail(reason_code=outcome.reason_code)
-        elif purchase.payment_state == PAY.PAYING:
-            purchase.payment_pend(reason_code=outcome.reason_code or "settlement_pending")
-        if purchase.payment_state != previous:
-            purchase.save(update_fields=["payment_state", "paid_at", "reason_code", "updated_at"])
-            event_record(
-                subject="purchase.payment",
+        move = _payment_move(purchase, outcome, now)
+        if move is not None:
+            transition, arguments = move
+            purchase_transition(
                 purchase=purchase,
+                transition=transition,
                 actor=actor,
-                from_state=previous,
-                to_state=purchase.payment_state,
-                reason_code=outcome.reason_code,
+                arguments=arguments,
+                update_fields=["paid_at", "reason_code"],
                 evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
             )
         purchase_queue_execution_if_due(purchase=purchase, actor=actor)
+
+
+def _payment_move(
+    purchase: Purchase, outcome: SettlementOutcome, now: datetime
+) -> tuple[Callable[..., None], dict[str, Any]] | None:
+    """The purchase's payment transition for what the chain said, if any."""
+    if outcome.status == SettlementStatus.CONFIRMED:
+        return purchase.payment_complete, {"paid_at": now}
+    if outcome.status == SettlementStatus.FAILED:
+        return purchase.payment_fail, {"reason_code": outcome.reason_code}
+    if purchase.payment_state == PAY.PAYING:
+        return purchase.payment_pend, {"reason_code": outcome.reason_code or "settlement_pending"}
+    return None
 
 
 def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None:
