@@ -95,3 +95,18 @@ def quote_release_if_unpaid(*, quote: Quote, actor: Actor) -> None:
     locked = Quote.objects.select_for_update().get(pk=quote.pk)
     if locked.state == Quote.State.OPEN and not Purchase.objects.filter(quote=locked).exists():
         quote_expire(quote=locked, actor=actor)
+
+
+def duplicate_guards_prune(*, before: datetime, batch: int = 5000) -> int:
+    """Delete guard rows created before `before`, batch by batch. A guard is only a lock row
+    (the purchases themselves carry the duplicate key), so a later payment re-creates it."""
+    pruned = 0
+    while True:
+        ids = list(
+            DuplicateGuard.objects.filter(created_at__lt=before).values_list("pk", flat=True)[
+                :batch
+            ]
+        )
+        pruned += DuplicateGuard.objects.filter(pk__in=ids).delete()[0] if ids else 0
+        if len(ids) < batch:
+            return pruned

@@ -36,6 +36,7 @@ from purchases.services.alerts import (
     refund_alert,
     refunds_awaiting_alert,
 )
+from purchases.services.duplicates import duplicate_guards_prune
 from purchases.services.idempotency import payment_id_hash
 from purchases.services.offerings import offering_stock_release
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
@@ -62,6 +63,8 @@ BACKOFF = (
 RECHECK = timedelta(seconds=30)
 # A claimed row is invisible to other runs this long; a crashed run's rows come back after it.
 CLAIM = timedelta(minutes=5)
+# Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.
+GUARD_KEEP = timedelta(days=1)
 # Failed attempts are watched for a late landing until this long after their window closed.
 LATE_WATCH = timedelta(hours=1)
 PENDING_STATES = (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
@@ -460,6 +463,7 @@ def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> C
             stats["events_purged"] += events
             if quotes < batch:
                 break
+        stats["guards_pruned"] = duplicate_guards_prune(before=now - GUARD_KEEP)
     return stats
 
 

@@ -51,15 +51,37 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     # ...and a day after expiry the unpaid ones go, one row per batch here.
     stats = reconcile.purge_expired_quotes(now=start + timedelta(hours=26), batch=1)
 
-    assert stats == {"purged": 2, "events_purged": 4}
+    # The paid purchase's duplicate guard is a day old by then: pruned too.
+    assert stats == {"purged": 2, "events_purged": 4, "guards_pruned": 1}
     assert set(Quote.objects.values_list("pk", flat=True)) == {recent.pk, paid.pk, open_quote.pk}
     assert not PurchaseEvent.objects.filter(quote_id__in=[stale.pk, anonymous.pk]).exists()
     assert list(purchase.events.values_list("pk", flat=True)) == timeline
     assert list(paid.events.values_list("pk", flat=True)) == paid_quote_events
     run = JobRun.objects.get(job="purge_quotes")
-    assert (run.stats, run.error) == ({"purged": 2, "events_purged": 4}, "")
+    assert (run.stats, run.error) == ({"purged": 2, "events_purged": 4, "guards_pruned": 1}, "")
     again = reconcile.purge_expired_quotes(now=start + timedelta(hours=26))
-    assert again == {"purged": 0, "events_purged": 0}
+    assert again == {"purged": 0, "events_purged": 0, "guards_pruned": 0}
     if db_is_postgres:  # a purchase's timeline is still append-only in the database
         with pytest.raises(DatabaseError), transaction.atomic():
             PurchaseEvent.objects.filter(purchase=purchase).delete()
+
+
+def test_old_duplicate_guards_are_pruned_and_a_new_payment_recreates_its_own(
+    buyer, offering, client_for_buyer
+):
+    from purchases.models import DuplicateGuard
+
+    quote = keyed_quote(buyer, offering, "guarded")
+    answer, _ = purchase_pay_prepaid(
+        buyer=buyer, quote_id=quote.public_id, payment_id="guard-test-payment-01"
+    )
+    assert answer.status == 201
+    DuplicateGuard.objects.create(key="f" * 64)
+    DuplicateGuard.objects.filter(key="f" * 64).update(
+        created_at=timezone.now() - timedelta(days=2)
+    )
+    stats = reconcile.purge_expired_quotes()
+    assert stats["guards_pruned"] == 1
+    assert list(DuplicateGuard.objects.values_list("key", flat=True)) == [
+        Purchase.objects.get().duplicate_key
+    ]
