@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 
 from django.db import transaction
 
@@ -37,6 +36,7 @@ from purchases.services.idempotency import (
     payment_id_store_answer,
     payment_id_validate,
 )
+from purchases.services.sweeper import purchase_execution_stage
 
 PREPAID_SCOPE = "prepaid"
 PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
@@ -174,9 +174,7 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
     )
     answer = StoredAnswer(201, purchase_status(purchase=purchase, now=now), {}, purchase.ref)
     payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=now)
-    from purchases.tasks import purchase_execute_task  # tasks import services; break the cycle here
-
-    transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
+    purchase_execution_stage(purchase_id=purchase.pk, now=now)
     return answer
 
 
