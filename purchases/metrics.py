@@ -1,7 +1,7 @@
 """Prometheus metrics read from the database at scrape time, and the view that serves them.
 
 Gauges come from the database, not from in-process counters, so every web process and
-worker answers a scrape with the same numbers. Each scrape runs five aggregate queries,
+worker answers a scrape with the same numbers. Each scrape runs six aggregate queries,
 whatever the number of rows. A database that cannot answer fails the scrape (500), which
 Prometheus reports as `up == 0`: better than a scrape of silent zeros.
 
@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 # The conflicts counter registers itself in the default registry when this is imported.
 import purchases.services.idempotency  # noqa: F401
 from payments.models import PaymentAttempt, Refund
-from purchases.models import Escalation, JobRun, Purchase
+from purchases.models import Escalation, JobRun, OutboxMessage, Purchase
 
 ATTEMPT = PaymentAttempt.State
 SPECS: dict[str, tuple[str, list[str]]] = {
@@ -52,6 +52,14 @@ SPECS: dict[str, tuple[str, list[str]]] = {
     ),
     "tollbooth_escalations_open": ("Open escalations per owner.", ["owner"]),
     "tollbooth_escalations_overdue": ("Open escalations past their deadline.", ["owner"]),
+    "tollbooth_outbox_backlog": (
+        "Jobs staged in the outbox and not yet handed to the broker.",
+        [],
+    ),
+    "tollbooth_outbox_oldest_unrelayed_age_seconds": (
+        "Age, from staging, of the oldest job not yet handed to the broker; 0 when none.",
+        [],
+    ),
     "tollbooth_job_lag_seconds": (
         "Seconds since the job last finished without error (since its first start if never).",
         ["job"],
@@ -92,6 +100,7 @@ class TollboothCollector(Collector):
         self._refunds(families)
         self._escalations(families, now)
         self._jobs(families, now)
+        self._outbox(families, now)
         yield from families.values()
 
     def _settlements(self, families: dict[str, GaugeMetricFamily], now: datetime) -> None:
@@ -167,6 +176,16 @@ class TollboothCollector(Collector):
             families["tollbooth_job_last_run_timestamp_seconds"].add_metric(
                 [row["job"]], row["last_start"].timestamp()
             )
+
+    def _outbox(self, families: dict[str, GaugeMetricFamily], now: datetime) -> None:
+        waiting = OutboxMessage.objects.filter(relayed_at__isnull=True).aggregate(
+            count=Count("pk"), oldest=Min("created_at")
+        )
+        oldest = waiting["oldest"]
+        families["tollbooth_outbox_backlog"].add_metric([], waiting["count"])
+        families["tollbooth_outbox_oldest_unrelayed_age_seconds"].add_metric(
+            [], _age_seconds(now, oldest) if oldest is not None else 0.0
+        )
 
 
 tollbooth_collector = TollboothCollector()

@@ -508,3 +508,48 @@ class JobRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job} at {self.started_at:%Y-%m-%d %H:%M:%S}"
+
+
+class OutboxMessage(models.Model):
+    """A job staged in the same transaction as the change that calls for it.
+
+    The relay (`purchases.services.outbox`) hands it to Celery after the commit, at least
+    once; a rolled-back change leaves no message. `kwargs` holds ids only: the task re-reads
+    and re-checks the rows it names.
+    """
+
+    job = models.CharField(max_length=64, help_text="Job name, a key of settings.OUTBOX_JOBS.")
+    kwargs = models.JSONField(default=dict, blank=True)
+    dedup_key = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField()
+    available_at = models.DateTimeField(help_text="The relay loop leaves it alone until then.")
+    attempts = models.PositiveIntegerField(default=0)
+    relayed_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        constraints = [
+            # Unique among the messages not yet relayed only: staging the same job for the
+            # same row twice in one flow stages it once, while a job relayed earlier (the
+            # sweeper re-staging an execution nobody ran) can be staged again.
+            models.UniqueConstraint(
+                fields=["dedup_key"],
+                condition=Q(relayed_at__isnull=True),
+                name="one_unrelayed_outbox_message_per_key",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["available_at"],
+                condition=Q(relayed_at__isnull=True),
+                name="outbox_unrelayed_by_due",
+            ),
+            models.Index(
+                fields=["relayed_at"],
+                condition=Q(relayed_at__isnull=False),
+                name="outbox_relayed_by_age",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job} {self.kwargs} ({'relayed' if self.relayed_at else 'waiting'})"

@@ -7,12 +7,11 @@ import socket
 from typing import Any
 
 from celery import shared_task
-from django.utils import timezone
 
-from purchases.services import reconcile
+from purchases.services import outbox, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
-from purchases.services.sweeper import purchases_awaiting_execution
+from purchases.services.sweeper import purchases_sweep_stalled
 
 logger = logging.getLogger(__name__)
 
@@ -34,14 +33,7 @@ def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
 
 @shared_task(acks_late=True)
 def purchase_sweep_stalled_task() -> int:
-    with reconcile.job_run("executions", timezone.now()) as stats:
-        ids = purchases_awaiting_execution()
-        for purchase_id in ids:
-            purchase_execute_task.delay(purchase_id=purchase_id)
-        stats["re_enqueued"] = len(ids)
-    if ids:
-        logger.info("sweeper re-enqueued %d purchases", len(ids))
-    return len(ids)
+    return purchases_sweep_stalled()["re_enqueued"]
 
 
 @shared_task(acks_late=True)
@@ -95,3 +87,16 @@ def send_pending_alerts_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def heal_relayers_task() -> dict[str, int]:
     return dict(reconcile.heal_relayers())
+
+
+# --- the outbox (see OUTBOX_JOBS for the jobs it carries) --------------------------------
+
+
+@shared_task(acks_late=True)
+def outbox_relay_task() -> dict[str, int]:
+    return dict(outbox.outbox_relay_due())
+
+
+@shared_task(acks_late=True)
+def outbox_prune_task() -> dict[str, int]:
+    return dict(outbox.outbox_prune())

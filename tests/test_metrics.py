@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from payments.models import PaymentAttempt, Rail, Refund
 from purchases import metrics
-from purchases.models import Escalation, JobRun, Offering, Purchase, Quote
+from purchases.models import Escalation, JobRun, Offering, OutboxMessage, Purchase, Quote
 from purchases.services.idempotency import payment_id_conflicts
 from tests.factories import USDC_LOCAL, OfferingFactory
 
@@ -238,10 +238,10 @@ def test_an_empty_database_exports_zeros_not_gaps(client):
     assert series(samples, "tollbooth_job_lag_seconds", "job") == {}
 
 
-def test_a_scrape_runs_five_aggregate_queries_whatever_the_row_count(
+def test_a_scrape_runs_six_aggregate_queries_whatever_the_row_count(
     client, world, django_assert_num_queries
 ):
-    with django_assert_num_queries(5):
+    with django_assert_num_queries(6):
         scrape(client)
 
 
@@ -278,3 +278,30 @@ def test_metrics_are_served_at_the_root_url(client) -> None:  # type: ignore[no-
     assert response.status_code == 200
     assert b"tollbooth_pending_settlements" in response.content
     assert b"tollbooth_payment_identifier_conflicts_total" in response.content
+
+
+def test_outbox_backlog_and_the_oldest_unrelayed_age(client):
+    def message(n: int, created: timedelta, relayed: bool) -> None:
+        OutboxMessage.objects.create(
+            job="refund_alert",
+            kwargs={"refund_id": n},
+            created_at=NOW - created,
+            available_at=NOW,
+            relayed_at=NOW if relayed else None,
+        )
+
+    message(1, timedelta(seconds=900), relayed=True)  # sent: neither counted nor aged
+    message(2, timedelta(seconds=42), relayed=False)
+    message(3, timedelta(seconds=7), relayed=False)
+
+    samples = scrape(client)
+
+    assert samples[("tollbooth_outbox_backlog", ())] == 2.0
+    assert samples[("tollbooth_outbox_oldest_unrelayed_age_seconds", ())] == 42.0
+
+
+def test_an_empty_outbox_exports_zeros(client):
+    samples = scrape(client)
+
+    assert samples[("tollbooth_outbox_backlog", ())] == 0.0
+    assert samples[("tollbooth_outbox_oldest_unrelayed_age_seconds", ())] == 0.0

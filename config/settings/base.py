@@ -272,6 +272,14 @@ TOLLBOOTH = {
     "SPEND_CAP_WINDOW": timedelta(hours=env.int("TOLLBOOTH_SPEND_CAP_WINDOW_HOURS", default=24)),
     # Rows waiting on a task longer than this are re-enqueued by the sweeper.
     "SWEEP_GRACE": timedelta(seconds=env.int("TOLLBOOTH_SWEEP_GRACE_SECONDS", default=60)),
+    # A staged job belongs to the immediate relay (run right after its commit) this long;
+    # then the relay loop sends it too, so a process that died after the commit costs this
+    # much latency at most, and a healthy relay is never raced by the loop.
+    "OUTBOX_RELAY_GRACE": timedelta(
+        seconds=env.float("TOLLBOOTH_OUTBOX_RELAY_GRACE_SECONDS", default=10.0)
+    ),
+    # Relayed outbox messages are kept this long (what was sent, when, after how many tries).
+    "OUTBOX_RETENTION": timedelta(hours=env.int("TOLLBOOTH_OUTBOX_RETENTION_HOURS", default=72)),
     # Escalations are due this long after they are opened.
     "ESCALATION_DEADLINE": timedelta(
         hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)
@@ -376,9 +384,26 @@ LOGGING = {
 }
 
 # The beat schedule lives in code; each entry says why it exists.
+# Jobs a service may stage in the outbox (purchases.services.outbox.outbox_stage), by name,
+# and the Celery task the relay sends each to. Named here, as the beat schedule names its
+# tasks, so no service imports purchases.tasks.
+OUTBOX_JOBS = {
+    "purchase_execute": "purchases.tasks.purchase_execute_task",
+    "refund_alert": "purchases.tasks.refund_alert_task",
+    "escalation_alert": "purchases.tasks.escalation_alert_task",
+}
+
 CELERY_BEAT_SCHEDULE = {
-    # on_commit enqueues die with their process: re-enqueue paid purchases nobody is running,
-    # and resume executions whose worker stopped renewing its lease.
+    # Jobs staged in the outbox whose immediate relay never ran (process died after the
+    # commit) or failed (broker down): send them. Runs often; an idle run is one query.
+    "relay-outbox": {
+        "task": "purchases.tasks.outbox_relay_task",
+        "schedule": env.float("TOLLBOOTH_OUTBOX_RELAY_EVERY_SECONDS", default=5.0),
+    },
+    # Relayed outbox messages past retention, so the table does not grow forever.
+    "prune-outbox": {"task": "purchases.tasks.outbox_prune_task", "schedule": 3600.0},
+    # A job relayed but lost with its broker (Redis restarted) or its worker: re-stage paid
+    # purchases nobody is running, and resume executions whose worker stopped renewing.
     "sweep-stalled-executions": {
         "task": "purchases.tasks.purchase_sweep_stalled_task",
         "schedule": env.float("TOLLBOOTH_SWEEP_EVERY_SECONDS", default=30.0),

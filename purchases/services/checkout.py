@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from functools import partial
 
 from django.db import transaction
 
@@ -37,6 +36,7 @@ from purchases.services.idempotency import (
     payment_id_store_answer,
     payment_id_validate,
 )
+from purchases.services.sweeper import purchase_execution_stage
 
 PREPAID_SCOPE = "prepaid"
 # Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
@@ -166,9 +166,7 @@ def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
     status = purchase_status(purchase=purchase, now=now, created_with=attempt)
     answer = StoredAnswer(201, status, {}, purchase.ref)
     payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=now)
-    from purchases.tasks import purchase_execute_task  # tasks import services; break the cycle here
-
-    transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
+    purchase_execution_stage(purchase_id=purchase.pk, now=now)
     return answer
 
 

@@ -9,15 +9,13 @@ purchase is always a refund. Either way people are alerted after commit.
 from __future__ import annotations
 
 from datetime import datetime
-from functools import partial
-
-from django.db import transaction
 
 from core.actors import Actor
 from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record, purchase_transition
 from purchases.models import Offering, Purchase, PurchaseEvent
 from purchases.services.offerings import offering_stock_take
+from purchases.services.outbox import outbox_stage
 from purchases.services.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
@@ -66,9 +64,12 @@ def settlement_unexpected(
         actor=actor,
         tx_hash=tx_hash,
     )
-    from purchases.tasks import refund_alert_task  # tasks import services
-
-    transaction.on_commit(partial(refund_alert_task.delay, refund_id=refund.pk))
+    outbox_stage(
+        job="refund_alert",
+        kwargs={"refund_id": refund.pk},
+        dedup_key=f"refund_alert:{refund.pk}",
+        now=now,
+    )
     return refund
 
 

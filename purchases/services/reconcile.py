@@ -29,7 +29,7 @@ from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
 from purchases.events import purchase_transition
-from purchases.models import Escalation, IdempotencyRecord, JobRun, Purchase, Quote
+from purchases.models import Escalation, IdempotencyRecord, Purchase, Quote
 from purchases.services.alerts import (
     escalation_alert,
     escalations_awaiting_alert,
@@ -38,6 +38,7 @@ from purchases.services.alerts import (
 )
 from purchases.services.duplicates import duplicate_guards_prune
 from purchases.services.idempotency import payment_id_hash
+from purchases.services.job_runs import job_run
 from purchases.services.offerings import offering_stock_release
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 from purchases.services.remedies import escalation_open
@@ -68,19 +69,6 @@ GUARD_KEEP = timedelta(days=1)
 # Failed attempts are watched for a late landing until this long after their window closed.
 LATE_WATCH = timedelta(hours=1)
 PENDING_STATES = (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
-
-
-@contextmanager
-def job_run(job: str, now: datetime) -> Iterator[Counter[str]]:
-    """Record one run of a job: when, what it did, and the error if it failed."""
-    run = JobRun.objects.create(job=job, started_at=now)
-    stats: Counter[str] = Counter()
-    try:
-        yield stats
-    except Exception as exc:
-        JobRun.objects.filter(pk=run.pk).update(error=repr(exc)[:2000], stats=dict(stats))
-        raise
-    JobRun.objects.filter(pk=run.pk).update(finished_at=now_or(None), stats=dict(stats))
 
 
 @contextmanager

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import datetime
-from functools import partial
 
 from django.conf import settings
 from django.db import transaction
@@ -13,6 +12,7 @@ from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
+from purchases.services.outbox import outbox_stage
 
 
 def escalation_open(
@@ -45,9 +45,12 @@ def escalation_open(
         reason_code=reason_code,
         evidence={"escalation": escalation.pk, "owner": owner},
     )
-    from purchases.tasks import escalation_alert_task  # tasks import services
-
-    transaction.on_commit(partial(escalation_alert_task.delay, escalation_id=escalation.pk))
+    outbox_stage(
+        job="escalation_alert",
+        kwargs={"escalation_id": escalation.pk},
+        dedup_key=f"escalation_alert:{escalation.pk}",
+        now=now,
+    )
     return escalation
 
 

@@ -1,15 +1,27 @@
-"""Finds rows that wait on a task whose enqueue may have been lost (on_commit is not durable)."""
+"""Finds rows that wait on a job whose delivery may have been lost, and stages it again.
+
+The outbox delivers a staged job at least once to the broker, but the broker and the worker
+can still lose it (Redis restarted with the message queued, a worker killed mid-run); the
+database still says what is owed, so this sweep stages the job again.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 
 from core.clock import now_or
 from fulfillment.models import ExecutionAttempt
 from purchases.models import Purchase
+from purchases.services.job_runs import job_run
+from purchases.services.outbox import outbox_stage
+
+logger = logging.getLogger(__name__)
 
 
 def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:
@@ -28,3 +40,31 @@ def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 50
         .values_list("pk", flat=True)[:limit]
     )
     return list(ids)
+
+
+def purchase_execution_stage(*, purchase_id: int, now: datetime | None = None) -> int | None:
+    """Stage the execution of a purchase in the caller's transaction (once per flow)."""
+    return outbox_stage(
+        job="purchase_execute",
+        kwargs={"purchase_id": purchase_id},
+        dedup_key=f"purchase_execute:{purchase_id}",
+        now=now,
+    )
+
+
+def purchases_sweep_stalled(*, now: datetime | None = None) -> Counter[str]:
+    """Stage the execution of every purchase awaiting one again (JobRun `executions`).
+
+    A purchase whose execution is already staged and not yet relayed is not staged twice.
+    Stat: `re_enqueued` (purchases found).
+    """
+    now = now_or(now)
+    with job_run("executions", now) as stats:
+        ids = purchases_awaiting_execution(now=now)
+        with transaction.atomic():
+            for purchase_id in ids:
+                purchase_execution_stage(purchase_id=purchase_id, now=now)
+        stats["re_enqueued"] = len(ids)
+    if ids:
+        logger.info("sweeper re-staged %d purchases", len(ids))
+    return stats

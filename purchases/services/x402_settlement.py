@@ -52,6 +52,7 @@ from purchases.selectors import (
 )
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
 from purchases.services.late_payments import settlement_unexpected
+from purchases.services.sweeper import purchase_execution_stage
 from purchases.services.x402_resubmit import x402_resubmit_if_due
 
 PAY = Purchase.PaymentState
@@ -292,9 +293,7 @@ def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None
         from_state=RUN.NOT_STARTED,
         to_state=purchase.fulfillment_state,
     )
-    from purchases.tasks import purchase_execute_task  # tasks import services
-
-    transaction.on_commit(partial(purchase_execute_task.delay, purchase_id=purchase.pk))
+    purchase_execution_stage(purchase_id=purchase.pk)
 
 
 def purchase_reload(*, purchase: Purchase) -> Purchase:

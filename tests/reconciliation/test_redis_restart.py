@@ -3,7 +3,6 @@ owed, and the next beat picks it all up. Real Redis, real worker, real beat."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 
 import pytest
@@ -14,51 +13,17 @@ from purchases.models import Purchase
 from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import free_port, redis_server, wait_for
 
 pytestmark = [pytest.mark.worker, pytest.mark.django_db(transaction=True)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _redis(port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    wait_for(
-        lambda: (
-            subprocess.run(
-                ["redis-cli", "-p", str(port), "ping"], capture_output=True, check=False
-            ).stdout.strip()
-            == b"PONG"
-        ),
-        timeout=10,
-        message="redis",
-    )
-    return process
 
 
 def test_queued_work_lost_in_a_redis_restart_is_picked_up_by_the_next_beat(
     buyer, offering, start_worker
 ):
-    port = _free_port()
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    redis = _redis(port)
+    redis = redis_server(port)
     try:
         quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=CSV_INPUT).quote
         answer, _ = purchase_pay_prepaid(
@@ -86,7 +51,7 @@ def test_queued_work_lost_in_a_redis_restart_is_picked_up_by_the_next_beat(
         # ... and Redis dies before any worker took it. It keeps nothing on disk.
         redis.kill()
         redis.wait(timeout=10)
-        redis = _redis(port)
+        redis = redis_server(port)
         assert (
             int(
                 subprocess.run(

@@ -15,12 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import reconcile
-from purchases.tasks import purchase_sweep_stalled_task
-
-
-def _sweep_executions() -> Counter[str]:
-    return Counter({"re_enqueued": purchase_sweep_stalled_task()})
+from purchases.services import outbox, reconcile
+from purchases.services.sweeper import purchases_sweep_stalled
 
 
 class Command(BaseCommand):
@@ -82,7 +78,9 @@ class Command(BaseCommand):
                 ("compact_payment_ids", reconcile.compact_payment_ids),
                 ("alerts", reconcile.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),
-                ("executions", _sweep_executions),
+                ("executions", purchases_sweep_stalled),
+                ("outbox_relay", outbox.outbox_relay_due),
+                ("prune_outbox", outbox.outbox_prune),
             ]
             step = progress.add_task("other jobs", total=len(jobs))
             for name, job in jobs:

@@ -1,0 +1,218 @@
+"""The outbox: a job is staged in the transaction that calls for it and relayed to Celery.
+
+Staging (`outbox_stage`) is one INSERT in the caller's transaction, so the job exists if
+and only if the change does. Right after the commit the immediate relay sends it and marks
+it relayed (one UPDATE), so a paid request waiting for a fast job still gets its result in
+one round trip. What the immediate relay could not send (broker down) or never sent (the
+process died after the commit) the relay loop sends (`outbox_relay_due`, beat): it claims
+due rows with `SKIP LOCKED` and by pushing `available_at` forward, commits, and only then
+talks to the broker, so no lock is held over network I/O and two loops never send one row.
+
+Delivery is at least once: a process that dies between the send and the mark sends again
+later. Every job takes ids and its task re-reads and re-checks the rows they name.
+Services name jobs by string; `settings.OUTBOX_JOBS` maps them to Celery tasks, so nothing
+here or in any service imports `purchases.tasks`.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import Counter
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from celery import Celery, current_app
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Field
+
+from core.clock import now_or
+from purchases.models import JobRun, OutboxMessage
+from purchases.services.job_runs import job_run
+
+logger = logging.getLogger(__name__)
+
+# A loop's claimed rows are invisible to other loops this long; a loop that died after its
+# claim and before its send gives them back after it. Far longer than a batch takes to send.
+SEND_CLAIM = timedelta(minutes=1)
+RELAY_BATCH = 100
+# One run sends at most this many, so a huge backlog cannot hold a worker for long.
+RELAY_MAX_PER_RUN = 5_000
+# Broker unreachable: try again after 2, 4, 8 ... s, at most 5 min (with jitter).
+BACKOFF_CAP_SECONDS = 300.0
+PRUNE_BATCH = 1_000
+RELAY_JOB = "outbox_relay"
+
+_INSERT = (
+    "INSERT INTO purchases_outboxmessage "
+    "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
+    "VALUES (%s, %s, %s, %s, %s, 0, '') ON CONFLICT DO NOTHING RETURNING id"
+)
+
+
+def outbox_stage(
+    *, job: str, kwargs: dict[str, Any], dedup_key: str | None = None, now: datetime | None = None
+) -> int | None:
+    """Stage `job(**kwargs)` in the caller's transaction; it is relayed after the commit.
+
+    Returns the message id, or None when a message with this `dedup_key` is already waiting
+    to be relayed (that one carries the job). Raises RuntimeError outside a transaction (a
+    job staged there would survive the rollback of the change that called for it) and
+    ValueError for a job that is not in `settings.OUTBOX_JOBS`.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox_stage must run inside the transaction of the change")
+    if job not in settings.OUTBOX_JOBS:
+        raise ValueError(f"unknown outbox job {job!r}")
+    now = now_or(now)
+    params = [
+        job,
+        _db_value("kwargs", kwargs),
+        dedup_key,
+        _db_value("created_at", now),
+        _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"]),
+    ]
+    # ON CONFLICT DO NOTHING, not a failing INSERT: a duplicate is the normal case, not an error.
+    with connection.cursor() as cursor:
+        cursor.execute(_INSERT, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    message_id = int(row[0])
+    # robust: a failing relay must never turn a committed change into an error for the caller.
+    transaction.on_commit(
+        partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs), robust=True
+    )
+    return message_id
+
+
+def _db_value(name: str, value: Any) -> Any:
+    field = OutboxMessage._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field.get_db_prep_save(value, connection)
+
+
+def _celery() -> Celery:
+    return current_app  # type: ignore[return-value]
+
+
+def _send(job: str, kwargs: dict[str, Any]) -> None:
+    _celery().send_task(settings.OUTBOX_JOBS[job], kwargs=kwargs)
+
+
+def _backoff(attempts: int) -> timedelta:
+    seconds = min(BACKOFF_CAP_SECONDS, 2.0**attempts)
+    return timedelta(seconds=seconds * random.uniform(0.75, 1.0))  # noqa: S311 (jitter)
+
+
+def _record_failure(message_id: int, attempts: int, exc: Exception, now: datetime) -> None:
+    OutboxMessage.objects.filter(pk=message_id, relayed_at__isnull=True).update(
+        attempts=attempts + 1,
+        last_error=repr(exc)[:2000],
+        available_at=now + _backoff(attempts + 1),
+    )
+
+
+def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
+    """Right after the staging commit: send it now. Best effort; the loop covers a failure."""
+    try:
+        _send(job, kwargs)
+    except Exception as exc:
+        logger.warning(
+            "outbox %s (%s) not sent now; the relay loop retries: %r", message_id, job, exc
+        )
+        _record_failure(message_id, 0, exc, now_or(None))
+        return
+    OutboxMessage.objects.filter(pk=message_id, relayed_at__isnull=True).update(
+        relayed_at=now_or(None), attempts=F("attempts") + 1
+    )
+
+
+def outbox_relay_due(
+    *, now: datetime | None = None, limit: int = RELAY_MAX_PER_RUN
+) -> Counter[str]:
+    """Send every message due (past its grace or backoff) and not relayed; the relay loop.
+
+    Stops at the first broker failure: the failed row backs off, the rest of its batch is
+    given back for the next run. Stats: `claimed`, `sent`, `failed`, `given_back`.
+    """
+    now = now_or(now)
+    with job_run(RELAY_JOB, now) as stats:
+        while stats["claimed"] < limit:
+            batch = _claim_due(now, min(RELAY_BATCH, limit - stats["claimed"]))
+            stats["claimed"] += len(batch)
+            if not _send_batch(batch, now, stats) or len(batch) < RELAY_BATCH:
+                break
+    return stats
+
+
+def _claim_due(now: datetime, size: int) -> list[OutboxMessage]:
+    with transaction.atomic():
+        batch = list(
+            OutboxMessage.objects.select_for_update(skip_locked=True)
+            .filter(relayed_at__isnull=True, available_at__lte=now)
+            .order_by("available_at", "pk")
+            .only("pk", "job", "kwargs", "attempts")[:size]
+        )
+        if batch:
+            OutboxMessage.objects.filter(pk__in=[m.pk for m in batch]).update(
+                available_at=now + SEND_CLAIM
+            )
+    return batch
+
+
+def _send_batch(batch: list[OutboxMessage], now: datetime, stats: Counter[str]) -> bool:
+    """Send outside any transaction; False once the broker failed (the run stops there)."""
+    sent: list[int] = []
+    healthy = True
+    for index, message in enumerate(batch):
+        try:
+            _send(message.job, message.kwargs)
+        except Exception as exc:
+            logger.exception("outbox relay: %s %s not sent", message.job, message.pk)
+            _record_failure(message.pk, message.attempts, exc, now)
+            stats["failed"] += 1
+            rest = [m.pk for m in batch[index + 1 :]]
+            OutboxMessage.objects.filter(pk__in=rest).update(available_at=now)
+            stats["given_back"] += len(rest)
+            healthy = False
+            break
+        sent.append(message.pk)
+    OutboxMessage.objects.filter(pk__in=sent).update(relayed_at=now, attempts=F("attempts") + 1)
+    stats["sent"] += len(sent)
+    return healthy
+
+
+def outbox_prune(*, now: datetime | None = None) -> Counter[str]:
+    """Delete relayed messages past `OUTBOX_RETENTION`, in batches; and the relay loop's own
+    JobRun rows past it (it runs every few seconds), keeping its last success for the lag
+    metric. Stats: `pruned`, `relay_runs_pruned`."""
+    now = now_or(now)
+    cutoff = now - settings.TOLLBOOTH["OUTBOX_RETENTION"]
+    with job_run("prune_outbox", now) as stats:
+        relayed = OutboxMessage.objects.filter(relayed_at__lt=cutoff)
+        stats["pruned"] = _delete_in_batches(relayed)
+        last_success = (
+            JobRun.objects.filter(job=RELAY_JOB, finished_at__isnull=False, error="")
+            .order_by("-started_at")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        old_runs = JobRun.objects.filter(job=RELAY_JOB, started_at__lt=cutoff)
+        if last_success is not None:
+            old_runs = old_runs.exclude(pk=last_success)
+        stats["relay_runs_pruned"] = _delete_in_batches(old_runs)
+    return stats
+
+
+def _delete_in_batches(rows: Any) -> int:
+    deleted = 0
+    while True:
+        ids = list(rows.order_by("pk").values_list("pk", flat=True)[:PRUNE_BATCH])
+        if ids:
+            rows.model.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
+        if len(ids) < PRUNE_BATCH:
+            return deleted
