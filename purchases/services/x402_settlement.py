@@ -43,7 +43,7 @@ from payments.x402.types import (
     SettlementStatus,
 )
 from payments.x402.wire import payment_response_header
-from purchases.events import event_record, event_record_change, purchase_transition
+from purchases.events import event_record_change, purchase_transition
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import (
     purchase_capability_url,
@@ -284,15 +284,7 @@ def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None
         or not purchase.is_payment_sufficient_for_execution()
     ):
         return
-    purchase.fulfillment_queue()
-    purchase.save(update_fields=["fulfillment_state", "updated_at"])
-    event_record(
-        subject="purchase.fulfillment",
-        purchase=purchase,
-        actor=actor,
-        from_state=RUN.NOT_STARTED,
-        to_state=purchase.fulfillment_state,
-    )
+    purchase_transition(purchase=purchase, transition=purchase.fulfillment_queue, actor=actor)
     purchase_execution_stage(purchase_id=purchase.pk)
 
 
