@@ -13,6 +13,7 @@ from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase, PurchaseEvent
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
+from tests.factories import PaymentAttemptFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -32,17 +33,9 @@ def purchase(buyer, offering) -> Purchase:
 
 
 def attempt(purchase: Purchase, payment_id: str, **extra) -> PaymentAttempt:
-    return PaymentAttempt.objects.create(
-        purchase=purchase,
-        rail="x402",
-        scope="x402",
-        payment_id=payment_id,
-        payer="0xabc",
-        network="eip155:31337",
-        asset=purchase.asset,
-        amount=purchase.amount,
-        fingerprint="f",
-        **extra,
+    # One network for all: the tx hash constraint is per network, whatever the purchase says.
+    return PaymentAttemptFactory.create(
+        purchase=purchase, payment_id=payment_id, network="eip155:31337", **extra
     )
 
 

@@ -35,13 +35,12 @@ from purchases.models import (
     Offering,
     Purchase,
     PurchaseEvent,
-    Quote,
 )
 from purchases.roles import roles_ensure
 from purchases.services.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedies import escalation_open, escalation_resolve
 from tests.conftest import CSV_INPUT
-from tests.factories import USDC_LOCAL, OfferingFactory
+from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -82,43 +81,15 @@ def _paid_prepaid_purchase(client: APIClient, offering: Offering) -> Purchase:
 
 def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
     """An x402 purchase marked failed whose transfer landed anyway (built via the ORM)."""
-    now = timezone.now()
-    quote = Quote.objects.create(
-        offering=offering,
-        quote_key="k" * 64,
-        canonical_input=CSV_INPUT,
-        input_hash="h" * 64,
-        price=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        pay_to=offering.pay_to,
-        offering_version=offering.version,
-        expires_at=now + timedelta(minutes=15),
-        state=Quote.State.ACCEPTED,
+    purchase = PurchaseFactory.create(
+        quote__offering=offering, quote__canonical_input=CSV_INPUT, payer=WALLET, failed=True
     )
-    purchase = Purchase.objects.create(
-        quote=quote,
-        offering=offering,
-        amount=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        rail=Purchase.Rail.X402,
-        payer=WALLET,
-        reason_code="settlement_failed",
-        payment_state=Purchase.PaymentState.FAILED,
-    )
-    attempt = PaymentAttempt.objects.create(
+    attempt = PaymentAttemptFactory.create(
         purchase=purchase,
-        rail="x402",
-        scope="x402",
         payment_id="pay-x402-0001-bbbb",
         payer=WALLET,
-        network=offering.network,
-        asset=offering.asset,
-        amount=offering.price,
-        fingerprint="f" * 64,
         tx_hash=TX_HASH,
-        state=PaymentAttempt.State.SUCCEEDED,
+        succeeded=True,
     )
     return purchase, attempt
 
