@@ -16,11 +16,13 @@ from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
 pytest_plugins = [
+    "tests.fixtures.anvil",
     "tests.fixtures.jobservice",
     "tests.fixtures.replicas",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
     "tests.fixtures.worker",
+    "tests.x402.e2e",
 ]
 
 CSV_INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}

@@ -10,9 +10,10 @@ from django.utils import timezone
 
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt
-from purchases.models import IdempotencyRecord, Purchase, PurchaseEvent
+from purchases.models import Purchase, PurchaseEvent
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
+from tests.factories import PaymentAttemptFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -32,25 +33,9 @@ def purchase(buyer, offering) -> Purchase:
 
 
 def attempt(purchase: Purchase, payment_id: str, **extra) -> PaymentAttempt:
-    key, _ = IdempotencyRecord.objects.get_or_create(
-        scope="x402",
-        key=payment_id,
-        defaults={
-            "principal": "0xabc",
-            "request_fingerprint": "f",
-            "created_at": timezone.now(),
-        },
-    )
-    return PaymentAttempt.objects.create(
-        purchase=purchase,
-        rail="x402",
-        idempotency_record=key,
-        payer="0xabc",
-        network="eip155:31337",
-        asset=purchase.asset,
-        amount=purchase.amount,
-        fingerprint="f",
-        **extra,
+    # One network for all: the tx hash constraint is per network, whatever the purchase says.
+    return PaymentAttemptFactory.create(
+        purchase=purchase, payment_id=payment_id, network="eip155:31337", **extra
     )
 
 

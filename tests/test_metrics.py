@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,11 +11,18 @@ from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from payments.models import PaymentAttempt, Rail, Refund
+from payments.models import PaymentAttempt
 from purchases import metrics
-from purchases.models import Escalation, JobRun, Offering, OutboxMessage, Purchase, Quote
+from purchases.models import Escalation, JobRun, Offering, OutboxMessage, Purchase
 from purchases.services.idempotency import payment_id_conflicts
-from tests.factories import USDC_LOCAL, OfferingFactory
+from tests.factories import (
+    USDC_LOCAL,
+    EscalationFactory,
+    OfferingFactory,
+    PaymentAttemptFactory,
+    PurchaseFactory,
+    RefundFactory,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.metrics_urls")]
 
@@ -24,7 +30,6 @@ NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 OTHER_ASSET = "0x" + "bb" * 20
 PAY = Purchase.PaymentState
 ATTEMPT = PaymentAttempt.State
-_serial = itertools.count()
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -50,71 +55,33 @@ def series(samples: Samples, name: str, label: str) -> dict[str, float]:
 
 
 def _purchase(offering: Offering, *, payment: str, fulfillment: str = "not_started") -> Purchase:
-    n = next(_serial)
-    quote = Quote.objects.create(
-        offering=offering,
-        quote_key=f"metrics-{n}",
-        canonical_input={},
-        input_hash=f"{n:064x}",
-        price=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        pay_to=offering.pay_to,
-        offering_version=1,
-        expires_at=NOW + timedelta(minutes=15),
+    return PurchaseFactory.create(
+        quote__offering=offering,
+        quote__expires_at=NOW + timedelta(minutes=15),
+        payment_state=payment,
+        fulfillment_state=fulfillment,
     )
-    purchase = Purchase.objects.create(
-        quote=quote,
-        offering=offering,
-        amount=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        rail=Rail.X402,
-    )
-    # FSM fields are protected: tests place rows in a state directly.
-    Purchase.objects.filter(pk=purchase.pk).update(
-        payment_state=payment, fulfillment_state=fulfillment
-    )
-    return purchase
 
 
 def _attempt(
     purchase: Purchase, *, state: str, age: timedelta, broadcast: bool = False
 ) -> PaymentAttempt:
-    n = next(_serial)
-    attempt = PaymentAttempt.objects.create(
-        purchase=purchase,
-        rail="x402",
-        payer="0x" + "0c" * 20,
-        network=purchase.network,
-        asset=purchase.asset,
-        amount=purchase.amount,
-        fingerprint=f"{n:064x}",
+    attempt = PaymentAttemptFactory.create(
+        purchase=purchase, state=state, broadcast_started_at=NOW - age if broadcast else None
     )
-    PaymentAttempt.objects.filter(pk=attempt.pk).update(
-        state=state,
-        created_at=NOW - age,
-        broadcast_started_at=NOW - age if broadcast else None,
-    )
+    # created_at is set on insert (auto_now_add): age the row afterwards.
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(created_at=NOW - age)
     return attempt
 
 
 def _refund(attempt: PaymentAttempt, *, amount: int, asset: str, reason: str, state: str) -> None:
-    refund = Refund.objects.create(
-        purchase=attempt.purchase,
-        payment_attempt=attempt,
-        method=Refund.Method.PAY_BACK,
-        amount=amount,
-        asset=asset,
-        network=attempt.network,
-        payer=attempt.payer,
-        reason_code=reason,
+    RefundFactory.create(
+        payment_attempt=attempt, amount=amount, asset=asset, reason_code=reason, state=state
     )
-    Refund.objects.filter(pk=refund.pk).update(state=state)
 
 
 def _escalation(purchase: Purchase, *, owner: str, reason: str, due_in: timedelta) -> Escalation:
-    return Escalation.objects.create(
+    return EscalationFactory.create(
         purchase=purchase, owner=owner, reason_code=reason, deadline_at=NOW + due_in
     )
 
@@ -152,8 +119,13 @@ def world() -> None:
     # Due exactly now is not overdue yet.
     _escalation(pending, owner="finance", reason="c", due_in=timedelta(0))
     _escalation(failed, owner="finance", reason="d", due_in=-timedelta(hours=2))
-    resolved = _escalation(failed, owner="reconciliation", reason="e", due_in=-timedelta(hours=9))
-    Escalation.objects.filter(pk=resolved.pk).update(state="resolved")
+    EscalationFactory.create(
+        purchase=failed,
+        owner="reconciliation",
+        reason_code="e",
+        deadline_at=NOW - timedelta(hours=9),
+        resolved=True,
+    )
 
     _job("reconcile", started_ago=300, took=10)
     _job("reconcile", started_ago=120, took=10, error="RPC timed out")

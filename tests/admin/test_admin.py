@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from core.actors import Actor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.models import LedgerEntry, PaymentAttempt, Refund
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -34,13 +34,12 @@ from purchases.models import (
     Offering,
     Purchase,
     PurchaseEvent,
-    Quote,
 )
 from purchases.roles import roles_ensure
 from purchases.services.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
 from tests.conftest import CSV_INPUT
-from tests.factories import USDC_LOCAL, OfferingFactory
+from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -81,41 +80,15 @@ def _paid_prepaid_purchase(client: APIClient, offering: Offering) -> Purchase:
 
 def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
     """An x402 purchase marked failed whose transfer landed anyway (built via the ORM)."""
-    now = timezone.now()
-    quote = Quote.objects.create(
-        offering=offering,
-        quote_key="k" * 64,
-        canonical_input=CSV_INPUT,
-        input_hash="h" * 64,
-        price=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        pay_to=offering.pay_to,
-        offering_version=offering.version,
-        expires_at=now + timedelta(minutes=15),
-        state=Quote.State.ACCEPTED,
+    purchase = PurchaseFactory.create(
+        quote__offering=offering, quote__canonical_input=CSV_INPUT, payer=WALLET, failed=True
     )
-    purchase = Purchase.objects.create(
-        quote=quote,
-        offering=offering,
-        amount=offering.price,
-        asset=offering.asset,
-        network=offering.network,
-        rail=Rail.X402,
-        payer=WALLET,
-        reason_code="settlement_failed",
-        payment_state=Purchase.PaymentState.FAILED,
-    )
-    attempt = PaymentAttempt.objects.create(
+    attempt = PaymentAttemptFactory.create(
         purchase=purchase,
-        rail="x402",
+        payment_id="pay-x402-0001-bbbb",
         payer=WALLET,
-        network=offering.network,
-        asset=offering.asset,
-        amount=offering.price,
-        fingerprint="f" * 64,
         tx_hash=TX_HASH,
-        state=PaymentAttempt.State.SUCCEEDED,
+        succeeded=True,
     )
     return purchase, attempt
 
@@ -595,7 +568,7 @@ def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client
 
 
 def test_idempotency_record_shows_no_editable_response(world: World, superuser: Client) -> None:
-    record = IdempotencyRecord.objects.get()
+    record = IdempotencyRecord.objects.get(scope="prepaid")
     page = superuser.get(_change(record)).content.decode()
     assert 'name="response_body"' not in page
     assert record.key in page

@@ -1,8 +1,8 @@
-"""A real anvil chain for the on-chain tests; no database needed."""
+"""A TestUSDC of the test's own on the session's anvil node (tests/fixtures/anvil.py), with
+fresh keys for every role; no database needed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypedDict
 
@@ -12,7 +12,7 @@ from eth_typing import ChecksumAddress
 from web3 import Web3
 
 from payments.chain.anvil import AnvilNode
-from payments.chain.token import deploy_test_usdc, mint
+from tests.fixtures.anvil import deploy_funded_usdc, new_accounts
 
 USDC = 10**6  # one USDC in atomic units
 FUNDED = 100 * USDC
@@ -52,18 +52,10 @@ class Usdc:
         }
 
 
-@pytest.fixture(scope="session")
-def anvil_node() -> Iterator[AnvilNode]:
-    with AnvilNode() as node:
-        yield node
-
-
 def deploy_funded(node: AnvilNode) -> Usdc:
     w3 = node.w3()
-    deployer, payer, other_payer, payee, relayer = node.accounts[:5]
-    address = deploy_test_usdc(w3, deployer)
-    for holder in (payer, other_payer):
-        mint(w3, address, deployer, holder.address, FUNDED)
+    deployer, payer, other_payer, payee, relayer = new_accounts(node, 5)
+    address = deploy_funded_usdc(node, deployer, [payer.address, other_payer.address], FUNDED)
     return Usdc(w3, node, address, w3.eth.chain_id, "USDC", "2",
                 deployer, payer, other_payer, payee, relayer)  # fmt: skip
 
@@ -71,3 +63,9 @@ def deploy_funded(node: AnvilNode) -> Usdc:
 @pytest.fixture
 def usdc(anvil_node: AnvilNode) -> Usdc:
     return deploy_funded(anvil_node)
+
+
+@pytest.fixture
+def paused_usdc(paused_anvil: AnvilNode) -> Usdc:
+    """On the node a test may pause and move the clock of (reverted afterwards); mining on."""
+    return deploy_funded(paused_anvil)

@@ -30,7 +30,7 @@ from payments.chain.token import (
     transfer_authorization_typed_data,
 )
 
-from .conftest import FUNDED, USDC, TokenDomain, Usdc, deploy_funded
+from .conftest import FUNDED, USDC, TokenDomain, Usdc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PRICE = 10_000  # 0.01 USDC
@@ -160,17 +160,16 @@ def test_validity_window(usdc: Usdc, window: Any, reason: str) -> None:
     assert balances(usdc) == (FUNDED, 0)
 
 
-def test_not_yet_valid_becomes_valid_when_time_passes() -> None:
-    # Own node: moving the clock of the shared one would surprise other tests.
-    with AnvilNode() as node:
-        usdc = deploy_funded(node)
-        now = chain_now(usdc)
-        signed = authorize(usdc, valid_after=now + 3600, valid_before=now + 7200)
-        with pytest.raises(ContractLogicError, match="not yet valid"):
-            settle(usdc, signed)
-        node.increase_time(3601)
-        node.mine()
-        assert settle(usdc, signed)["status"] == 1
+def test_not_yet_valid_becomes_valid_when_time_passes(paused_usdc: Usdc) -> None:
+    # The clock moves only on the paused node, which is put back after the test.
+    usdc, node = paused_usdc, paused_usdc.node
+    now = chain_now(usdc)
+    signed = authorize(usdc, valid_after=now + 3600, valid_before=now + 7200)
+    with pytest.raises(ContractLogicError, match="not yet valid"):
+        settle(usdc, signed)
+    node.increase_time(3601)
+    node.mine()
+    assert settle(usdc, signed)["status"] == 1
 
 
 def test_wrong_signer_and_tampering_revert(usdc: Usdc) -> None:
@@ -281,42 +280,40 @@ def test_anvil_bin_override(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
         find_anvil_binary()
 
 
-def test_no_mining_drop_and_rebroadcast() -> None:
-    with AnvilNode(no_mining=True) as node:
-        node.set_automine(True)  # set-up only; the test itself mines by hand
-        usdc = deploy_funded(node)
-        node.set_automine(False)
-        w3 = usdc.w3
+def test_no_mining_drop_and_rebroadcast(paused_usdc: Usdc) -> None:
+    usdc, node = paused_usdc, paused_usdc.node
+    node.set_automine(False)  # after set-up; the test itself mines by hand
+    w3 = usdc.w3
 
-        # Held pending until evm_mine.
-        first = authorize(usdc)
-        tx_hash = send_transfer_with_authorization(
-            w3, usdc.address, usdc.relayer, first["authorization"], first["signature"]
-        )
-        with pytest.raises(TransactionNotFound):
-            w3.eth.get_transaction_receipt(tx_hash)
-        assert balances(usdc) == (FUNDED, 0)
-        node.rpc("evm_mine")
-        assert w3.eth.get_transaction_receipt(tx_hash)["status"] == 1
-        assert balances(usdc) == (FUNDED - PRICE, PRICE)
+    # Held pending until evm_mine.
+    first = authorize(usdc)
+    tx_hash = send_transfer_with_authorization(
+        w3, usdc.address, usdc.relayer, first["authorization"], first["signature"]
+    )
+    with pytest.raises(TransactionNotFound):
+        w3.eth.get_transaction_receipt(tx_hash)
+    assert balances(usdc) == (FUNDED, 0)
+    node.rpc("evm_mine")
+    assert w3.eth.get_transaction_receipt(tx_hash)["status"] == 1
+    assert balances(usdc) == (FUNDED - PRICE, PRICE)
 
-        # Dropped: as if the network lost it. The nonce stays unused...
-        second = authorize(usdc)
-        auth, signature = second["authorization"], second["signature"]
-        dropped = send_transfer_with_authorization(w3, usdc.address, usdc.relayer, auth, signature)
-        node.drop_transaction(dropped)
-        node.mine()
-        with pytest.raises(TransactionNotFound):
-            w3.eth.get_transaction(dropped)
-        assert not authorization_state(w3, usdc.address, usdc.payer.address, auth["nonce"])
-        assert balances(usdc) == (FUNDED - PRICE, PRICE)
+    # Dropped: as if the network lost it. The nonce stays unused...
+    second = authorize(usdc)
+    auth, signature = second["authorization"], second["signature"]
+    dropped = send_transfer_with_authorization(w3, usdc.address, usdc.relayer, auth, signature)
+    node.drop_transaction(dropped)
+    node.mine()
+    with pytest.raises(TransactionNotFound):
+        w3.eth.get_transaction(dropped)
+    assert not authorization_state(w3, usdc.address, usdc.payer.address, auth["nonce"])
+    assert balances(usdc) == (FUNDED - PRICE, PRICE)
 
-        # ...so the same signed authorization can be broadcast again, and settles once.
-        again = send_transfer_with_authorization(w3, usdc.address, usdc.relayer, auth, signature)
-        node.mine()
-        assert w3.eth.get_transaction_receipt(again)["status"] == 1
-        assert authorization_state(w3, usdc.address, usdc.payer.address, auth["nonce"])
-        assert balances(usdc) == (FUNDED - 2 * PRICE, 2 * PRICE)
+    # ...so the same signed authorization can be broadcast again, and settles once.
+    again = send_transfer_with_authorization(w3, usdc.address, usdc.relayer, auth, signature)
+    node.mine()
+    assert w3.eth.get_transaction_receipt(again)["status"] == 1
+    assert authorization_state(w3, usdc.address, usdc.payer.address, auth["nonce"])
+    assert balances(usdc) == (FUNDED - 2 * PRICE, 2 * PRICE)
 
 
 def test_artifact_is_deterministic_json() -> None:

@@ -165,54 +165,52 @@ def race_x402_resigned_retries(shop: Shop) -> str:
 
 
 def test_two_replicas_and_two_workers_charge_once_and_execute_once(
-    settings, start_replica, start_worker
+    settings, start_replica, start_worker, anvil_node
 ):
-    world, node = build_world(settings)
-    with node:
-        chain_env = {
-            "X402_LOCAL_RPC_URL": node.rpc_url,
-            "X402_LOCAL_TOKEN": world.token,
-            "X402_LOCAL_RELAYER_KEY": world.relayer.key.hex(),
-            "X402_LOCAL_MODE": "direct",
-            "X402_LOCAL_CONFIRMATION_TIMEOUT": "5",
-            "X402_RESULT_WAIT_SECONDS": "0",
-        }
-        replicas = [start_replica(chain_env), start_replica(chain_env)]
-        for name in ("w1", "w2"):
-            start_worker(name, extra_env=_worker_env(replicas, chain_env))
-        buyer = BuyerFactory.create()
-        fund(buyer, 100 * PRICE, asset=world.token)
-        shop = Shop([r.url for r in replicas], world, api_key_issue(buyer=buyer))
+    world = build_world(settings, anvil_node)
+    node = anvil_node
+    chain_env = {
+        "X402_LOCAL_RPC_URL": node.rpc_url,
+        "X402_LOCAL_TOKEN": world.token,
+        "X402_LOCAL_RELAYER_KEY": world.relayer.key.hex(),
+        "X402_LOCAL_MODE": "direct",
+        "X402_LOCAL_CONFIRMATION_TIMEOUT": "5",
+        "X402_RESULT_WAIT_SECONDS": "0",
+    }
+    replicas = [start_replica(chain_env), start_replica(chain_env)]
+    for name in ("w1", "w2"):
+        start_worker(name, extra_env=_worker_env(replicas, chain_env))
+    buyer = BuyerFactory.create()
+    fund(buyer, 100 * PRICE, asset=world.token)
+    shop = Shop([r.url for r in replicas], world, api_key_issue(buyer=buyer))
 
-        prepaid = [race_prepaid_same_id(shop), race_prepaid_one_quote_many_keys(shop)]
-        x402 = [
-            race_x402_same_id(shop),
-            race_x402_one_authorization_two_ids(shop),
-            race_x402_resigned_retries(shop),
-        ]
+    prepaid = [race_prepaid_same_id(shop), race_prepaid_one_quote_many_keys(shop)]
+    x402 = [
+        race_x402_same_id(shop),
+        race_x402_one_authorization_two_ids(shop),
+        race_x402_resigned_retries(shop),
+    ]
 
-        refs = prepaid + x402
-        assert len(set(refs)) == len(refs) == Purchase.objects.count()
-        # One charge per purchase: one ledger debit each, one transfer on chain each.
-        debits = LedgerEntry.objects.filter(buyer=buyer, kind="purchase_debit")
-        assert sorted(debits.values_list("purchase__ref", flat=True)) == sorted(prepaid)
-        assert PaymentAttempt.objects.count() == len(refs)
-        assert world.relayer_sent() == len(x402)
-        assert world.seller_balance() == len(x402) * PRICE
-        # One execution per purchase, on whichever worker claimed it.
-        wait_for(
-            lambda: (
-                set(Purchase.objects.values_list("fulfillment_state", flat=True)) == {"succeeded"}
-            ),
-            timeout=90,
-            interval=0.2,
-            message="every purchase to be executed",
-        )
-        for ref in refs:
-            assert ExecutionAttempt.objects.filter(purchase__ref=ref).count() == 1, ref
-        assert Result.objects.count() == len(refs)
-        for replica in replicas:  # both replicas really took part in the races
-            assert replica.log().count('"POST ') >= RACERS, replica.log()
+    refs = prepaid + x402
+    assert len(set(refs)) == len(refs) == Purchase.objects.count()
+    # One charge per purchase: one ledger debit each, one transfer on chain each.
+    debits = LedgerEntry.objects.filter(buyer=buyer, kind="purchase_debit")
+    assert sorted(debits.values_list("purchase__ref", flat=True)) == sorted(prepaid)
+    assert PaymentAttempt.objects.count() == len(refs)
+    assert world.relayer_sent() == len(x402)
+    assert world.seller_balance() == len(x402) * PRICE
+    # One execution per purchase, on whichever worker claimed it.
+    wait_for(
+        lambda: set(Purchase.objects.values_list("fulfillment_state", flat=True)) == {"succeeded"},
+        timeout=90,
+        interval=0.2,
+        message="every purchase to be executed",
+    )
+    for ref in refs:
+        assert ExecutionAttempt.objects.filter(purchase__ref=ref).count() == 1, ref
+    assert Result.objects.count() == len(refs)
+    for replica in replicas:  # both replicas really took part in the races
+        assert replica.log().count('"POST ') >= RACERS, replica.log()
 
 
 def _worker_env(replicas: list[Any], chain_env: dict[str, str]) -> dict[str, str]:

@@ -14,7 +14,7 @@ from payments.models import PaymentAttempt
 from payments.x402.types import Authorization
 from purchases.models import Purchase, Quote
 from purchases.services import reconcile
-from tests.x402.e2e import PRICE, build_world
+from tests.x402.e2e import PRICE
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 BACKLOG = 10_000
@@ -88,18 +88,15 @@ def _backlog(world, count: int) -> None:
     PaymentAttempt.objects.update(state="settlement_pending")
 
 
-def test_ten_thousand_pending_rows_cost_a_few_dozen_round_trips(settings):
-    world, node = build_world(settings, mode="facilitator", facilitator_url="http://127.0.0.1:9")
-    with node:
-        _backlog(world, BACKLOG)
-        now = timezone.now()
-        stats = reconcile.reconcile_pending_settlements(now=now, chunk_size=CHUNK)
-        assert stats["claimed"] == BACKLOG
-        assert stats["still_pending"] == BACKLOG
-        # One head read, one JSON-RPC batch per chunk; no per-row calls, no log query needed.
-        assert stats["rpc_round_trips"] == 1 + math.ceil(BACKLOG / CHUNK)
-        assert not PaymentAttempt.objects.filter(next_check_at__isnull=True).exists()
-        # Rows not yet due again are not looked up again.
-        assert (
-            reconcile.reconcile_pending_settlements(now=now + timedelta(seconds=1))["claimed"] == 0
-        )
+def test_ten_thousand_pending_rows_cost_a_few_dozen_round_trips(make_x402_world):
+    world = make_x402_world(mode="facilitator", facilitator_url="http://127.0.0.1:9")
+    _backlog(world, BACKLOG)
+    now = timezone.now()
+    stats = reconcile.reconcile_pending_settlements(now=now, chunk_size=CHUNK)
+    assert stats["claimed"] == BACKLOG
+    assert stats["still_pending"] == BACKLOG
+    # One head read, one JSON-RPC batch per chunk; no per-row calls, no log query needed.
+    assert stats["rpc_round_trips"] == 1 + math.ceil(BACKLOG / CHUNK)
+    assert not PaymentAttempt.objects.filter(next_check_at__isnull=True).exists()
+    # Rows not yet due again are not looked up again.
+    assert reconcile.reconcile_pending_settlements(now=now + timedelta(seconds=1))["claimed"] == 0

@@ -16,7 +16,7 @@ from purchases.models import Escalation, JobRun, Offering, Purchase, PurchaseEve
 from purchases.services import reconcile
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
-from tests.x402.e2e import PRICE, ask, build_world, sign_payment
+from tests.x402.e2e import PRICE, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 PAY_ID = "reconcile-payment-0000001"
@@ -34,10 +34,8 @@ def pending_purchase(world, payment_id=PAY_ID, **signing):
 
 
 @pytest.fixture
-def paused(settings, db):
-    world, node = build_world(settings, no_mining=True)
-    with node:
-        yield world
+def paused(make_x402_world, db):
+    return make_x402_world(no_mining=True)
 
 
 def test_confirmed_later_is_settled_and_queued(paused):
@@ -169,38 +167,38 @@ def test_a_payment_id_past_retention_is_answered_with_the_receipt(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_runs_at_once_never_transition_twice(settings):
-    world, node = build_world(settings, no_mining=True)
-    with node:
-        for i in range(6):
-            client = APIClient()
-            header = ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"})["PAYMENT-REQUIRED"]
-            payment = sign_payment(header, world.payers[i % 3], f"concurrent-run-{i:08d}")
-            assert (
-                ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"}, payment=payment).status_code
-                == 202
-            )
-        node.mine()
-        barrier = threading.Barrier(2)
-        results = []
+def test_two_runs_at_once_never_transition_twice(make_x402_world):
+    world = make_x402_world(no_mining=True)
+    node = world.node
+    for i in range(6):
+        client = APIClient()
+        header = ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"})["PAYMENT-REQUIRED"]
+        payment = sign_payment(header, world.payers[i % 3], f"concurrent-run-{i:08d}")
+        assert (
+            ask(client, world, {"title": f"t{i}", "csv": "a\n1\n"}, payment=payment).status_code
+            == 202
+        )
+    node.mine()
+    barrier = threading.Barrier(2)
+    results = []
 
-        def run() -> None:
-            barrier.wait()
-            try:
-                results.append(reconcile.reconcile_pending_settlements(now=timezone.now() + LATER))
-            finally:
-                connection.close()
+    def run() -> None:
+        barrier.wait()
+        try:
+            results.append(reconcile.reconcile_pending_settlements(now=timezone.now() + LATER))
+        finally:
+            connection.close()
 
-        threads = [threading.Thread(target=run) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=120)
-        assert sum(stats["confirmed"] for stats in results) == 6
-        assert sum(stats["claimed"] for stats in results) == 6
-        paid_events = PurchaseEvent.objects.filter(subject="purchase.payment", to_state="paid")
-        assert paid_events.count() == 6  # one transition per purchase, not two
-        assert world.seller_balance() == 6 * PRICE
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sum(stats["confirmed"] for stats in results) == 6
+    assert sum(stats["claimed"] for stats in results) == 6
+    paid_events = PurchaseEvent.objects.filter(subject="purchase.payment", to_state="paid")
+    assert paid_events.count() == 6  # one transition per purchase, not two
+    assert world.seller_balance() == 6 * PRICE
 
 
 def test_a_nonce_lost_in_a_crash_is_filled_so_later_settlements_mine(paused):

@@ -13,8 +13,7 @@ from payments.chain.token import send_transfer_with_authorization
 from payments.models import Refund
 from purchases.models import Offering, Purchase, Quote
 from purchases.services import reconcile
-from tests.fixtures.facilitator import FacilitatorDouble
-from tests.x402.e2e import PRICE, ask, build_world, sign_payment
+from tests.x402.e2e import PRICE, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres]
 
@@ -47,11 +46,8 @@ def _failed_then_landed(world, double):
 
 
 @pytest.fixture
-def facilitated(settings):
-    world, node = build_world(settings, mode="facilitator")
-    with node, FacilitatorDouble(node.rpc_url, node.accounts[7]) as double:
-        settings.X402_NETWORKS["eip155:31337"]["facilitator_url"] = double.url
-        yield world, double
+def facilitated(make_facilitated_world):
+    return make_facilitated_world()
 
 
 @pytest.mark.django_db

@@ -1,13 +1,19 @@
-"""A whole x402 world for end-to-end tests: a fresh anvil chain, the test USDC, funded
-payers, a relayer, an offering priced in that token, and a client that signs like any x402
-client (our signer, the `x402` package's wire types and header codecs)."""
+"""A whole x402 world for end-to-end tests: a fresh test USDC on the session's anvil node,
+funded payers, a relayer of its own, an offering priced in that token, and a client that
+signs like any x402 client (our signer, the `x402` package's wire types and header codecs).
+
+Registered as a pytest plugin in tests/conftest.py: the `x402_*world` fixtures are shared by
+the x402 and reconciliation suites."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import pytest
 from eth_account.signers.local import LocalAccount
 from rest_framework.test import APIClient
 from web3 import Web3
@@ -15,9 +21,11 @@ from x402.http.utils import decode_payment_required_header, encode_payment_signa
 from x402.schemas import PaymentPayload, PaymentRequired
 
 from payments.chain.anvil import AnvilNode
-from payments.chain.token import balance_of, deploy_test_usdc, mint, sign_transfer_authorization
+from payments.chain.token import balance_of, sign_transfer_authorization
 from purchases.models import Offering
 from tests.factories import OfferingFactory
+from tests.fixtures.anvil import deploy_funded_usdc, new_account, new_accounts
+from tests.fixtures.facilitator import FacilitatorDouble
 
 NETWORK = "eip155:31337"
 PRICE = 250_000
@@ -47,21 +55,24 @@ class X402World:
         """Transactions the relayer ever signed and got mined or pending: broadcasts made."""
         return int(self.w3.eth.get_transaction_count(self.relayer.address, "pending"))
 
+    def new_account(self) -> LocalAccount:
+        """Another key of this world's own, with ETH for gas (a facilitator's, say)."""
+        return new_account(self.node)
+
 
 def build_world(
     settings: Any,
+    node: AnvilNode,
     *,
     no_mining: bool = False,
     mode: str = "direct",
     facilitator_url: str = "",
     offering: dict[str, Any] | None = None,
-) -> tuple[X402World, AnvilNode]:
-    node = AnvilNode()
+) -> X402World:
+    """Deploy and fund on `node` (mining), then pause it if asked; point settings at it."""
     w3 = node.w3()
-    deployer, relayer, seller, *payers = node.accounts[:6]
-    token = deploy_test_usdc(w3, deployer)
-    for payer in payers:
-        mint(w3, token, deployer, payer.address, FUNDED)
+    deployer, relayer, seller, *payers = new_accounts(node, 6)
+    token = deploy_funded_usdc(node, deployer, [payer.address for payer in payers], FUNDED)
     if no_mining:
         node.set_automine(False)
     network_settings = {
@@ -82,8 +93,71 @@ def build_world(
     record = OfferingFactory.create(
         asset=token, network=NETWORK, pay_to=seller.address, price=PRICE, **(offering or {})
     )
-    world = X402World(node, w3, token, deployer, relayer, seller, payers, record, network_settings)
-    return world, node
+    return X402World(node, w3, token, deployer, relayer, seller, payers, record, network_settings)
+
+
+class MakeWorld(Protocol):
+    def __call__(
+        self,
+        *,
+        no_mining: bool = False,
+        mode: str = "direct",
+        facilitator_url: str = "",
+        offering: dict[str, Any] | None = None,
+    ) -> X402World: ...
+
+
+@pytest.fixture
+def make_x402_world(request: pytest.FixtureRequest, settings: Any) -> MakeWorld:
+    """Build a world on the shared node, or with `no_mining` on the paused (reverted) one."""
+
+    def make(*, no_mining: bool = False, **options: Any) -> X402World:
+        node = request.getfixturevalue("paused_anvil" if no_mining else "anvil_node")
+        return build_world(settings, node, no_mining=no_mining, **options)
+
+    return make
+
+
+MakeFacilitatedWorld = Callable[..., tuple[X402World, FacilitatorDouble]]
+
+
+@pytest.fixture
+def make_facilitated_world(
+    make_x402_world: MakeWorld, settings: Any
+) -> Iterator[MakeFacilitatedWorld]:
+    """A facilitator-mode world and the facilitator double it settles through (own gas key)."""
+    with contextlib.ExitStack() as stack:
+
+        def make(
+            *, mode: str = "ok", hang_seconds: float = 6.0
+        ) -> tuple[X402World, FacilitatorDouble]:
+            world = make_x402_world(mode="facilitator")
+            double = FacilitatorDouble(
+                world.node.rpc_url, world.new_account(), hang_seconds=hang_seconds
+            )
+            stack.enter_context(double)
+            settings.X402_NETWORKS[NETWORK]["facilitator_url"] = double.url
+            double.mode = mode
+            return world, double
+
+        yield make
+
+
+@pytest.fixture
+def x402_world(make_x402_world: MakeWorld, db: None) -> X402World:
+    return make_x402_world()
+
+
+@pytest.fixture
+def x402_live_world(make_x402_world: MakeWorld, transactional_db: None) -> X402World:
+    """The same world with committed data, for tests that race real threads or processes."""
+    return make_x402_world()
+
+
+@pytest.fixture
+def x402_paused_world(make_x402_world: MakeWorld, db: None) -> X402World:
+    """Mining paused after set-up: broadcasts wait in the mempool until `node.mine()`."""
+    return make_x402_world(no_mining=True)
 
 
 def sign_payment(

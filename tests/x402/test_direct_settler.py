@@ -1,8 +1,5 @@
 """Direct-mode settlement and relayer nonce healing, against real anvil nodes (no mocks)."""
 
-# Fixtures are imported, then named as test arguments.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import dataclasses
@@ -26,17 +23,7 @@ from payments.x402.types import (
     SettlementOutcome,
     SettlementStatus,
 )
-from tests.x402.fixtures_direct import (  # noqa: F401
-    CAIP2,
-    FUNDED,
-    PRICE,
-    DirectEnv,
-    closed_rpc_url,
-    direct_env,
-    direct_node,
-    gap_env,
-    paused_env,
-)
+from tests.x402.chain_env import CAIP2, FUNDED, PRICE, ChainEnv
 
 CONFIRMED = SettlementStatus.CONFIRMED
 PENDING = SettlementStatus.PENDING
@@ -47,35 +34,33 @@ def settler() -> DirectSettler:
     return DirectSettler(poll_interval=0.05)
 
 
-def broadcast(
-    env: DirectEnv, auth: Authorization, prepared: PreparedBroadcast
-) -> SettlementOutcome:
+def broadcast(env: ChainEnv, auth: Authorization, prepared: PreparedBroadcast) -> SettlementOutcome:
     return settler().broadcast(
-        authorization=auth, requirements=env.requirements(auth.value), network=env.network,
+        authorization=auth, requirements=env.requirements(amount=auth.value), network=env.network,
         prepared=prepared,
     )  # fmt: skip
 
 
-def settle(env: DirectEnv, auth: Authorization) -> tuple[PreparedBroadcast, SettlementOutcome]:
+def settle(env: ChainEnv, auth: Authorization) -> tuple[PreparedBroadcast, SettlementOutcome]:
     prepared = settler().prepare(authorization=auth, network=env.network)
     return prepared, broadcast(env, auth, prepared)
 
 
-def pending_nonce(env: DirectEnv) -> int:
+def pending_nonce(env: ChainEnv) -> int:
     return env.w3.eth.get_transaction_count(env.relayer.address, "pending")
 
 
-def next_nonce(env: DirectEnv) -> int:
+def next_nonce(env: ChainEnv) -> int:
     return RelayerAccount.objects.get(network=CAIP2, address=env.relayer.address).next_nonce
 
 
-def heal(env: DirectEnv, *prepared: PreparedBroadcast, **kwargs: object) -> list[dict[str, object]]:
+def heal(env: ChainEnv, *prepared: PreparedBroadcast, **kwargs: object) -> list[dict[str, object]]:
     known = [(p.relayer_nonce, p.raw_transaction) for p in prepared]
     return relayer_heal(network=env.network, w3=env.w3, account=env.relayer,
                         known=known, **kwargs)  # type: ignore[arg-type]  # fmt: skip
 
 
-def is_known(env: DirectEnv, tx_hash: str) -> bool:
+def is_known(env: ChainEnv, tx_hash: str) -> bool:
     try:
         env.w3.eth.get_transaction(tx_hash)  # type: ignore[arg-type]
     except TransactionNotFound:
@@ -87,7 +72,7 @@ def is_known(env: DirectEnv, tx_hash: str) -> bool:
 
 
 @pytest.mark.django_db
-def test_prepare_signs_without_sending_and_broadcast_confirms_once(direct_env: DirectEnv) -> None:
+def test_prepare_signs_without_sending_and_broadcast_confirms_once(direct_env: ChainEnv) -> None:
     env, auth = direct_env, direct_env.authorize()
     expected_nonce = pending_nonce(env)
 
@@ -108,7 +93,7 @@ def test_prepare_signs_without_sending_and_broadcast_confirms_once(direct_env: D
 
 @pytest.mark.django_db
 def test_broadcasting_the_same_prepared_transaction_twice_transfers_once(
-    direct_env: DirectEnv,
+    direct_env: ChainEnv,
 ) -> None:
     env, auth = direct_env, direct_env.authorize()
     prepared, first = settle(env, auth)
@@ -124,7 +109,7 @@ def test_broadcasting_the_same_prepared_transaction_twice_transfers_once(
 
 @pytest.mark.django_db
 def test_a_second_transaction_for_a_used_authorization_reverts_and_moves_nothing(
-    direct_env: DirectEnv,
+    direct_env: ChainEnv,
 ) -> None:
     env, auth = direct_env, direct_env.authorize()
     _first_prepared, first = settle(env, auth)
@@ -143,7 +128,7 @@ def test_a_second_transaction_for_a_used_authorization_reverts_and_moves_nothing
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_settlements_pipeline_with_distinct_consecutive_nonces(
-    direct_env: DirectEnv,
+    direct_env: ChainEnv,
 ) -> None:
     env, count = direct_env, 8
     auths = [env.authorize() for _ in range(count)]
@@ -181,7 +166,7 @@ def test_concurrent_settlements_pipeline_with_distinct_consecutive_nonces(
 
 
 @pytest.mark.django_db
-def test_paused_mining_answers_pending_with_the_hash_then_confirms(paused_env: DirectEnv) -> None:
+def test_paused_mining_answers_pending_with_the_hash_then_confirms(paused_env: ChainEnv) -> None:
     env, auth = paused_env, paused_env.authorize()
     prepared = settler().prepare(authorization=auth, network=env.network)
 
@@ -203,7 +188,7 @@ def test_paused_mining_answers_pending_with_the_hash_then_confirms(paused_env: D
 
 @pytest.mark.django_db
 def test_rpc_down_answers_pending_rpc_error_and_sends_nothing(
-    direct_env: DirectEnv, closed_rpc_url: str
+    direct_env: ChainEnv, closed_rpc_url: str
 ) -> None:
     env, auth = direct_env, direct_env.authorize()
     prepared = settler().prepare(authorization=auth, network=env.network)
@@ -223,7 +208,7 @@ def test_rpc_down_answers_pending_rpc_error_and_sends_nothing(
 
 @pytest.mark.django_db
 def test_prepare_with_rpc_down_raises_before_allocating_a_nonce(
-    direct_env: DirectEnv, closed_rpc_url: str
+    direct_env: ChainEnv, closed_rpc_url: str
 ) -> None:
     env = direct_env
     down = dataclasses.replace(env.network, rpc_url=closed_rpc_url)
@@ -237,7 +222,7 @@ def test_prepare_with_rpc_down_raises_before_allocating_a_nonce(
 
 @pytest.mark.django_db
 def test_broadcast_refuses_bytes_that_are_not_the_prepared_transaction(
-    direct_env: DirectEnv,
+    direct_env: ChainEnv,
 ) -> None:
     env, auth, other = direct_env, direct_env.authorize(), direct_env.authorize()
     prepared = settler().prepare(authorization=auth, network=env.network)
@@ -257,7 +242,7 @@ def test_broadcast_refuses_bytes_that_are_not_the_prepared_transaction(
 
 
 @pytest.mark.django_db
-def test_nonce_allocation_takes_the_higher_of_our_row_and_the_chain(direct_env: DirectEnv) -> None:
+def test_nonce_allocation_takes_the_higher_of_our_row_and_the_chain(direct_env: ChainEnv) -> None:
     env = direct_env
 
     def allocate(chain_pending: int) -> int:
@@ -270,7 +255,7 @@ def test_nonce_allocation_takes_the_higher_of_our_row_and_the_chain(direct_env: 
 
 
 @pytest.mark.django_db
-def test_dropped_transaction_is_sent_again_byte_for_byte(paused_env: DirectEnv) -> None:
+def test_dropped_transaction_is_sent_again_byte_for_byte(paused_env: ChainEnv) -> None:
     env, first_auth, later_auth = paused_env, paused_env.authorize(), paused_env.authorize()
     first, first_outcome = settle(env, first_auth)
     env.node.drop_transaction(first.tx_hash or "")
@@ -300,7 +285,7 @@ def test_dropped_transaction_is_sent_again_byte_for_byte(paused_env: DirectEnv) 
 
 @pytest.mark.django_db
 def test_dropped_transaction_that_can_no_longer_execute_is_replaced_by_a_gap_filler(
-    paused_env: DirectEnv,
+    paused_env: ChainEnv,
 ) -> None:
     env, first_auth, later_auth = paused_env, paused_env.authorize(), paused_env.authorize()
     first, _ = settle(env, first_auth)
@@ -329,7 +314,7 @@ def test_dropped_transaction_that_can_no_longer_execute_is_replaced_by_a_gap_fil
 
 @pytest.mark.django_db
 def test_nonce_allocated_but_never_sent_is_filled_so_later_transactions_mine(
-    gap_env: DirectEnv,
+    gap_env: ChainEnv,
 ) -> None:
     env, auth = gap_env, gap_env.authorize()
     # Allocated, then the process died before recording or sending anything.

@@ -24,15 +24,9 @@ from payments.x402.facilitator import (
 )
 from payments.x402.types import NetworkConfig, PreparedBroadcast, SettlementOutcome
 from payments.x402.types import SettlementStatus as S
-from tests.fixtures.facilitator import FacilitatorDouble, facilitator_double_fixture  # noqa: F401
-from tests.x402.fixtures_facilitator import (  # noqa: F401
-    USDC,
-    FacilitatorChain,
-    closed_port_url,
-    facilitator_anvil_fixture,
-    facilitator_chain_fixture,
-    facilitator_network_fixture,
-)
+from tests.fixtures.anvil import closed_port_url
+from tests.fixtures.facilitator import FacilitatorDouble
+from tests.x402.chain_env import USDC, FacilitatorChain
 
 VALUE = 3 * USDC // 100  # 0.03 USDC
 TX = "0x" + "ab" * 32

@@ -1,9 +1,5 @@
 """Reconciling x402 payments from chain evidence, against real anvil nodes (no mocks)."""
 
-# The fixtures are imported from tests/x402/fixtures_chain.py, so every test argument
-# "redefines" an imported name: that is how pytest finds them.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import dataclasses
@@ -22,14 +18,8 @@ from payments.chain.token import mint
 from payments.x402.chain import ChainReader, ChainUnavailable, w3_for
 from payments.x402.lookup import LOOKUP_REASONS, settlement_lookup
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
-from tests.x402.fixtures_chain import (  # noqa: F401
-    ChainEnv,
-    chain,
-    closed_port_url,
-    make_env,
-    no_mining_chain,
-    x402_node,
-)
+from tests.fixtures.anvil import closed_port_url
+from tests.x402.chain_env import ChainEnv, make_env
 
 CONFIRMED = SettlementStatus.CONFIRMED
 PENDING = SettlementStatus.PENDING

@@ -23,7 +23,7 @@ from x402.http.utils import decode_payment_response_header
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Purchase, PurchaseEvent
 from tests.integration.helpers import wait_for
-from tests.x402.e2e import NETWORK, PRICE, X402World, build_world
+from tests.x402.e2e import NETWORK, PRICE, X402World
 
 ROOT = Path(__file__).resolve().parents[2]
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}
@@ -62,61 +62,62 @@ def buy(kind: str, url: str, world: X402World, *, timeout: float) -> dict[str, A
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_stock_client_buys_in_one_round_trip(kind, settings, http_server, start_worker):
-    world, node = build_world(settings)
-    with node:
-        settings.X402_RESULT_WAIT_SECONDS = 30
-        start_worker("w1")
-        got = buy(kind, f"{http_server}{world.paid_url}", world, timeout=60)
-        assert got["outcome"] == "response" and got["status"] == 200, got
-        assert json.loads(got["body"])["title"] == "Sales"
-        settle = decode_payment_response_header(got["headers"]["payment-response"])
-        attempt = PaymentAttempt.objects.get()
-        assert settle.success is True and settle.transaction == attempt.tx_hash
-        # No payment id was sent: the payment is keyed by its authorization.
-        assert IdempotencyRecord.objects.get().key.startswith("auth:")
-        assert world.seller_balance() == PRICE and world.relayer_sent() == 1
+def test_stock_client_buys_in_one_round_trip(
+    make_x402_world, kind, settings, http_server, start_worker
+):
+    world = make_x402_world()
+    settings.X402_RESULT_WAIT_SECONDS = 30
+    start_worker("w1")
+    got = buy(kind, f"{http_server}{world.paid_url}", world, timeout=60)
+    assert got["outcome"] == "response" and got["status"] == 200, got
+    assert json.loads(got["body"])["title"] == "Sales"
+    settle = decode_payment_response_header(got["headers"]["payment-response"])
+    attempt = PaymentAttempt.objects.get()
+    assert settle.success is True and settle.transaction == attempt.tx_hash
+    # No payment id was sent: the payment is keyed by its authorization.
+    assert IdempotencyRecord.objects.get().key.startswith("auth:")
+    assert world.seller_balance() == PRICE and world.relayer_sent() == 1
 
 
 def test_timed_out_call_retried_pays_once_and_ends_with_the_result(
-    kind, settings, http_server, start_worker
+    make_x402_world, kind, settings, http_server, start_worker
 ):
-    world, node = build_world(settings, no_mining=True)
-    with node:
-        settings.X402_RESULT_WAIT_SECONDS = 30
-        # The server waits 6 s for a block that never comes; the caller gives up after 2 s.
-        settings.X402_NETWORKS = {
-            **settings.X402_NETWORKS,
-            NETWORK: {**world.network_settings, "confirmation_timeout": 6.0},
-        }
-        start_worker("w1")
-        url = f"{http_server}{world.paid_url}"
-        assert buy(kind, url, world, timeout=2)["outcome"] == "timeout"
-        attempt = wait_for(
-            lambda: PaymentAttempt.objects.filter(state="settlement_pending").first(),
-            message="the abandoned request to record its pending broadcast",
-        )
+    world = make_x402_world(no_mining=True)
+    node = world.node
+    settings.X402_RESULT_WAIT_SECONDS = 30
+    # The server waits 6 s for a block that never comes; the caller gives up after 2 s.
+    settings.X402_NETWORKS = {
+        **settings.X402_NETWORKS,
+        NETWORK: {**world.network_settings, "confirmation_timeout": 6.0},
+    }
+    start_worker("w1")
+    url = f"{http_server}{world.paid_url}"
+    assert buy(kind, url, world, timeout=2)["outcome"] == "timeout"
+    attempt = wait_for(
+        lambda: PaymentAttempt.objects.filter(state="settlement_pending").first(),
+        message="the abandoned request to record its pending broadcast",
+    )
 
-        retry = buy(kind, url, world, timeout=60)  # the SDK re-signs: a new nonce, a new 402
-        assert retry["outcome"] == "response" and retry["status"] == 202, retry
-        purchase = Purchase.objects.get()
-        assert retry["headers"]["tollbooth-duplicate-of"] == purchase.ref
-        body = json.loads(retry["body"])
-        assert body["purchase"] == purchase.ref and body["transaction"] == attempt.tx_hash
-        status_url = retry["headers"]["location"]
-        assert body["status_url"] == status_url and world.relayer_sent() == 1
+    retry = buy(kind, url, world, timeout=60)  # the SDK re-signs: a new nonce, a new 402
+    assert retry["outcome"] == "response" and retry["status"] == 202, retry
+    purchase = Purchase.objects.get()
+    assert retry["headers"]["tollbooth-duplicate-of"] == purchase.ref
+    body = json.loads(retry["body"])
+    assert body["purchase"] == purchase.ref and body["transaction"] == attempt.tx_hash
+    status_url = retry["headers"]["location"]
+    assert body["status_url"] == status_url and world.relayer_sent() == 1
 
-        node.mine()  # the one broadcast lands
-        result = wait_for(
-            lambda: _ready(requests.get(f"{http_server}{status_url}", timeout=30)),
-            timeout=60,
-            interval=0.5,
-            message="the result at the capability URL",
-        )
-        assert result.json()["title"] == "Sales"
-        assert world.seller_balance() == PRICE and world.relayer_sent() == 1
-        assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
-        assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == 1
+    node.mine()  # the one broadcast lands
+    result = wait_for(
+        lambda: _ready(requests.get(f"{http_server}{status_url}", timeout=30)),
+        timeout=60,
+        interval=0.5,
+        message="the result at the capability URL",
+    )
+    assert result.json()["title"] == "Sales"
+    assert world.seller_balance() == PRICE and world.relayer_sent() == 1
+    assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
+    assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == 1
 
 
 def _ready(response: requests.Response) -> requests.Response | None:

@@ -1,9 +1,5 @@
 """Our own x402 verification against a real anvil chain (no mocks, no database)."""
 
-# The fixtures are imported from tests/x402/fixtures_chain.py, so every test argument
-# "redefines" an imported name: that is how pytest finds them.
-# ruff: noqa: F811
-
 from __future__ import annotations
 
 import copy
@@ -22,13 +18,8 @@ from payments.x402.verify import (
     parse_authorization,
     verify_payment,
 )
-from tests.x402.fixtures_chain import (  # noqa: F401
-    PRICE,
-    ChainEnv,
-    chain,
-    closed_port_url,
-    x402_node,
-)
+from tests.fixtures.anvil import closed_port_url
+from tests.x402.chain_env import PRICE, ChainEnv
 
 SECP256K1_N = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
 

@@ -122,34 +122,30 @@ def test_a_keyed_quote_is_paid_only_by_its_buyer(x402_world, buyer, make_client)
 
 @pytest.mark.postgres
 @pytest.mark.django_db
-def test_a_row_the_job_cannot_read_never_stalls_the_batch(settings):
-    from tests.x402.e2e import build_world
-
-    world, node = build_world(settings, no_mining=True)
-    with node:
-        client = APIClient()
-        refs = []
-        for payer, body in ((world.payers[0], INPUT_A), (world.payers[1], INPUT_B)):
-            payment = sign_payment(
-                client.post(world.paid_url, body, format="json")["PAYMENT-REQUIRED"], payer, None
-            )
-            pending = client.post(
-                world.paid_url, body, format="json", HTTP_PAYMENT_SIGNATURE=payment
-            )
-            assert pending.status_code == 202
-            refs.append(pending.json()["purchase"])
-        node.mine()
-        broken = PaymentAttempt.objects.get(purchase__ref=refs[0])
-        PaymentAttempt.objects.filter(pk=broken.pk).update(authorization={"garbled": True})
-
-        start = timezone.now() + timedelta(minutes=9)
-        for later in (start, start + timedelta(minutes=6)):  # each pass: recorded, batch goes on
-            stats = reconcile.reconcile_pending_settlements(now=later)
-        assert Purchase.objects.get(ref=refs[1]).payment_state == "paid"
-        assert stats["row_errors"] == 1 and stats[f"failed:attempt:{broken.pk}"] == 1
-        escalation = Escalation.objects.get(purchase__ref=refs[0])
-        assert (escalation.owner, escalation.reason_code) == (
-            "support",
-            "reconciliation_row_failed",
+def test_a_row_the_job_cannot_read_never_stalls_the_batch(make_x402_world):
+    world = make_x402_world(no_mining=True)
+    node = world.node
+    client = APIClient()
+    refs = []
+    for payer, body in ((world.payers[0], INPUT_A), (world.payers[1], INPUT_B)):
+        payment = sign_payment(
+            client.post(world.paid_url, body, format="json")["PAYMENT-REQUIRED"], payer, None
         )
-        assert not JobRun.objects.exclude(error="").exists()
+        pending = client.post(world.paid_url, body, format="json", HTTP_PAYMENT_SIGNATURE=payment)
+        assert pending.status_code == 202
+        refs.append(pending.json()["purchase"])
+    node.mine()
+    broken = PaymentAttempt.objects.get(purchase__ref=refs[0])
+    PaymentAttempt.objects.filter(pk=broken.pk).update(authorization={"garbled": True})
+
+    start = timezone.now() + timedelta(minutes=9)
+    for later in (start, start + timedelta(minutes=6)):  # each pass: recorded, batch goes on
+        stats = reconcile.reconcile_pending_settlements(now=later)
+    assert Purchase.objects.get(ref=refs[1]).payment_state == "paid"
+    assert stats["row_errors"] == 1 and stats[f"failed:attempt:{broken.pk}"] == 1
+    escalation = Escalation.objects.get(purchase__ref=refs[0])
+    assert (escalation.owner, escalation.reason_code) == (
+        "support",
+        "reconciliation_row_failed",
+    )
+    assert not JobRun.objects.exclude(error="").exists()

@@ -16,8 +16,7 @@ from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Offering, Purchase
 from purchases.services.execution import purchase_execute
-from tests.fixtures.facilitator import FacilitatorDouble
-from tests.x402.e2e import PRICE, ask, build_world, sign_payment
+from tests.x402.e2e import PRICE, ask, sign_payment
 
 PAY_ID = "x402-recovery-id-000001"
 
@@ -146,62 +145,59 @@ FAULTS = [
 
 
 @pytest.mark.parametrize("mode", FAULTS)
-def test_facilitator_faults_leave_the_purchase_pending_and_settle_at_most_once(settings, db, mode):
-    world, node = build_world(settings, mode="facilitator")
-    with node, FacilitatorDouble(node.rpc_url, node.accounts[7], hang_seconds=3.0) as double:
-        settings.X402_NETWORKS["eip155:31337"]["facilitator_url"] = double.url
-        double.mode = mode
-        client = APIClient()
-        payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
-        answer = ask(client, world, payment=payment)
-        assert answer.status_code == 202, answer.content  # never the result, never a fresh 402
-        assert answer.json()["status"] == "settlement_pending"
-        purchase = Purchase.objects.get()
+def test_facilitator_faults_leave_the_purchase_pending_and_settle_at_most_once(
+    make_facilitated_world, db, mode
+):
+    world, double = make_facilitated_world(mode=mode, hang_seconds=3.0)
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+    answer = ask(client, world, payment=payment)
+    assert answer.status_code == 202, answer.content  # never the result, never a fresh 402
+    assert answer.json()["status"] == "settlement_pending"
+    purchase = Purchase.objects.get()
+    assert purchase.payment_state == "settlement_pending"
+    assert not Result.objects.exists()
+    assert double.calls["settle"] == 1
+    assert world.seller_balance() == PRICE * double.broadcast_count  # 0 or 1, never 2
+    if mode in ("success_503", "settlement_pending"):  # the body named the transaction
+        assert PaymentAttempt.objects.get().tx_hash == double.broadcasts[0].lower()
+
+    # Polling with the same payment id reconciles on chain; it never calls /settle again.
+    again = ask(client, world, payment=payment)
+    assert double.calls["settle"] == 1
+    purchase.refresh_from_db()
+    if double.broadcast_count:
+        assert again.status_code == 202 and purchase.payment_state == "paid"
+    else:
         assert purchase.payment_state == "settlement_pending"
-        assert not Result.objects.exists()
-        assert double.calls["settle"] == 1
-        assert world.seller_balance() == PRICE * double.broadcast_count  # 0 or 1, never 2
-        if mode in ("success_503", "settlement_pending"):  # the body named the transaction
-            assert PaymentAttempt.objects.get().tx_hash == double.broadcasts[0].lower()
-
-        # Polling with the same payment id reconciles on chain; it never calls /settle again.
-        again = ask(client, world, payment=payment)
-        assert double.calls["settle"] == 1
-        purchase.refresh_from_db()
-        if double.broadcast_count:
-            assert again.status_code == 202 and purchase.payment_state == "paid"
-        else:
-            assert purchase.payment_state == "settlement_pending"
-        assert world.seller_balance() == PRICE * double.broadcast_count
+    assert world.seller_balance() == PRICE * double.broadcast_count
 
 
-def test_verified_delivery_runs_and_delivers_before_settlement_confirms(settings, db):
-    world, node = build_world(settings, no_mining=True, offering={"delivery_condition": "verified"})
-    with node:
-        client = APIClient()
-        payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
-        pending = ask(client, world, payment=payment)
-        purchase = Purchase.objects.get()
-        assert purchase.payment_state == "settlement_pending"
-        assert purchase.fulfillment_state == "queued"  # verification was enough to start
-        assert pending.status_code == 202
-        purchase_execute(purchase_id=purchase.pk, worker="test")
-        delivered = ask(client, world, payment=payment)
-        assert delivered.status_code == 200
-        assert Purchase.objects.get().payment_state == "settlement_pending"
+def test_verified_delivery_runs_and_delivers_before_settlement_confirms(make_x402_world, db):
+    world = make_x402_world(no_mining=True, offering={"delivery_condition": "verified"})
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+    pending = ask(client, world, payment=payment)
+    purchase = Purchase.objects.get()
+    assert purchase.payment_state == "settlement_pending"
+    assert purchase.fulfillment_state == "queued"  # verification was enough to start
+    assert pending.status_code == 202
+    purchase_execute(purchase_id=purchase.pk, worker="test")
+    delivered = ask(client, world, payment=payment)
+    assert delivered.status_code == 200
+    assert Purchase.objects.get().payment_state == "settlement_pending"
 
 
-def test_spend_cap_binds_the_paying_wallets_owner_on_x402(settings, db, buyer):
+def test_spend_cap_binds_the_paying_wallets_owner_on_x402(make_x402_world, db, buyer):
     from purchases.models import BuyerWallet
 
-    world, node = build_world(settings)
-    with node:
-        buyer.spend_cap = PRICE - 1
-        buyer.save()
-        BuyerWallet.objects.create(buyer=buyer, address=world.payers[0].address.lower())
-        client = APIClient()
-        payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
-        refused = ask(client, world, payment=payment)
-        assert refused.status_code == 402
-        assert refused.json()["code"] == "spend_cap_exceeded"
-        assert world.relayer_sent() == 0 and not Purchase.objects.exists()
+    world = make_x402_world()
+    buyer.spend_cap = PRICE - 1
+    buyer.save()
+    BuyerWallet.objects.create(buyer=buyer, address=world.payers[0].address.lower())
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+    refused = ask(client, world, payment=payment)
+    assert refused.status_code == 402
+    assert refused.json()["code"] == "spend_cap_exceeded"
+    assert world.relayer_sent() == 0 and not Purchase.objects.exists()

@@ -8,8 +8,6 @@ request path reads the clock, so the attempt's timestamps are moved back instead
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,20 +19,11 @@ from payments.models import PaymentAttempt
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.reconcile import reconcile_pending_settlements
 from tests.fixtures.facilitator import FacilitatorDouble
-from tests.x402.e2e import NETWORK, PRICE, X402World, ask, build_world, sign_payment
+from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 PAY_ID = "x402-resubmit-id-0000001"
 RESUBMITTED = "payment_attempt.resubmitted"
 REFUSED = "payment_attempt.resubmit_refused"
-
-
-@contextmanager
-def _facilitator_world(settings: Any, mode: str) -> Iterator[tuple[X402World, FacilitatorDouble]]:
-    world, node = build_world(settings, mode="facilitator")
-    with node, FacilitatorDouble(node.rpc_url, node.accounts[7], hang_seconds=3.0) as double:
-        settings.X402_NETWORKS[NETWORK]["facilitator_url"] = double.url
-        double.mode = mode
-        yield world, double
 
 
 def _pay(world: X402World, client: APIClient, **sign: Any) -> str:
@@ -74,107 +63,111 @@ def _first_broadcast_at() -> datetime:
 
 
 @pytest.mark.parametrize("mode", ["invalid_transaction_state", "hang_unsent"])
-def test_the_buyers_resend_resubmits_what_a_facilitator_never_broadcast(settings, db, mode):
-    with _facilitator_world(settings, mode) as (world, double):
-        client = APIClient()
-        payment = _pay(world, client)
-        assert ask(client, world, payment=payment).status_code == 202  # inside the backoff
-        assert double.calls["settle"] == 1 and double.broadcast_count == 0
+def test_the_buyers_resend_resubmits_what_a_facilitator_never_broadcast(
+    make_facilitated_world, db, mode
+):
+    world, double = make_facilitated_world(mode=mode, hang_seconds=3.0)
+    client = APIClient()
+    payment = _pay(world, client)
+    assert ask(client, world, payment=payment).status_code == 202  # inside the backoff
+    assert double.calls["settle"] == 1 and double.broadcast_count == 0
 
-        double.mode = "ok"  # the facilitator recovers
-        _age(31)
-        paid = ask(client, world, payment=payment)  # the SAME PAYMENT-SIGNATURE
+    double.mode = "ok"  # the facilitator recovers
+    _age(31)
+    paid = ask(client, world, payment=payment)  # the SAME PAYMENT-SIGNATURE
 
-        assert paid.status_code == 202 and paid.json()["payment"]["state"] == "paid"
-        assert double.calls["settle"] == 2  # 1 + one resubmission
-        assert double.broadcast_count == 1 and world.seller_balance() == PRICE
-        assert len(_authorizations_sent(double)) == 1
-        attempt = PaymentAttempt.objects.get()
-        tx_hash = double.broadcasts[0]
-        assert (attempt.state, attempt.resubmissions, attempt.tx_hash) == (
-            "succeeded",
-            1,
-            tx_hash.lower(),
-        )
-        [event] = _events(RESUBMITTED)
-        assert (event.actor, event.reason_code) == ("settlement", "")
-        assert event.evidence == {
-            "attempt": attempt.pk,
-            "try": 1,
-            "limit": 5,
-            "mode": "facilitator",
-            "tx_hash": tx_hash,
-            "answer": {
-                "status": "confirmed",
-                "reason_code": "",
-                "http_status": 200,
-                "success": True,
-                "transaction": tx_hash,
-            },
-        }
-        assert not _events(REFUSED) and not Escalation.objects.exists()
-
-
-def test_reconciliation_resubmits_without_any_buyer_request(settings, db):
-    with _facilitator_world(settings, "invalid_transaction_state") as (world, double):
-        _pay(world, APIClient())
-        started = _first_broadcast_at()
-        double.mode = "ok"
-
-        reconcile_pending_settlements(now=started + timedelta(seconds=60))  # the request's grace
-        assert double.calls["settle"] == 1
-        stats = reconcile_pending_settlements(now=started + timedelta(minutes=3))
-
-        assert (stats["resubmitted"], stats["confirmed"]) == (1, 1)
-        assert double.calls["settle"] == 2 and double.broadcast_count == 1
-        assert world.seller_balance() == PRICE
-        assert Purchase.objects.get().payment_state == "paid"
-        attempt = PaymentAttempt.objects.get()
-        assert (attempt.state, attempt.resubmissions) == ("succeeded", 1)
-        assert attempt.resubmitted_at == started + timedelta(minutes=3)
-        [event] = _events(RESUBMITTED)
-        assert (event.actor, event.evidence["try"], event.evidence["answer"]["status"]) == (
-            "reconciliation",
-            1,
-            "confirmed",
-        )
+    assert paid.status_code == 202 and paid.json()["payment"]["state"] == "paid"
+    assert double.calls["settle"] == 2  # 1 + one resubmission
+    assert double.broadcast_count == 1 and world.seller_balance() == PRICE
+    assert len(_authorizations_sent(double)) == 1
+    attempt = PaymentAttempt.objects.get()
+    tx_hash = double.broadcasts[0]
+    assert (attempt.state, attempt.resubmissions, attempt.tx_hash) == (
+        "succeeded",
+        1,
+        tx_hash.lower(),
+    )
+    [event] = _events(RESUBMITTED)
+    assert (event.actor, event.reason_code) == ("settlement", "")
+    assert event.evidence == {
+        "attempt": attempt.pk,
+        "try": 1,
+        "limit": 5,
+        "mode": "facilitator",
+        "tx_hash": tx_hash,
+        "answer": {
+            "status": "confirmed",
+            "reason_code": "",
+            "http_status": 200,
+            "success": True,
+            "transaction": tx_hash,
+        },
+    }
+    assert not _events(REFUSED) and not Escalation.objects.exists()
 
 
-def test_resubmissions_stop_at_the_limit_with_backoff_and_escalate(settings, db):
+def test_reconciliation_resubmits_without_any_buyer_request(make_facilitated_world, db):
+    world, double = make_facilitated_world(mode="invalid_transaction_state", hang_seconds=3.0)
+    _pay(world, APIClient())
+    started = _first_broadcast_at()
+    double.mode = "ok"
+
+    reconcile_pending_settlements(now=started + timedelta(seconds=60))  # the request's grace
+    assert double.calls["settle"] == 1
+    stats = reconcile_pending_settlements(now=started + timedelta(minutes=3))
+
+    assert (stats["resubmitted"], stats["confirmed"]) == (1, 1)
+    assert double.calls["settle"] == 2 and double.broadcast_count == 1
+    assert world.seller_balance() == PRICE
+    assert Purchase.objects.get().payment_state == "paid"
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.resubmissions) == ("succeeded", 1)
+    assert attempt.resubmitted_at == started + timedelta(minutes=3)
+    [event] = _events(RESUBMITTED)
+    assert (event.actor, event.evidence["try"], event.evidence["answer"]["status"]) == (
+        "reconciliation",
+        1,
+        "confirmed",
+    )
+
+
+def test_resubmissions_stop_at_the_limit_with_backoff_and_escalate(
+    settings, make_facilitated_world, db
+):
     settings.TOLLBOOTH = {**settings.TOLLBOOTH, "SETTLEMENT_RESUBMIT_LIMIT": 3}
-    with _facilitator_world(settings, "invalid_transaction_state") as (world, double):
-        client = APIClient()
-        payment = _pay(world, client, valid_before=int(time.time()) + 3 * 3600)
-        started = _first_broadcast_at()
+    world, double = make_facilitated_world(mode="invalid_transaction_state", hang_seconds=3.0)
+    client = APIClient()
+    payment = _pay(world, client, valid_before=int(time.time()) + 3 * 3600)
+    started = _first_broadcast_at()
 
-        tried_at = []
-        for minute in range(2, 60):
-            before = double.calls["settle"]
-            reconcile_pending_settlements(now=started + timedelta(minutes=minute))
-            if double.calls["settle"] > before:
-                tried_at.append(minute)
-        ask(client, world, payment=payment)  # the buyer's resend is refused too
+    tried_at = []
+    for minute in range(2, 60):
+        before = double.calls["settle"]
+        reconcile_pending_settlements(now=started + timedelta(minutes=minute))
+        if double.calls["settle"] > before:
+            tried_at.append(minute)
+    ask(client, world, payment=payment)  # the buyer's resend is refused too
 
-        # 30 s, 2 min, 10 min after the previous try (runs every minute), then never again.
-        assert tried_at == [2, 4, 14]
-        assert double.calls["settle"] == 1 + 3 and double.broadcast_count == 0
-        assert len(_authorizations_sent(double)) == 1  # never re-signed
-        attempt = PaymentAttempt.objects.get()
-        assert (attempt.state, attempt.resubmissions) == ("settlement_pending", 3)
-        assert Purchase.objects.get().payment_state == "settlement_pending"
-        assert [e.evidence["try"] for e in _events(RESUBMITTED)] == [1, 2, 3]
-        assert {e.reason_code for e in _events(RESUBMITTED)} == {
-            "facilitator_unresolved:invalid_transaction_state"
-        }
-        [refused] = _events(REFUSED)
-        assert refused.reason_code == "resubmission_limit_reached"
-        assert (refused.evidence["resubmissions"], refused.evidence["limit"]) == (3, 3)
-        [escalation] = Escalation.objects.all()
-        assert (escalation.owner, escalation.reason_code) == (
-            "support",
-            "settlement_resubmissions_exhausted",
-        )
-        assert PaymentAttempt.objects.count() == 1 and world.seller_balance() == 0
+    # 30 s, 2 min, 10 min after the previous try (runs every minute), then never again.
+    assert tried_at == [2, 4, 14]
+    assert double.calls["settle"] == 1 + 3 and double.broadcast_count == 0
+    assert len(_authorizations_sent(double)) == 1  # never re-signed
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.resubmissions) == ("settlement_pending", 3)
+    assert Purchase.objects.get().payment_state == "settlement_pending"
+    assert [e.evidence["try"] for e in _events(RESUBMITTED)] == [1, 2, 3]
+    assert {e.reason_code for e in _events(RESUBMITTED)} == {
+        "facilitator_unresolved:invalid_transaction_state"
+    }
+    [refused] = _events(REFUSED)
+    assert refused.reason_code == "resubmission_limit_reached"
+    assert (refused.evidence["resubmissions"], refused.evidence["limit"]) == (3, 3)
+    [escalation] = Escalation.objects.all()
+    assert (escalation.owner, escalation.reason_code) == (
+        "support",
+        "settlement_resubmissions_exhausted",
+    )
+    assert PaymentAttempt.objects.count() == 1 and world.seller_balance() == 0
 
 
 def test_a_dropped_relayer_transaction_is_resent_identically_counted_and_bounded(

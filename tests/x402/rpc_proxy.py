@@ -1,5 +1,6 @@
-"""Helpers for the batch reader tests: a recording (and, on demand, faulty) JSON-RPC proxy
-in front of a real anvil node, and cheap authorizations with random nonces.
+"""For the batch reader tests (the `rpc_proxy` fixture is in conftest.py): a recording (and,
+on demand, faulty) JSON-RPC proxy in front of a real anvil node, and cheap authorizations
+with random nonces.
 
 The proxy forwards every request to the node unchanged, so the chain answering is real; it
 records what went over the wire (an independent count of round trips) and lets a test
@@ -12,17 +13,16 @@ import http.server
 import json
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import requests
 from hexbytes import HexBytes
 from web3 import Web3
 
 from payments.x402.types import Authorization
-from tests.x402.fixtures_chain import PRICE, ChainEnv
+from tests.x402.chain_env import PRICE, ChainEnv
 
 
 @dataclass(frozen=True)
@@ -92,13 +92,6 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
-
-
-@pytest.fixture
-def rpc_proxy(chain: ChainEnv) -> Iterator[RpcProxy]:
-    proxy = RpcProxy(chain.node.rpc_url)
-    yield proxy
-    proxy.close()
 
 
 def random_hash() -> str:
