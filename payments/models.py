@@ -122,7 +122,8 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
 
 
 class LedgerEntry(models.Model):
-    """The prepaid balance is the sum of these; a balance is never stored as a number."""
+    """The prepaid ledger, append-only. The balance is the sum of these; LedgerBalance keeps
+    that sum as a running total, written in the same transaction as each entry."""
 
     class Kind(models.TextChoices):
         TOP_UP = "top_up"
@@ -237,3 +238,27 @@ class RelayerAccount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.address} on {self.network} (next {self.next_nonce})"
+
+
+class LedgerBalance(models.Model):
+    """Running total of one buyer's ledger in one asset: a debit is one conditional UPDATE
+    (it locks, checks and debits at once) instead of a SUM over the whole history.
+    Reconciliation checks it against the entries (`ledger_balances_check`)."""
+
+    buyer = models.ForeignKey(
+        "purchases.Buyer", on_delete=models.PROTECT, related_name="ledger_balances"
+    )
+    asset = models.CharField(max_length=64)
+    amount = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["buyer", "asset"], name="one_balance_per_asset"),
+            models.CheckConstraint(
+                condition=models.Q(amount__gte=0), name="prepaid_balance_never_negative"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.buyer_id} {self.asset}: {self.amount}"

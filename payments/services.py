@@ -12,20 +12,38 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
-from payments.models import LIVE_ATTEMPT_STATES, LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.models import (
+    LIVE_ATTEMPT_STATES,
+    LedgerBalance,
+    LedgerEntry,
+    PaymentAttempt,
+    Rail,
+    Refund,
+)
 
 PREPAID_NETWORK = "prepaid"
 
 
 def ledger_balance(*, buyer_id: int, asset: str) -> int:
-    total = LedgerEntry.objects.filter(buyer_id=buyer_id, asset=asset).aggregate(
-        total=Sum("amount")
-    )["total"]
-    return int(total or 0)
+    """The running balance (one row), never a SUM over the buyer's history."""
+    amount = (
+        LedgerBalance.objects.filter(buyer_id=buyer_id, asset=asset)
+        .values_list("amount", flat=True)
+        .first()
+    )
+    return int(amount or 0)
+
+
+def _balance_add(*, buyer_id: int, asset: str, amount: int) -> None:
+    """Move the running balance with its entry, in the entry's transaction."""
+    LedgerBalance.objects.bulk_create(
+        [LedgerBalance(buyer_id=buyer_id, asset=asset, amount=0)], ignore_conflicts=True
+    )
+    LedgerBalance.objects.filter(buyer_id=buyer_id, asset=asset).update(amount=F("amount") + amount)
 
 
 class LedgerReferenceConflict(ValueError):
@@ -48,17 +66,20 @@ def ledger_credit(
     """
     if amount <= 0:
         raise ValueError("credits are positive")
-    entry, _ = LedgerEntry.objects.get_or_create(
-        reference=reference,
-        defaults={
-            "buyer_id": buyer_id,
-            "asset": asset,
-            "amount": amount,
-            "kind": kind,
-            "memo": memo,
-            "purchase_id": purchase_id,
-        },
-    )
+    with transaction.atomic():
+        entry, created = LedgerEntry.objects.get_or_create(
+            reference=reference,
+            defaults={
+                "buyer_id": buyer_id,
+                "asset": asset,
+                "amount": amount,
+                "kind": kind,
+                "memo": memo,
+                "purchase_id": purchase_id,
+            },
+        )
+        if created:
+            _balance_add(buyer_id=buyer_id, asset=asset, amount=amount)
     if (entry.buyer_id, entry.asset, entry.amount, entry.kind) != (buyer_id, asset, amount, kind):
         raise LedgerReferenceConflict(f"reference {reference} already posted a different entry")
     return entry
@@ -87,11 +108,15 @@ class PrepaidCharge:
 def prepaid_attempt_settle(*, charge: PrepaidCharge) -> tuple[PaymentAttempt, Change]:
     """Debit the ledger and record a succeeded prepaid attempt, atomically.
 
-    The caller holds the buyer row lock, which is the ledger's lock: two debits of one buyer
-    never interleave. Raises DomainError: insufficient_funds.
+    One conditional UPDATE of the running balance locks, checks and debits at once: two
+    debits of one buyer never interleave and never overdraw. Raises DomainError:
+    insufficient_funds.
     """
     assert transaction.get_connection().in_atomic_block
-    if ledger_balance(buyer_id=charge.buyer_id, asset=charge.asset) < charge.amount:
+    debited = LedgerBalance.objects.filter(
+        buyer_id=charge.buyer_id, asset=charge.asset, amount__gte=charge.amount
+    ).update(amount=F("amount") - charge.amount)
+    if not debited:
         raise DomainError(ErrorCode.INSUFFICIENT_FUNDS)
     attempt = PaymentAttempt.objects.create(
         purchase_id=charge.purchase_id,
@@ -225,3 +250,28 @@ def refund_mark_paid(
         evidence={"refund": refund.pk, "reference": reference},
     )
     return refund, change
+
+
+@dataclass(frozen=True)
+class BalanceMismatch:
+    buyer_id: int
+    asset: str
+    running: int
+    from_entries: int
+
+
+def ledger_balances_mismatched() -> list[BalanceMismatch]:
+    """Every running balance that differs from the sum of its entries (should be none)."""
+    sums = {
+        (row["buyer_id"], row["asset"]): int(row["total"] or 0)
+        for row in LedgerEntry.objects.values("buyer_id", "asset").annotate(total=Sum("amount"))
+    }
+    running = {
+        (row["buyer_id"], row["asset"]): row["amount"]
+        for row in LedgerBalance.objects.values("buyer_id", "asset", "amount")
+    }
+    return [
+        BalanceMismatch(buyer_id, asset, running.get((buyer_id, asset), 0), total)
+        for (buyer_id, asset), total in sorted({**dict.fromkeys(running, 0), **sums}.items())
+        if running.get((buyer_id, asset), 0) != total
+    ]

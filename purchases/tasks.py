@@ -75,6 +75,11 @@ def purge_expired_quotes_task() -> dict[str, int]:
 
 
 @shared_task(acks_late=True)
+def check_ledger_balances_task() -> dict[str, int]:
+    return dict(reconcile.check_ledger_balances())
+
+
+@shared_task(acks_late=True)
 def compact_payment_ids_task() -> dict[str, int]:
     return dict(reconcile.compact_payment_ids())
 

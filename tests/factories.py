@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from fulfillment.executors.report import REPORT_INPUT_SCHEMA
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.services import ledger_credit
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 
 USDC_LOCAL = "0x" + "a0" * 20
@@ -69,8 +70,9 @@ class BuyerFactory(factory.django.DjangoModelFactory[Buyer]):
 
 
 def fund(buyer: Buyer, amount: int, asset: str = USDC_LOCAL) -> LedgerEntry:
-    return LedgerEntry.objects.create(
-        buyer=buyer,
+    """A top-up through the ledger service, so the running balance moves with it."""
+    return ledger_credit(
+        buyer_id=buyer.pk,
         asset=asset,
         amount=amount,
         kind=LedgerEntry.Kind.TOP_UP,

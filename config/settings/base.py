@@ -431,6 +431,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "purchases.tasks.purge_expired_quotes_task",
         "schedule": 3600.0,
     },
+    # The running prepaid balances must equal the sum of their ledger entries.
+    "check-ledger-balances": {
+        "task": "purchases.tasks.check_ledger_balances_task",
+        "schedule": 3600.0,
+    },
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
     # A dropped relayer transaction or a nonce lost in a crash stalls every later one.

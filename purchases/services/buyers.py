@@ -66,16 +66,15 @@ def buyer_spend_cap_check(
 ) -> None:
     """Lock the buyer row and refuse a payment past its cap, on any rail.
 
-    The buyer row is also the prepaid ledger's lock: two debits of one buyer never
-    interleave. Call it inside the payment's transaction. Raises DomainError:
+    The buyer row lock serializes payments of a capped buyer, so two cannot both fit under
+    the cap. Call it inside the payment's transaction. Raises DomainError:
     spend_cap_exceeded.
     """
+    if buyer.spend_cap is None:
+        return  # nothing to bound: no lock needed (the ledger locks its own balance row)
     Buyer.objects.select_for_update().get(pk=buyer.pk)
     since = now - settings.TOLLBOOTH["SPEND_CAP_WINDOW"]
-    if (
-        buyer.spend_cap is not None
-        and spend_in_window(buyer_id=buyer.pk, since=since) + amount > buyer.spend_cap
-    ):
+    if spend_in_window(buyer_id=buyer.pk, since=since) + amount > buyer.spend_cap:
         raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase_ref)
 
 

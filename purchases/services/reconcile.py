@@ -22,6 +22,7 @@ from django.db.models import F, Q
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt, Refund
+from payments.services import ledger_balances_mismatched
 from payments.x402.attempts import x402_attempt_authorization
 from payments.x402.batch import BatchChainReader
 from payments.x402.chain import ChainUnavailable
@@ -452,6 +453,27 @@ def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> C
             if quotes < batch:
                 break
         stats["guards_pruned"] = duplicate_guards_prune(before=now - GUARD_KEEP)
+    return stats
+
+
+def check_ledger_balances(*, now: datetime | None = None) -> Counter[str]:
+    """The running prepaid balances against the append-only ledger: any difference is a bug
+    or a hand edit, logged loudly and counted (`mismatched`); the ledger is the truth."""
+    now = now_or(now)
+    with job_run("ledger_balances", now) as stats:
+        mismatches = ledger_balances_mismatched()
+        for mismatch in mismatches:
+            logger.error(
+                "ledger balance mismatch buyer=%s asset=%s running=%s entries=%s",
+                mismatch.buyer_id,
+                mismatch.asset,
+                mismatch.running,
+                mismatch.from_entries,
+            )
+            stats[f"mismatch:{mismatch.buyer_id}:{mismatch.asset}"] = (
+                mismatch.running - mismatch.from_entries
+            )
+        stats["mismatched"] = len(mismatches)
     return stats
 
 
