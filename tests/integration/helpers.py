@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from django.db import connection
 
 T = TypeVar("T")
 
@@ -62,3 +65,33 @@ def redis_server(port: int) -> subprocess.Popen[bytes]:
         message="redis",
     )
     return process
+
+
+def race(count: int, send: Callable[[int], T], *, timeout: float = 120.0) -> list[T]:
+    """Release `count` calls of `send(i)` at once from real threads; their results, in order.
+
+    Each thread closes its own database connection; an exception in a thread is re-raised
+    here, so a racer that crashed can never pass for one that lost.
+    """
+    barrier = threading.Barrier(count)
+    answers: list[T | None] = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=timeout)
+            answers[i] = send(i)
+        except BaseException as exc:  # re-raised below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=timeout)
+    if errors:
+        raise errors[0]
+    assert all(answer is not None for answer in answers), "every racer finished"
+    return [answer for answer in answers if answer is not None]

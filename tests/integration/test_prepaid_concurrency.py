@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 from urllib.parse import urlparse
 
 import pytest
@@ -15,7 +14,7 @@ from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
 from purchases.services.buyers import api_key_issue
 from tests.conftest import CSV_INPUT
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import race, wait_for
 
 # The races also run on the embedded SQLite default (`make test`'s second pass); the worker
 # tests need PostgreSQL and Redis (the `worker` marker says so).
@@ -34,22 +33,6 @@ def agent(http_server, buyer, offering):
         timeout=10,
     ).json()
     return http_server, session_headers, quote["id"]
-
-
-def race(count: int, send):
-    barrier = threading.Barrier(count)
-    answers: list = [None] * count
-
-    def run(i: int) -> None:
-        barrier.wait()
-        answers[i] = send(i)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return answers
 
 
 def pay(base, headers, quote_id, key):

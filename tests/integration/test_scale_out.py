@@ -9,13 +9,10 @@ inside the duplicate window.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
-from django.db import connection
 from x402.http.utils import decode_payment_signature_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload
 
@@ -24,34 +21,12 @@ from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, fund
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import race, wait_for
 from tests.x402.e2e import PRICE, X402World, build_world, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 RACERS = 8
 CSV = "region,units\nnorth,3\n"
-
-
-def race(count: int, send: Callable[[int], requests.Response]) -> list[requests.Response]:
-    """`count` requests released at once; request i goes to replica i % 2 (the caller's job)."""
-    barrier = threading.Barrier(count)
-    answers: list[Any] = [None] * count
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            answers[i] = send(i)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert all(a is not None for a in answers), "every racer got an answer"
-    assert not [a.status_code for a in answers if a.status_code >= 500], [a.text for a in answers]
-    return answers
 
 
 class Shop:

@@ -3,10 +3,7 @@ and reconciliation catches any difference from the append-only ledger."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
@@ -16,6 +13,7 @@ from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
+from tests.integration.helpers import race
 
 
 def _quote(buyer, offering, title: str) -> str:
@@ -48,24 +46,13 @@ def test_racing_payments_never_overdraw(offering):
     buyer = BuyerFactory.create()
     fund(buyer, 250_000)  # enough for exactly one
     quotes = [_quote(buyer, offering, f"race-{i}") for i in range(6)]
-    barrier = threading.Barrier(len(quotes))
-    statuses: list[int] = []
-
-    def pay(i: int) -> None:
-        barrier.wait()
-        try:
-            answer, _ = purchase_pay_prepaid(
-                buyer=buyer, quote_id=quotes[i], payment_id=f"ledger-race-{i:010d}"
-            )
-            statuses.append(answer.status)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=pay, args=(i,)) for i in range(len(quotes))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    answers = race(
+        len(quotes),
+        lambda i: purchase_pay_prepaid(
+            buyer=buyer, quote_id=quotes[i], payment_id=f"ledger-race-{i:010d}"
+        )[0],
+    )
+    statuses = [answer.status for answer in answers]
     assert sorted(statuses) == [201] + [402] * 5
     assert LedgerEntry.objects.filter(buyer=buyer, kind="purchase_debit").count() == 1
     assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == 0

@@ -3,12 +3,10 @@ answered inside the duplicate window (never charged), deliberate copies, and the
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
 import requests
-from django.db import connection
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_signature_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload
@@ -18,6 +16,7 @@ from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from purchases.services.execution import purchase_execute
+from tests.integration.helpers import race
 from tests.x402.e2e import NETWORK, PRICE, sign_payment
 
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\n"}
@@ -164,23 +163,12 @@ def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, 
     for _ in range(8):  # eight stock clients (or retries) of one payer, each with its own 402
         required = requests.post(url, json=INPUT, timeout=10)
         payments.append(sign_payment(required.headers["PAYMENT-REQUIRED"], world.payers[0], None))
-    barrier = threading.Barrier(8)
-    answers: list = [None] * 8
-
-    def send(i: int) -> None:
-        barrier.wait()
-        try:
-            answers[i] = requests.post(
-                url, json=INPUT, headers={"PAYMENT-SIGNATURE": payments[i]}, timeout=60
-            )
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    answers = race(
+        8,
+        lambda i: requests.post(
+            url, json=INPUT, headers={"PAYMENT-SIGNATURE": payments[i]}, timeout=60
+        ),
+    )
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
     (purchase,) = Purchase.objects.all()
     for answer in answers:

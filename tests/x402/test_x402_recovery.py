@@ -3,12 +3,10 @@ serve unpaid work, never need a second signature. Balances are read on chain."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
 import requests
-from django.db import connection
 from django.db.models import F
 from rest_framework.test import APIClient
 
@@ -16,28 +14,10 @@ from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Offering, Purchase
 from purchases.services.execution import purchase_execute
+from tests.integration.helpers import race
 from tests.x402.e2e import PRICE, ask, sign_payment
 
 PAY_ID = "x402-recovery-id-000001"
-
-
-def _race(count: int, send):
-    barrier = threading.Barrier(count)
-    answers: list = [None] * count
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            answers[i] = send(i)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    return answers
 
 
 def _post(base: str, world, payment: str) -> tuple[int, dict]:
@@ -57,7 +37,7 @@ def test_eight_parallel_requests_with_one_payment_id_transfer_once(x402_live_wor
         f"{http_server}{world.paid_url}", json={"title": "S", "csv": "a\n1\n"}, timeout=10
     )
     payment = sign_payment(required.headers["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
-    answers = _race(8, lambda i: _post(http_server, world, payment))
+    answers = race(8, lambda i: _post(http_server, world, payment))
     statuses = [status for status, _ in answers]
     assert set(statuses) <= {202, 409}, answers
     assert all(body["code"] == "payment_in_flight" for status, body in answers if status == 409)
@@ -79,7 +59,7 @@ def test_different_payment_ids_on_one_quote_transfer_once(x402_live_world, http_
     payments = [
         sign_payment(header, world.payers[i % 3], f"x402-distinct-id-{i:06d}") for i in range(8)
     ]
-    answers = _race(8, lambda i: _post(http_server, world, payments[i]))
+    answers = race(8, lambda i: _post(http_server, world, payments[i]))
     accepted = [body for status, body in answers if status == 202]
     refused = [body for status, body in answers if status == 402]
     assert len(accepted) == 1 and len(refused) == 7, answers
