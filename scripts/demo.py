@@ -64,8 +64,8 @@ def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
 
 def start_chain() -> tuple[Any, dict[str, Any]]:
     """A fresh anvil with the test USDC deployed and two funded buyer wallets."""
-    from payments.chain.anvil import AnvilNode
-    from payments.chain.token import deploy_test_usdc, mint
+    from devtools.anvil import AnvilNode
+    from devtools.test_token import deploy_test_usdc, mint
 
     node = AnvilNode()
     w3 = node.w3()

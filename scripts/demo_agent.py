@@ -31,7 +31,7 @@ def buy_over_x402() -> int:
     from eth_account import Account
     from x402.http.utils import decode_payment_response_header
 
-    from payments.x402.client import payment_signature_for
+    from devtools.x402_signer import payment_signature_for
 
     chain = json.loads(CHAIN.read_text())
     wallet = Account.from_key(chain["buyers"][0]["private_key"])

@@ -3,4 +3,7 @@
 from .base import *  # noqa: F403
 from .base import env
 
+# Demo and test tooling (anvil, the test USDC, the demo seed); never in production.
+INSTALLED_APPS = [*INSTALLED_APPS, "devtools"]  # noqa: F405
+
 DEBUG = env.bool("DJANGO_DEBUG", default=True)

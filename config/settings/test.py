@@ -7,6 +7,9 @@ from pathlib import Path
 from .base import *  # noqa: F403
 from .base import CACHES, DATABASES, REDIS_URL, TOLLBOOTH, env
 
+# Demo and test tooling (anvil, the test USDC, the demo seed); never in production.
+INSTALLED_APPS = [*INSTALLED_APPS, "devtools"]  # noqa: F405
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # No DATABASE_URL: a fast in-memory database. A SQLite DATABASE_URL (the concurrency

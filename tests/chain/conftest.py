@@ -11,7 +11,7 @@ from eth_account.signers.local import LocalAccount
 from eth_typing import ChecksumAddress
 from web3 import Web3
 
-from payments.chain.anvil import AnvilNode
+from devtools.anvil import AnvilNode
 from tests.fixtures.anvil import deploy_funded_usdc, new_accounts
 
 USDC = 10**6  # one USDC in atomic units

@@ -16,16 +16,18 @@ from hexbytes import HexBytes
 from web3.exceptions import ContractLogicError, TransactionNotFound
 from web3.logs import DISCARD
 
-from payments.chain.anvil import AnvilNode, find_anvil_binary
-from payments.chain.token import (
+from devtools.anvil import AnvilNode, find_anvil_binary
+from devtools.test_token import (
     SignedAuthorization,
+    mint,
+    send_transfer_with_authorization,
+    sign_transfer_authorization,
+)
+from payments.chain.token import (
     authorization_state,
     balance_of,
     load_artifact,
-    mint,
     recover_authorization_signer,
-    send_transfer_with_authorization,
-    sign_transfer_authorization,
     token_contract,
     transfer_authorization_typed_data,
 )

@@ -226,7 +226,7 @@ def test_a_nonce_lost_in_a_crash_is_filled_so_later_settlements_mine(paused):
 
 
 def test_nonce_used_by_another_transfer_fails_the_payment_and_links_that_transaction(paused):
-    from payments.chain.token import send_transfer_with_authorization, sign_transfer_authorization
+    from devtools.test_token import send_transfer_with_authorization, sign_transfer_authorization
 
     purchase, _ = pending_purchase(paused)
     attempt = PaymentAttempt.objects.get()

@@ -9,7 +9,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_signature_header
 
-from payments.chain.token import send_transfer_with_authorization
+from devtools.test_token import send_transfer_with_authorization
 from payments.models import Refund
 from purchases.models import Offering, Purchase, Quote
 from purchases.services import reconcile

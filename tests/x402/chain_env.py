@@ -18,13 +18,13 @@ from eth_typing import ChecksumAddress, HexStr
 from hexbytes import HexBytes
 from web3 import Web3
 
-from payments.chain.anvil import AnvilNode
-from payments.chain.token import (
+from devtools.anvil import AnvilNode
+from devtools.test_token import (
     SignedAuthorization,
-    balance_of,
     send_transfer_with_authorization,
     sign_transfer_authorization,
 )
+from payments.chain.token import balance_of
 from payments.x402.chain import ChainReader
 from payments.x402.types import Authorization, NetworkConfig, Requirements
 from payments.x402.verify import parse_authorization

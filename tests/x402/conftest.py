@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from payments.chain.anvil import AnvilNode
+from devtools.anvil import AnvilNode
 from payments.x402.chain import ChainReader
 from payments.x402.types import NetworkConfig, Requirements
 from tests.fixtures.anvil import closed_port_url

@@ -20,8 +20,9 @@ from web3 import Web3
 from x402.http.utils import decode_payment_required_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload, PaymentRequired
 
-from payments.chain.anvil import AnvilNode
-from payments.chain.token import balance_of, sign_transfer_authorization
+from devtools.anvil import AnvilNode
+from devtools.test_token import sign_transfer_authorization
+from payments.chain.token import balance_of
 from purchases.models import Offering
 from tests.factories import OfferingFactory
 from tests.fixtures.anvil import deploy_funded_usdc, new_account, new_accounts

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from payments.chain.token import mint
+from devtools.test_token import mint
 from payments.x402.batch import BatchChainReader
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.lookup import settlement_lookup

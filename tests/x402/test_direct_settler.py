@@ -13,7 +13,8 @@ from django.utils import timezone
 from hexbytes import HexBytes
 from web3.exceptions import TransactionNotFound
 
-from payments.chain.token import authorization_state, send_transfer_with_authorization
+from devtools.test_token import send_transfer_with_authorization
+from payments.chain.token import authorization_state
 from payments.models import RelayerAccount
 from payments.x402.direct import BroadcastNotPrepared, DirectSettler
 from payments.x402.relayer import relayer_heal, relayer_nonce_allocate

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from hexbytes import HexBytes
 
-from payments.chain.anvil import AnvilNode
-from payments.chain.token import mint
+from devtools.anvil import AnvilNode
+from devtools.test_token import mint
 from payments.x402.chain import ChainReader, ChainUnavailable, w3_for
 from payments.x402.lookup import LOOKUP_REASONS, settlement_lookup
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus

@@ -199,7 +199,7 @@ def test_api_key_caller_reenters_the_same_quote(x402_world, buyer, make_client):
 def test_authorization_already_used_on_chain_is_refused_before_broadcast(client, x402_world):
     from x402.http.utils import decode_payment_signature_header
 
-    from payments.chain.token import send_transfer_with_authorization
+    from devtools.test_token import send_transfer_with_authorization
 
     payer = x402_world.payers[0]
     payment = sign_payment(required_header(client, x402_world), payer, PAY_ID)

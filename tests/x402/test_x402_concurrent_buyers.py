@@ -10,7 +10,8 @@ import requests
 from django.db import connection
 from eth_account import Account
 
-from payments.chain.token import balance_of, mint
+from devtools.test_token import mint
+from payments.chain.token import balance_of
 from payments.models import PaymentAttempt, RelayerAccount
 from purchases.models import Purchase
 from tests.x402.e2e import FUNDED, NETWORK, PRICE, sign_payment

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import BaseCommand
 
-from purchases.demo import demo_seed
+from devtools.demo_seed import demo_seed
 
 
 class Command(BaseCommand):

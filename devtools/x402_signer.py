@@ -12,7 +12,7 @@ from eth_account.signers.local import LocalAccount
 from x402.http.utils import decode_payment_required_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload, PaymentRequired
 
-from payments.chain.token import sign_transfer_authorization
+from devtools.test_token import sign_transfer_authorization
 
 
 def payment_signature_for(
