@@ -8,6 +8,7 @@ Usage: demo_agent.py [--x402] [BASE_URL]
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 import time
@@ -20,10 +21,12 @@ sys.path.insert(0, str(ROOT))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
 USE_X402 = "--x402" in sys.argv
-CHAIN = ROOT / "var" / "demo-chain.json"
+# The demo's files, wherever `make demo` put them (it honours TOLLBOOTH_VAR_DIR too).
+VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR") or ROOT / "var")
+CHAIN = VAR / "demo-chain.json"
 REPORT_INPUT = {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"}
-CREDENTIALS = ROOT / "var" / "demo-credentials.json"
-JOURNAL = ROOT / "var" / "demo-agent-journal.json"
+CREDENTIALS = VAR / "demo-credentials.json"
+JOURNAL = VAR / "demo-agent-journal.json"
 
 
 def buy_over_x402() -> int:
