@@ -246,7 +246,9 @@ def _apply(
     attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, stats: Counter[str]
 ) -> None:
     if outcome.status != SettlementStatus.PENDING:
-        x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+        x402_record_outcome(
+            attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
+        )
         stats[outcome.status.value] += 1
     elif outcome.reason_code == "chain_unavailable":
         _back_off(attempt, now, stats)
@@ -254,7 +256,9 @@ def _apply(
         PaymentAttempt.objects.filter(pk=attempt.pk).update(
             next_check_at=now + RECHECK, unanswered_checks=0
         )
-        x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)  # notes a new tx hash
+        x402_record_outcome(
+            attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
+        )  # notes a new tx hash
         stats["still_pending"] += 1
         _escalate_if_overdue(attempt, now, stats)  # e.g. a used nonce that nobody can trace
 
@@ -359,7 +363,9 @@ def _watch_network(
             )
             stats["watched"] += 1
             if outcome.status == SettlementStatus.CONFIRMED:
-                x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+                x402_record_outcome(
+                    attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
+                )
                 stats["late_found"] += 1
 
 

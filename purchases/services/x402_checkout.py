@@ -371,6 +371,7 @@ def _quote_named(quote_id: str | None, offering: Offering, request: _PayRequest)
         raise DomainError(
             ErrorCode.QUOTE_NOT_FOUND, "accepted.extra.quote names no quote of this offering."
         )
+    quote.offering = offering  # already read: no second query for it
     return quote
 
 

@@ -118,7 +118,9 @@ def x402_settle_attempt(
     outcome = x402_follow_up(
         attempt=attempt, authorization=authorization, network=network, outcome=outcome, now=now
     )
-    x402_record_outcome(attempt_id=attempt.pk, outcome=outcome, now=now)
+    x402_record_outcome(
+        attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
+    )
     return outcome
 
 
@@ -220,15 +222,16 @@ def _lookup(
     )
 
 
-def x402_record_outcome(*, attempt_id: int, outcome: SettlementOutcome, now: datetime) -> None:
+def x402_record_outcome(
+    *, attempt_id: int, purchase_id: int, outcome: SettlementOutcome, now: datetime
+) -> None:
     """Lock purchase then attempt, apply the chain's answer to both, queue the work if due."""
     actor = Actor.system("settlement")
     with transaction.atomic():
-        attempt = PaymentAttempt.objects.get(pk=attempt_id)
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
-            .get(pk=attempt.purchase_id)
+            .get(pk=purchase_id)
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
         attempt.purchase = purchase
