@@ -180,3 +180,27 @@ def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, 
     in_flight = [a for a in answers if a.status_code == 409]
     assert len(duplicates) + len(in_flight) == 7
     assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == len(duplicates)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_one_signature_without_id_sent_at_once_is_in_flight_not_paid_twice(
+    x402_live_world, http_server
+):
+    world = x402_live_world
+    url = f"{http_server}{world.paid_url}"
+    required = requests.post(url, json=INPUT, timeout=10)
+    payment = sign_payment(required.headers["PAYMENT-REQUIRED"], world.payers[0], None)
+    answers = race(
+        6,
+        lambda i: requests.post(
+            url, json=INPUT, headers={"PAYMENT-SIGNATURE": payment}, timeout=60
+        ),
+    )
+    assert {a.status_code for a in answers} <= {202, 409}, [a.text for a in answers]
+    for answer in answers:
+        if answer.status_code == 409:
+            assert answer.json()["code"] == "payment_in_flight" and answer.headers["Retry-After"]
+    assert PaymentAttempt.objects.count() == 1 and IdempotencyRecord.objects.count() == 1
+    assert IdempotencyRecord.objects.get().key.startswith("auth:")
+    assert world.seller_balance() == PRICE and world.relayer_sent() == 1
