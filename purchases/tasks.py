@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import outbox, reconcile
+from purchases.services import housekeeping, outbox, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.sweeper import purchases_sweep_stalled
@@ -66,27 +66,27 @@ def finalize_failed_purchases_task() -> dict[str, int]:
 
 @shared_task(acks_late=True)
 def expire_quotes_task() -> dict[str, int]:
-    return dict(reconcile.expire_quotes())
+    return dict(housekeeping.expire_quotes())
 
 
 @shared_task(acks_late=True)
 def purge_expired_quotes_task() -> dict[str, int]:
-    return dict(reconcile.purge_expired_quotes())
+    return dict(housekeeping.purge_expired_quotes())
 
 
 @shared_task(acks_late=True)
 def check_ledger_balances_task() -> dict[str, int]:
-    return dict(reconcile.check_ledger_balances())
+    return dict(housekeeping.check_ledger_balances())
 
 
 @shared_task(acks_late=True)
 def compact_payment_ids_task() -> dict[str, int]:
-    return dict(reconcile.compact_payment_ids())
+    return dict(housekeeping.compact_payment_ids())
 
 
 @shared_task(acks_late=True)
 def send_pending_alerts_task() -> dict[str, int]:
-    return dict(reconcile.send_pending_alerts())
+    return dict(housekeeping.send_pending_alerts())
 
 
 @shared_task(acks_late=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,6 +10,8 @@ from datetime import datetime
 
 from core.clock import now_or
 from purchases.models import JobRun
+
+logger = logging.getLogger(__name__)
 
 
 @contextmanager

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from itertools import groupby
 
@@ -21,8 +20,7 @@ from django.db.models import F, Q
 
 from core.actors import Actor
 from core.clock import now_or
-from payments.models import PaymentAttempt, Refund
-from payments.services import ledger_balances_mismatched
+from payments.models import PaymentAttempt
 from payments.x402.attempts import x402_attempt_authorization
 from payments.x402.batch import BatchChainReader
 from payments.x402.chain import ChainUnavailable
@@ -30,18 +28,10 @@ from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
 from purchases.events import purchase_transition
-from purchases.models import Escalation, IdempotencyRecord, Purchase, Quote
-from purchases.services.alerts import (
-    escalation_alert,
-    escalations_awaiting_alert,
-    refund_alert,
-    refunds_awaiting_alert,
-)
-from purchases.services.duplicates import duplicate_guards_prune
-from purchases.services.idempotency import payment_id_hash
+from purchases.models import Escalation, Purchase, Quote
+from purchases.services.batches import row_isolated
 from purchases.services.job_runs import job_run
 from purchases.services.offerings import offering_stock_release
-from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 from purchases.services.remedies import escalation_open
 from purchases.services.x402_settlement import (
     x402_follow_up,
@@ -65,45 +55,9 @@ BACKOFF = (
 RECHECK = timedelta(seconds=30)
 # A claimed row is invisible to other runs this long; a crashed run's rows come back after it.
 CLAIM = timedelta(minutes=5)
-# Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.
-GUARD_KEEP = timedelta(days=1)
 # Failed attempts are watched for a late landing until this long after their window closed.
 LATE_WATCH = timedelta(hours=1)
 PENDING_STATES = (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
-
-
-@contextmanager
-def _isolated(
-    stats: Counter[str], job: str, kind: str, row_id: int, purchase_id: int | None, now: datetime
-) -> Iterator[None]:
-    """One row's failure never stops the batch: it is logged, counted, named in the run's
-    stats and put in front of support, and the next row goes on."""
-    try:
-        yield
-    except Exception as exc:
-        logger.exception("%s: %s %s failed; the batch goes on", job, kind, row_id)
-        stats["row_errors"] += 1
-        stats[f"failed:{kind}:{row_id}"] += 1
-        if purchase_id is not None:
-            _escalate_row_failure(purchase_id, job, kind, row_id, exc, now)
-
-
-def _escalate_row_failure(
-    purchase_id: int, job: str, kind: str, row_id: int, exc: Exception, now: datetime
-) -> None:
-    try:
-        with transaction.atomic():
-            purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
-            escalation_open(
-                purchase=purchase,
-                owner=Escalation.OwnerRole.SUPPORT,
-                reason_code="reconciliation_row_failed",
-                now=now,
-                actor=Actor.system("reconciliation"),
-                details={"job": job, kind: row_id, "error": type(exc).__name__},
-            )
-    except Exception:  # the database itself is failing: the log line above is what is left
-        logger.exception("%s: could not escalate the failure of %s %s", job, kind, row_id)
 
 
 # --- pending settlements --------------------------------------------------------------
@@ -137,7 +91,7 @@ def _resume_unbroadcast(now: datetime, stats: Counter[str]) -> None:
         created_at__lte=cutoff,
     )
     for attempt_id, purchase_id in stale.values_list("pk", "purchase_id")[:100]:
-        with _isolated(stats, "pending_settlements", "attempt", attempt_id, purchase_id, now):
+        with row_isolated(stats, "pending_settlements", "attempt", attempt_id, purchase_id, now):
             x402_settle_attempt(attempt_id=attempt_id, now=now)
             stats["resumed_unbroadcast"] += 1
 
@@ -179,7 +133,7 @@ def _reconcile_network(
     unchanged: dict[str, list[int]] = {}
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
         job = "pending_settlements"
-        with _isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
+        with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
             outcome = settlement_lookup(
                 authorization=authorization,
                 network=network,
@@ -222,7 +176,7 @@ def _readable(
     kept: list[PaymentAttempt] = []
     items: list[tuple[Authorization, str | None]] = []
     for attempt in attempts:
-        with _isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
+        with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
             items.append((x402_attempt_authorization(attempt=attempt), attempt.tx_hash))
             kept.append(attempt)
     return kept, items
@@ -353,7 +307,9 @@ def _watch_network(
         stats["chain_unavailable"] += len(attempts)
         return
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
-        with _isolated(stats, "late_settlements", "attempt", attempt.pk, attempt.purchase_id, now):
+        with row_isolated(
+            stats, "late_settlements", "attempt", attempt.pk, attempt.purchase_id, now
+        ):
             outcome = settlement_lookup(
                 authorization=authorization,
                 network=network,
@@ -379,7 +335,7 @@ def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000)
             payment_state=Purchase.PaymentState.FAILED, updated_at__lte=cutoff
         )
         for purchase_id in candidates.values_list("pk", flat=True)[:limit]:
-            with _isolated(stats, "finalize_failed", "purchase", purchase_id, purchase_id, now):
+            with row_isolated(stats, "finalize_failed", "purchase", purchase_id, purchase_id, now):
                 stats["voided" if _void_if_unusable(purchase_id, now) else "not_yet_final"] += 1
     return stats
 
@@ -409,117 +365,6 @@ def _release_stock(quote: Quote) -> None:
     if quote.holds_stock:
         Quote.objects.filter(pk=quote.pk).update(holds_stock=False)
         offering_stock_release(offering_id=quote.offering_id)
-
-
-# --- quotes, payment ids, alerts ------------------------------------------------------
-
-
-def expire_quotes(*, now: datetime | None = None, batch: int = 500) -> Counter[str]:
-    """Close open quotes past their expiry and give their stock back."""
-    now = now_or(now)
-    failed: list[int] = []
-    with job_run("expire_quotes", now) as stats:
-        while True:
-            with transaction.atomic():
-                quotes = list(
-                    Quote.objects.select_for_update(skip_locked=True)
-                    .filter(state=Quote.State.OPEN, expires_at__lte=now)
-                    .exclude(pk__in=failed)
-                    .order_by("pk")[:batch]
-                )
-                for quote in quotes:
-                    _expire_one(quote, now, stats, failed)
-            if len(quotes) < batch:
-                break
-    return stats
-
-
-def _expire_one(quote: Quote, now: datetime, stats: Counter[str], failed: list[int]) -> None:
-    try:
-        with transaction.atomic():  # a savepoint: one quote's failure keeps the others
-            quote_expire(quote=quote, actor=Actor.system("reconciliation"))
-        stats["expired"] += 1
-    except Exception:
-        logger.exception("expire_quotes: quote %s failed; the batch goes on", quote.pk)
-        failed.append(quote.pk)
-        stats["row_errors"] += 1
-        stats[f"failed:quote:{quote.pk}"] += 1
-
-
-def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> Counter[str]:
-    """Delete quotes that expired unpaid longer than QUOTE_PURGE_AFTER ago, batch by batch."""
-    now = now_or(now)
-    with job_run("purge_quotes", now) as stats:
-        while True:
-            quotes, events = quotes_purge_expired_batch(
-                expired_before=now - settings.TOLLBOOTH["QUOTE_PURGE_AFTER"], batch=batch
-            )
-            stats["purged"] += quotes
-            stats["events_purged"] += events
-            if quotes < batch:
-                break
-        stats["guards_pruned"] = duplicate_guards_prune(before=now - GUARD_KEEP)
-    return stats
-
-
-def check_ledger_balances(*, now: datetime | None = None) -> Counter[str]:
-    """The running prepaid balances against the append-only ledger: any difference is a bug
-    or a hand edit, logged loudly and counted (`mismatched`); the ledger is the truth."""
-    now = now_or(now)
-    with job_run("ledger_balances", now) as stats:
-        mismatches = ledger_balances_mismatched()
-        for mismatch in mismatches:
-            logger.error(
-                "ledger balance mismatch buyer=%s asset=%s running=%s entries=%s",
-                mismatch.buyer_id,
-                mismatch.asset,
-                mismatch.running,
-                mismatch.from_entries,
-            )
-            stats[f"mismatch:{mismatch.buyer_id}:{mismatch.asset}"] = (
-                mismatch.running - mismatch.from_entries
-            )
-        stats["mismatched"] = len(mismatches)
-    return stats
-
-
-def compact_payment_ids(*, now: datetime | None = None) -> Counter[str]:
-    """Past retention a payment id keeps only its hash, principal and purchase (for the receipt)."""
-    now = now_or(now)
-    cutoff = now - settings.TOLLBOOTH["IDEMPOTENCY_RETENTION"]
-    with job_run("compact_payment_ids", now) as stats:
-        with transaction.atomic():
-            due = list(
-                IdempotencyRecord.objects.select_for_update(skip_locked=True).filter(
-                    state=IdempotencyRecord.State.COMPLETED,
-                    compacted_at__isnull=True,
-                    created_at__lte=cutoff,
-                )[:5000]
-            )
-            for record in due:
-                record.key = payment_id_hash(record.key)
-                record.response_body, record.response_headers, record.compacted_at = None, {}, now
-                record.response_text = ""
-            IdempotencyRecord.objects.bulk_update(
-                due, ["key", "response_body", "response_text", "response_headers", "compacted_at"]
-            )
-        stats["compacted"] = len(due)
-    return stats
-
-
-def send_pending_alerts(*, now: datetime | None = None) -> Counter[str]:
-    """Refund-owed and escalation alerts a crashed process never sent (or never tried)."""
-    now = now_or(now)
-    with job_run("alerts", now) as stats:
-        for refund_id in refunds_awaiting_alert():
-            with _isolated(stats, "alerts", "refund", refund_id, None, now):
-                stats["sent" if refund_alert(refund_id=refund_id) else "not_sent"] += 1
-        for escalation_id in escalations_awaiting_alert():
-            with _isolated(stats, "alerts", "escalation", escalation_id, None, now):
-                sent = escalation_alert(escalation_id=escalation_id)
-                stats["escalations_sent" if sent else "escalations_not_sent"] += 1
-        stats["owed_open"] = Refund.objects.filter(state=Refund.State.OWED).count()
-    return stats
 
 
 # --- relayer nonce gaps ---------------------------------------------------------------

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Escalation, JobRun, Offering, Purchase, PurchaseEvent, Quote
-from purchases.services import reconcile
+from purchases.services import housekeeping, reconcile
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.x402.e2e import PRICE, ask, sign_payment
@@ -113,7 +113,7 @@ def test_chain_down_backs_off_then_escalates_to_reconciliation_then_support(
     settings.TOLLBOOTH_ALERT_WEBHOOK_URL = webhook.url
     settings.ADMINS = [("ops", "ops@example.invalid")]
     for _ in range(2):
-        reconcile.send_pending_alerts()
+        housekeeping.send_pending_alerts()
     keys = sorted(r.headers["Idempotency-Key"] for r in webhook.received)
     assert keys == sorted(f"tollbooth-escalation-{e.pk}" for e in Escalation.objects.all())
 
@@ -125,11 +125,11 @@ def test_expired_quotes_release_their_stock(buyer, offering):
             buyer=buyer, offering_slug=offering.slug, raw_input={**CSV_INPUT, "title": title}
         )
     assert Offering.objects.get(pk=offering.pk).stock == 1
-    stats = reconcile.expire_quotes(now=timezone.now() + timedelta(minutes=16))
+    stats = housekeeping.expire_quotes(now=timezone.now() + timedelta(minutes=16))
     assert stats["expired"] == 2
     assert Offering.objects.get(pk=offering.pk).stock == 3
     assert set(Quote.objects.values_list("state", flat=True)) == {"expired"}
-    assert reconcile.expire_quotes(now=timezone.now() + timedelta(minutes=17))["expired"] == 0
+    assert housekeeping.expire_quotes(now=timezone.now() + timedelta(minutes=17))["expired"] == 0
 
 
 def test_a_payment_id_past_retention_is_answered_with_the_receipt(
@@ -148,7 +148,9 @@ def test_a_payment_id_past_retention_is_answered_with_the_receipt(
         HTTP_IDEMPOTENCY_KEY=key,
     ).json()["purchase"]
     purchase_execute(purchase_id=Purchase.objects.get(ref=ref).pk, worker="test")
-    assert reconcile.compact_payment_ids(now=timezone.now() + timedelta(hours=25))["compacted"] == 1
+    assert (
+        housekeeping.compact_payment_ids(now=timezone.now() + timedelta(hours=25))["compacted"] == 1
+    )
     weeks_later = client_for_buyer.post(
         f"/api/v1/quotes/{quote}/purchase",
         {"rail": "prepaid"},

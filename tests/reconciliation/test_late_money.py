@@ -12,7 +12,7 @@ from x402.http.utils import decode_payment_signature_header
 from devtools.test_token import send_transfer_with_authorization
 from payments.models import Refund
 from purchases.models import Offering, Purchase, Quote
-from purchases.services import reconcile
+from purchases.services import housekeeping, reconcile
 from tests.x402.e2e import PRICE, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres]
@@ -59,7 +59,7 @@ def test_late_transfer_after_failure_is_one_refund_owed_and_one_alert(
     _failed_then_landed(world, double)
     for _ in range(2):  # beat runs it again: nothing new
         reconcile.watch_failed_attempts()
-        reconcile.send_pending_alerts()
+        housekeeping.send_pending_alerts()
     refund = Refund.objects.get()
     assert (refund.reason_code, refund.method, refund.state) == (
         "late_settlement",
@@ -119,7 +119,7 @@ def test_duplicate_settlement_once_even_with_two_runs_at_once(settings, facilita
         barrier.wait()
         try:
             reconcile.watch_failed_attempts()
-            reconcile.send_pending_alerts()
+            housekeeping.send_pending_alerts()
         finally:
             connection.close()
 

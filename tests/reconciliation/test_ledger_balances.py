@@ -8,7 +8,7 @@ import pytest
 from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
 from purchases.models import JobRun
-from purchases.services import reconcile
+from purchases.services import housekeeping
 from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
@@ -31,10 +31,10 @@ def test_balance_follows_the_ledger_and_a_difference_is_reported(offering):
     )
     assert answer.status == 201
     assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == 600_000 - 250_000
-    assert reconcile.check_ledger_balances()["mismatched"] == 0
+    assert housekeeping.check_ledger_balances()["mismatched"] == 0
 
     LedgerBalance.objects.filter(buyer=buyer).update(amount=999)  # a hand edit
-    stats = reconcile.check_ledger_balances()
+    stats = housekeeping.check_ledger_balances()
     assert stats["mismatched"] == 1
     assert stats[f"mismatch:{buyer.pk}:{USDC_LOCAL}"] == 999 - 350_000
     assert JobRun.objects.filter(job="ledger_balances").count() == 2
@@ -56,4 +56,4 @@ def test_racing_payments_never_overdraw(offering):
     assert sorted(statuses) == [201] + [402] * 5
     assert LedgerEntry.objects.filter(buyer=buyer, kind="purchase_debit").count() == 1
     assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == 0
-    assert reconcile.check_ledger_balances()["mismatched"] == 0
+    assert housekeeping.check_ledger_balances()["mismatched"] == 0

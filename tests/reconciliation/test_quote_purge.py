@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
-from purchases.services import reconcile
+from purchases.services import housekeeping
 from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
@@ -41,7 +41,7 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     open_quote = keyed_quote(buyer, offering, "open")
     Quote.objects.filter(pk=open_quote.pk).update(expires_at=start + timedelta(days=30))
     # Time is moved, not waited for: everything but the long-lived quote expires...
-    reconcile.expire_quotes(now=start + timedelta(hours=26))
+    housekeeping.expire_quotes(now=start + timedelta(hours=26))
     purchase = Purchase.objects.get(quote=paid)
     timeline = list(purchase.events.values_list("pk", flat=True))
     paid_quote_events = list(paid.events.values_list("pk", flat=True))
@@ -49,7 +49,7 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     assert purged_events == 4  # opened and expired, each
 
     # ...and a day after expiry the unpaid ones go, one row per batch here.
-    stats = reconcile.purge_expired_quotes(now=start + timedelta(hours=26), batch=1)
+    stats = housekeeping.purge_expired_quotes(now=start + timedelta(hours=26), batch=1)
 
     # The paid purchase's duplicate guard is a day old by then: pruned too.
     assert stats == {"purged": 2, "events_purged": 4, "guards_pruned": 1}
@@ -59,7 +59,7 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     assert list(paid.events.values_list("pk", flat=True)) == paid_quote_events
     run = JobRun.objects.get(job="purge_quotes")
     assert (run.stats, run.error) == ({"purged": 2, "events_purged": 4, "guards_pruned": 1}, "")
-    again = reconcile.purge_expired_quotes(now=start + timedelta(hours=26))
+    again = housekeeping.purge_expired_quotes(now=start + timedelta(hours=26))
     assert again == {"purged": 0, "events_purged": 0, "guards_pruned": 0}
     if db_is_postgres:  # a purchase's timeline is still append-only in the database
         with pytest.raises(DatabaseError), transaction.atomic():
@@ -80,7 +80,7 @@ def test_old_duplicate_guards_are_pruned_and_a_new_payment_recreates_its_own(
     DuplicateGuard.objects.filter(key="f" * 64).update(
         created_at=timezone.now() - timedelta(days=2)
     )
-    stats = reconcile.purge_expired_quotes()
+    stats = housekeeping.purge_expired_quotes()
     assert stats["guards_pruned"] == 1
     assert list(DuplicateGuard.objects.values_list("key", flat=True)) == [
         Purchase.objects.get().duplicate_key

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import outbox, reconcile
+from purchases.services import housekeeping, outbox, reconcile
 from purchases.services.sweeper import purchases_sweep_stalled
 
 
@@ -73,10 +73,10 @@ class Command(BaseCommand):
             jobs: list[tuple[str, Callable[[], Counter[str]]]] = [
                 ("late_settlements", reconcile.watch_failed_attempts),
                 ("finalize_failed", reconcile.finalize_failed_purchases),
-                ("expire_quotes", reconcile.expire_quotes),
-                ("purge_quotes", reconcile.purge_expired_quotes),
-                ("compact_payment_ids", reconcile.compact_payment_ids),
-                ("alerts", reconcile.send_pending_alerts),
+                ("expire_quotes", housekeeping.expire_quotes),
+                ("purge_quotes", housekeeping.purge_expired_quotes),
+                ("compact_payment_ids", housekeeping.compact_payment_ids),
+                ("alerts", housekeeping.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),
                 ("executions", purchases_sweep_stalled),
                 ("outbox_relay", outbox.outbox_relay_due),
