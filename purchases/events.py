@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
@@ -11,6 +13,27 @@ from django_fsm import TransitionNotAllowed, can_proceed
 from core.actors import Actor
 from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
+
+# Events of one flow, written in one INSERT when the flow ends (inside its transaction).
+_batch: ContextVar[list[PurchaseEvent] | None] = ContextVar("purchase_events_batch", default=None)
+
+
+@contextmanager
+def events_batched() -> Iterator[None]:
+    """Collect the events recorded inside the block and write them in one INSERT at its end.
+
+    Use it inside the flow's transaction, so the events still commit (or roll back) with the
+    change they record. A nested block joins the outer one.
+    """
+    if _batch.get() is not None:
+        yield
+        return
+    token = _batch.set([])
+    try:
+        yield
+        PurchaseEvent.objects.bulk_create(_batch.get() or [])
+    finally:
+        _batch.reset(token)
 
 
 def event_record(
@@ -27,7 +50,7 @@ def event_record(
     """Append one event. Must run inside the caller's transaction, never on its own."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("events are written in the transaction of the change they record")
-    return PurchaseEvent.objects.create(
+    event = PurchaseEvent(
         purchase=purchase,
         quote=quote,
         subject=subject,
@@ -38,6 +61,12 @@ def event_record(
         reason_code=reason_code,
         evidence=evidence or {},
     )
+    batch = _batch.get()
+    if batch is None:
+        event.save()
+    else:
+        batch.append(event)
+    return event
 
 
 def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:

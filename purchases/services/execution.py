@@ -27,7 +27,7 @@ from fulfillment.executors import (
 )
 from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
 from payments import services as payment_services
-from purchases.events import event_record_change, purchase_transition
+from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
 
@@ -94,7 +94,7 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
 def _retry_or_give_up(
     purchase_id: int, claim: ExecutionClaim, error: ExecutorError
 ) -> ExecutionOutcome:
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = Purchase.objects.select_for_update(of=("self",)).get(pk=purchase_id)
         try:
             decision = fulfillment_services.execution_record_retry(
@@ -115,7 +115,7 @@ def _retry_or_give_up(
 
 def _claim(purchase_id: int, worker: str) -> _Claimed | None:
     actor = Actor.system(worker)
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering", "quote")
@@ -199,7 +199,7 @@ def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
 
 
 def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> ExecutionOutcome:
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
@@ -232,7 +232,7 @@ def _end(
     purchase_id: int, claim: ExecutionClaim, reason_code: str, *, is_known_failure: bool
 ) -> None:
     """Record a failed (provably did not run) or unknown (may have run) execution and its remedy."""
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
@@ -270,7 +270,7 @@ def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: st
 
     Never a refund here: the work may have run. Support decides from the job service's evidence.
     """
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
         live = fulfillment_services.execution_live_attempt(purchase_id=purchase.pk)
         if live is None or purchase.fulfillment_state != RUN.RUNNING:

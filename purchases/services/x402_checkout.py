@@ -44,7 +44,7 @@ from payments.x402.verify import (
     verify_payment_on_chain,
 )
 from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
-from purchases.events import event_record, event_record_change
+from purchases.events import event_record, event_record_change, events_batched
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
 from purchases.services.buyers import buyer_spend_cap_check
@@ -428,7 +428,7 @@ def _record_once(
     request: _PayRequest, quote: Quote, duplicate_key: str, claim: KeyClaim, verified_at_block: int
 ) -> tuple[Purchase, int]:
     authorization, actor = request.authorization, request.actor
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         if quote.offering.duplicate_window:
             duplicate_guard_lock(duplicate_key=duplicate_key)
             duplicate = purchase_duplicate_find(

@@ -43,7 +43,7 @@ from payments.x402.types import (
     SettlementStatus,
 )
 from payments.x402.wire import payment_response_header
-from purchases.events import event_record_change, purchase_transition
+from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import (
     purchase_capability_url,
@@ -227,7 +227,7 @@ def x402_record_outcome(
 ) -> None:
     """Lock purchase then attempt, apply the chain's answer to both, queue the work if due."""
     actor = Actor.system("settlement")
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
