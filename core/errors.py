@@ -315,6 +315,10 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
 }
 
 
+# How every problem answer is labelled (RFC 9457).
+PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
+
+
 class DomainError(Exception):
     """An anticipated outcome that the API answers as problem+json."""
 

@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.urls import reverse
 from prometheus_client import Counter
 
-from core.errors import DomainError, ErrorCode
+from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from purchases.models import IdempotencyRecord, Purchase
 
@@ -82,7 +82,6 @@ class KeyedRequest:
     unstored: frozenset[ErrorCode] = frozenset()
 
 
-PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 T = TypeVar("T")
 
 

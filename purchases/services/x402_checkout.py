@@ -77,7 +77,6 @@ from purchases.services.x402_settlement import (
     x402_settle_attempt,
 )
 
-PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 # Answered fresh every time; never stored as the payment id's answer.
 UNSTORED_CODES = frozenset(
     {

@@ -19,7 +19,7 @@ from django.db import transaction
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
-from core.errors import DomainError, ErrorCode
+from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
@@ -32,7 +32,6 @@ from purchases.services.x402_settlement import (
     x402_requirements_for_offering,
 )
 
-PROBLEM_HEADERS = {"Content-Type": "application/problem+json"}
 # JSON-schema scalar types a query-string value can be read as (GET buys).
 _QUERY_SCALARS = {"string", "integer", "boolean"}
 

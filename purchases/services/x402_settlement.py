@@ -20,7 +20,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from core.clock import now_or
-from core.errors import DomainError, ErrorCode
+from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail
 from payments.x402.attempts import (
     x402_attempt_apply_outcome,
@@ -311,9 +311,7 @@ def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answ
             purchase=purchase.ref,
             extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
         )
-        return X402Answer(
-            error.spec.status, error.as_problem(), {"Content-Type": "application/problem+json"}
-        )
+        return X402Answer(error.spec.status, error.as_problem(), dict(PROBLEM_HEADERS))
     if not purchase.is_payment_sufficient_for_execution():
         return _pending_answer(purchase, attempt)
     return _delivery_answer(purchase, attempt)
@@ -384,7 +382,7 @@ def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402
         return X402Answer(
             error.spec.status,
             error.as_problem(),
-            {**headers, "Content-Type": "application/problem+json"},
+            {**headers, **PROBLEM_HEADERS},
         )
     headers.update(
         {

@@ -38,6 +38,17 @@ def _succeeded(purchase: Purchase) -> bool:
     return Purchase.objects.get(pk=purchase.pk).fulfillment_state == "succeeded"
 
 
+def _deliver_with_broker_back(port: int, url: str, purchase: Purchase, start_worker) -> None:
+    """The broker comes up, a worker with beat relays the outbox; wait for the work to finish."""
+    redis = redis_server(port)
+    try:
+        start_worker("relay", beat=True, extra_env=_relay_worker_env(url))
+        wait_for(lambda: _succeeded(purchase), timeout=60, message="the relay loop to deliver")
+    finally:
+        redis.kill()
+        redis.wait(timeout=10)
+
+
 def test_a_job_staged_while_the_broker_is_down_is_delivered_once_it_is_back(
     buyer, offering, start_worker, monkeypatch: pytest.MonkeyPatch
 ):
@@ -59,13 +70,7 @@ def test_a_job_staged_while_the_broker_is_down_is_delivered_once_it_is_back(
     assert (message.relayed_at, message.attempts) == (None, 1)
     assert "Connection refused" in message.last_error
 
-    redis = redis_server(port)
-    try:
-        start_worker("relay", beat=True, extra_env=_relay_worker_env(url))
-        wait_for(lambda: _succeeded(purchase), timeout=60, message="the relay loop to deliver")
-    finally:
-        redis.kill()
-        redis.wait(timeout=10)
+    _deliver_with_broker_back(port, url, purchase, start_worker)
 
     message.refresh_from_db()
     assert message.relayed_at is not None
@@ -125,13 +130,7 @@ def test_a_process_killed_between_commit_and_relay_has_its_job_delivered_by_the_
     assert (message.job, message.kwargs) == ("purchase_execute", {"purchase_id": purchase.pk})
     assert (message.relayed_at, message.attempts) == (None, 0)
 
-    redis = redis_server(port)
-    try:
-        start_worker("relay", beat=True, extra_env=_relay_worker_env(url))
-        wait_for(lambda: _succeeded(purchase), timeout=60, message="the relay loop to deliver")
-    finally:
-        redis.kill()
-        redis.wait(timeout=10)
+    _deliver_with_broker_back(port, url, purchase, start_worker)
 
     message.refresh_from_db()
     assert message.relayed_at is not None
