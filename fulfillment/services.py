@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from core.changes import Change
 from fulfillment.executors import JobOutput
@@ -193,16 +193,19 @@ def execution_renew_lease(*, claim: ExecutionClaim, now: datetime) -> None:
 
 
 def execution_record_job_ref(*, claim: ExecutionClaim, job_ref: str, now: datetime) -> None:
-    """Save the job ref the moment it exists, in its own short transaction."""
-    with transaction.atomic():
-        attempt = _locked_own_attempt(claim)
-        if attempt.job_ref and attempt.job_ref != job_ref:
-            raise RuntimeError(
-                f"attempt {attempt.pk} already has job {attempt.job_ref}, got {job_ref}"
-            )
-        attempt.job_ref = job_ref
-        attempt.lease_expires_at = _lease_until(now)
-        attempt.save(update_fields=["job_ref", "lease_expires_at"])
+    """Save the job ref the moment it exists: one conditional UPDATE (our lease, still
+    running, no other job recorded), which is also the lock."""
+    saved = (
+        ExecutionAttempt.objects.filter(
+            pk=claim.attempt_id, lease_token=claim.lease_token, state=ExecutionAttempt.State.RUNNING
+        )
+        .filter(Q(job_ref="") | Q(job_ref=job_ref))
+        .update(job_ref=job_ref, lease_expires_at=_lease_until(now))
+    )
+    if saved:
+        return
+    attempt = _locked_own_attempt(claim)  # raises LeaseLost if the lease is gone
+    raise RuntimeError(f"attempt {attempt.pk} already has job {attempt.job_ref}, got {job_ref}")
 
 
 def _locked_own_attempt(claim: ExecutionClaim) -> ExecutionAttempt:

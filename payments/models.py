@@ -9,6 +9,8 @@ from django.db.models import Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
+# Money not yet proven moved or not: what settlement and reconciliation look after.
+PENDING_ATTEMPT_STATES = ("recorded", "settlement_pending")
 
 
 class Rail(models.TextChoices):

@@ -11,3 +11,12 @@ def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
 
 def refunds_for_purchase(*, purchase_id: int) -> list[Refund]:
     return list(Refund.objects.filter(purchase_id=purchase_id).order_by("pk"))
+
+
+def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | None:
+    """The attempt recorded under this payment id, if its request got that far."""
+    return (
+        PaymentAttempt.objects.select_related("purchase")
+        .filter(idempotency_record_id=idempotency_record_id)
+        .first()
+    )

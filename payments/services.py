@@ -15,17 +15,14 @@ from django.db import transaction
 from django.db.models import F, Sum
 
 from core.changes import Change
-from core.errors import DomainError, ErrorCode
 from payments.models import (
     LIVE_ATTEMPT_STATES,
     LedgerBalance,
     LedgerEntry,
     PaymentAttempt,
-    Rail,
     Refund,
 )
-
-PREPAID_NETWORK = "prepaid"
+from payments.x402.types import SettlementOutcome, SettlementStatus
 
 
 def ledger_balance(*, buyer_id: int, asset: str) -> int:
@@ -93,65 +90,6 @@ def spend_in_window(*, buyer_id: int, since: datetime) -> int:
     return int(total or 0)
 
 
-@dataclass(frozen=True)
-class PrepaidCharge:
-    purchase_id: int
-    purchase_ref: str
-    buyer_id: int
-    buyer_ref: str
-    amount: int
-    asset: str
-    idempotency_record_id: int
-    fingerprint: str
-
-
-def prepaid_attempt_settle(*, charge: PrepaidCharge) -> tuple[PaymentAttempt, Change]:
-    """Debit the ledger and record a succeeded prepaid attempt, atomically.
-
-    One conditional UPDATE of the running balance locks, checks and debits at once: two
-    debits of one buyer never interleave and never overdraw. Raises DomainError:
-    insufficient_funds.
-    """
-    assert transaction.get_connection().in_atomic_block
-    debited = LedgerBalance.objects.filter(
-        buyer_id=charge.buyer_id, asset=charge.asset, amount__gte=charge.amount
-    ).update(amount=F("amount") - charge.amount)
-    if not debited:
-        raise DomainError(ErrorCode.INSUFFICIENT_FUNDS)
-    attempt = PaymentAttempt.objects.create(
-        purchase_id=charge.purchase_id,
-        rail=Rail.PREPAID,
-        idempotency_record_id=charge.idempotency_record_id,
-        payer=charge.buyer_ref,
-        network=PREPAID_NETWORK,
-        asset=charge.asset,
-        amount=charge.amount,
-        fingerprint=charge.fingerprint,
-    )
-    entry = LedgerEntry.objects.create(
-        buyer_id=charge.buyer_id,
-        asset=charge.asset,
-        amount=-charge.amount,
-        kind=LedgerEntry.Kind.PURCHASE_DEBIT,
-        reference=f"debit:{charge.purchase_ref}:{attempt.pk}",
-        purchase_id=charge.purchase_id,
-    )
-    attempt.succeed(settlement_reference=entry.reference)
-    attempt.save(update_fields=["state", "settlement_reference", "updated_at"])
-    change = Change(
-        subject="payment_attempt",
-        from_state=PaymentAttempt.State.RECORDED,
-        to_state=attempt.state,
-        evidence={
-            "attempt": attempt.pk,
-            "rail": attempt.rail,
-            "ledger_entry": entry.reference,
-            "amount": str(attempt.amount),
-        },
-    )
-    return attempt, change
-
-
 def payment_attempt_settled(*, purchase_id: int) -> PaymentAttempt | None:
     return (
         PaymentAttempt.objects.filter(purchase_id=purchase_id, state=PaymentAttempt.State.SUCCEEDED)
@@ -168,29 +106,19 @@ def payment_attempt_live(*, purchase_id: int) -> PaymentAttempt | None:
     )
 
 
-def refund_create(
-    *,
-    attempt: PaymentAttempt,
-    buyer_id: int | None,
-    reason_code: str,
-    paid_by: str,
-    now: datetime,
-    tx_hash: str | None = None,
+def refund_record(
+    *, attempt: PaymentAttempt, method: str, reason_code: str, tx_hash: str | None = None
 ) -> tuple[Refund, list[Change]]:
-    """A refund linked to the purchase and the payment it returns.
-
-    Prepaid money goes straight back to the balance (the refund is paid at once); on-chain
-    money becomes a refund-owed record that finance pays back and marks paid. Idempotent per
-    (payment, reason): a second call returns the first refund and no changes.
-    """
+    """A refund linked to the purchase and the payment it returns; the rail decides how the
+    money goes back (payments.rails). Idempotent per (payment, reason): a second call
+    returns the first refund and no changes."""
     existing = Refund.objects.filter(payment_attempt=attempt, reason_code=reason_code).first()
     if existing:
         return existing, []
-    is_prepaid = attempt.rail == Rail.PREPAID
     refund = Refund.objects.create(
         purchase_id=attempt.purchase_id,
         payment_attempt=attempt,
-        method=Refund.Method.LEDGER_CREDIT if is_prepaid else Refund.Method.PAY_BACK,
+        method=method,
         amount=attempt.amount,
         asset=attempt.asset,
         network=attempt.network,
@@ -198,29 +126,13 @@ def refund_create(
         reason_code=reason_code,
         transaction=tx_hash or attempt.tx_hash or "",
     )
-    changes = [
-        Change(
-            subject="refund",
-            to_state=refund.state,
-            reason_code=reason_code,
-            evidence={"refund": refund.pk, "method": refund.method, "amount": str(refund.amount)},
-        )
-    ]
-    if is_prepaid and buyer_id is not None:
-        entry = ledger_credit(
-            buyer_id=buyer_id,
-            asset=attempt.asset,
-            amount=attempt.amount,
-            kind=LedgerEntry.Kind.REFUND_CREDIT,
-            reference=f"refund:{refund.pk}",
-            purchase_id=attempt.purchase_id,
-            memo=reason_code,
-        )
-        refund, paid = refund_mark_paid(
-            refund_id=refund.pk, reference=entry.reference, by=paid_by, now=now
-        )
-        changes.extend([paid] if paid else [])
-    return refund, changes
+    change = Change(
+        subject="refund",
+        to_state=refund.state,
+        reason_code=reason_code,
+        evidence={"refund": refund.pk, "method": refund.method, "amount": str(refund.amount)},
+    )
+    return refund, [change]
 
 
 def refund_mark_paid(
@@ -275,3 +187,51 @@ def ledger_balances_mismatched() -> list[BalanceMismatch]:
         for (buyer_id, asset), total in sorted({**dict.fromkeys(running, 0), **sums}.items())
         if running.get((buyer_id, asset), 0) != total
     ]
+
+
+def payment_attempt_apply_outcome(
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome
+) -> Change | None:
+    """Move the attempt per the chain's answer. Returns what changed, or None.
+
+    Idempotent: a second report of the same outcome writes nothing. Caller holds locks.
+    """
+    previous = attempt.state
+    tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
+    if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
+        return None
+    if outcome.status == SettlementStatus.CONFIRMED:
+        attempt.tx_hash = tx_hash
+        attempt.block_number = outcome.block_number
+        attempt.succeed(settlement_reference=tx_hash or "")
+    elif outcome.status == SettlementStatus.FAILED:
+        attempt.fail(reason_code=outcome.reason_code)
+    elif attempt.state == PaymentAttempt.State.RECORDED:
+        attempt.pend(tx_hash=tx_hash)
+        attempt.reason_code = outcome.reason_code
+    elif (tx_hash, outcome.reason_code) == (attempt.tx_hash, attempt.reason_code):
+        return None  # still pending for the same reason: nothing new for the timeline
+    else:
+        attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
+    attempt.save(
+        update_fields=[
+            "state",
+            "tx_hash",
+            "block_number",
+            "settlement_reference",
+            "reason_code",
+            "updated_at",
+        ]
+    )
+    return Change(
+        subject="payment_attempt",
+        from_state=previous,
+        to_state=attempt.state,
+        reason_code=outcome.reason_code,
+        evidence={
+            "attempt": attempt.pk,
+            "tx_hash": tx_hash,
+            "block": outcome.block_number,
+            **outcome.evidence,
+        },
+    )

@@ -15,20 +15,7 @@ from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.x402.types import (
     Authorization,
     PreparedBroadcast,
-    SettlementOutcome,
-    SettlementStatus,
 )
-
-X402_SCOPE = "x402"
-
-
-def x402_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | None:
-    """The attempt recorded under this payment id, if its request got that far."""
-    return (
-        PaymentAttempt.objects.select_related("purchase")
-        .filter(idempotency_record_id=idempotency_record_id)
-        .first()
-    )
 
 
 def x402_attempt_for_authorization(
@@ -118,54 +105,6 @@ def x402_attempt_mark_prepared(
                 "updated_at",
             ]
         )
-
-
-def x402_attempt_apply_outcome(
-    *, attempt: PaymentAttempt, outcome: SettlementOutcome
-) -> Change | None:
-    """Move the attempt per the chain's answer. Returns what changed, or None.
-
-    Idempotent: a second report of the same outcome writes nothing. Caller holds locks.
-    """
-    previous = attempt.state
-    tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
-    if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
-        return None
-    if outcome.status == SettlementStatus.CONFIRMED:
-        attempt.tx_hash = tx_hash
-        attempt.block_number = outcome.block_number
-        attempt.succeed(settlement_reference=tx_hash or "")
-    elif outcome.status == SettlementStatus.FAILED:
-        attempt.fail(reason_code=outcome.reason_code)
-    elif attempt.state == PaymentAttempt.State.RECORDED:
-        attempt.pend(tx_hash=tx_hash)
-        attempt.reason_code = outcome.reason_code
-    elif (tx_hash, outcome.reason_code) == (attempt.tx_hash, attempt.reason_code):
-        return None  # still pending for the same reason: nothing new for the timeline
-    else:
-        attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
-    attempt.save(
-        update_fields=[
-            "state",
-            "tx_hash",
-            "block_number",
-            "settlement_reference",
-            "reason_code",
-            "updated_at",
-        ]
-    )
-    return Change(
-        subject="payment_attempt",
-        from_state=previous,
-        to_state=attempt.state,
-        reason_code=outcome.reason_code,
-        evidence={
-            "attempt": attempt.pk,
-            "tx_hash": tx_hash,
-            "block": outcome.block_number,
-            **outcome.evidence,
-        },
-    )
 
 
 def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:

@@ -19,6 +19,7 @@ from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
 from purchases.models import Buyer
 from purchases.services.duplicates import COPY_HEADER
+from purchases.services.x402_answers import X402Answer, x402_answer_for_capability
 from purchases.services.x402_checkout import x402_pay
 from purchases.services.x402_offers import (
     x402_catalog,
@@ -26,7 +27,6 @@ from purchases.services.x402_offers import (
     x402_offer_from_query,
     x402_offer_price_only,
 )
-from purchases.services.x402_settlement import X402Answer, x402_answer_for_capability
 
 PAYMENT_SIGNATURE = OpenApiParameter(
     "PAYMENT-SIGNATURE",

@@ -1,27 +1,40 @@
-"""Paying for a quote on the prepaid rail: one transaction records the attempt, debits the
-ledger, marks the purchase paid and stores the answer; the execution is enqueued after commit."""
+"""Paying for a quote, on any rail: key, verify, deduplicate, record, commit, settle, answer.
+
+Every payment runs under a payment id (`idempotent_request`): the same request resent gets
+the stored (or live) answer; in flight it gets 409; a request that died resumes from the
+key's recovery point. The rail (payments.rails) is never named here: it says how the payer
+is verified, how the attempt is recorded and how its money moves.
+
+A new payment for what the same payer already paid or is paying (same offering, canonical
+input, API key and copy label, inside the offering's duplicate window) is answered with
+that purchase and nothing is charged: stock x402 clients re-sign on every retry.
+
+Write before money moves: the attempt and the purchase's move commit together. A rail that
+settles when recorded (the prepaid balance) moves the money in that same transaction and
+stores the answer with it. Any other rail settles after commit; whatever is not a proven
+success or failure is `settlement_pending`, answered as such and reconciled, never paid
+again.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Generic, Protocol, TypeVar
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
 
 from core.actors import Actor
-from core.canonical import fingerprint
-from core.clock import now_or
 from core.errors import DomainError, ErrorCode
-from payments import services as payment_services
-from payments.models import Rail
-from payments.services import PrepaidCharge
+from payments.models import PaymentAttempt
+from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
+from payments.selectors import payment_attempt_for_key
 from purchases.events import event_record, event_record_change, events_batched
-from purchases.models import Buyer, Purchase, Quote
-from purchases.selectors import purchase_status
+from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
+from purchases.selectors import purchase_capability_url
 from purchases.services.buyers import buyer_spend_cap_check
 from purchases.services.duplicates import (
-    DUPLICATE_HEADER,
-    copy_label_validate,
     duplicate_guard_lock,
     duplicate_key_for,
     purchase_duplicate_find,
@@ -33,173 +46,345 @@ from purchases.services.idempotency import (
     KeyedRequest,
     StoredAnswer,
     idempotent_request,
+    payment_id_mark_recorded,
     payment_id_store_answer,
-    payment_id_validate,
 )
+from purchases.services.offerings import offering_stock_take
+from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
 from purchases.services.sweeper import purchase_execution_stage
 
-PREPAID_SCOPE = "prepaid"
-# Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
-UNSTORED_CODES = frozenset(
-    {
-        ErrorCode.PAYMENT_IN_FLIGHT,
-        ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
-        ErrorCode.RETENTION_EXPIRED,
-    }
-)
-
-
-def purchase_pay_prepaid(
-    *,
-    buyer: Buyer,
-    quote_id: str,
-    payment_id: str | None,
-    copy_label: str | None = None,
-    now: datetime | None = None,
-) -> tuple[StoredAnswer, bool]:
-    """Pay a quote from the buyer's balance. Returns (answer, is_replay).
-
-    A new key for what this buyer already bought (same offering and input, same copy label)
-    inside the offering's duplicate window is answered 200 with that purchase, marked as a
-    duplicate, and nothing is debited.
-    Raises DomainError: idempotency_key_missing, idempotency_key_invalid, copy_label_invalid,
-    payment_identifier_conflict, payment_in_flight (never stored). Every other domain
-    outcome (quote_not_found, quote_expired, quote_already_paid, insufficient_funds,
-    spend_cap_exceeded) is stored as the key's answer and returned.
-    """
-    now = now_or(now)
-    key = payment_id_validate(key=payment_id)
-    label = copy_label_validate(label=copy_label)
-    request = {"quote": quote_id, "rail": "prepaid", **({"copy": label} if label else {})}
-    request_fingerprint = fingerprint(request)
-    payment = _PrepaidPayment(buyer, quote_id, key, request_fingerprint, label, now)
-    return idempotent_request(
-        request=KeyedRequest(
-            scope=PREPAID_SCOPE,
-            key=key,
-            principal=buyer.ref,
-            fingerprint=request_fingerprint,
-            now=now,
-            unstored=UNSTORED_CODES,
-        ),
-        work=lambda claim: (_pay_and_answer(payment, claim), False),
-        render=lambda answer, is_replay: (answer, is_replay),
-    )
+A = TypeVar("A")
+A_co = TypeVar("A_co", covariant=True)
 
 
 @dataclass(frozen=True)
-class _PrepaidPayment:
-    buyer: Buyer
-    quote_id: str
-    key: str
-    fingerprint: str
+class PaymentRequest:
+    """One presentation of payment, with who sent it and what for."""
+
+    presentation: Presentation
+    scope: str  # the key space its payment id lives in
+    buyer: Buyer | None  # the authenticated buyer (API key), if any
     copy_label: str
+    offering: Offering | None  # the paid URL's offering; None: the quote's
     now: datetime
+    unstored: frozenset[ErrorCode]  # outcomes about the key itself, answered fresh each time
+
+    @property
+    def actor(self) -> Actor:
+        return Actor.agent(self.presentation.payer)
 
 
-@transaction.atomic
-def _pay_and_answer(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
-    with events_batched():  # the flow's timeline in one INSERT
-        return _pay_in_transaction(payment, claim)
+class CheckoutAnswers(Protocol[A_co]):
+    """How one API answers its clients: the orchestration decides when, the answers what."""
+
+    def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
+        """A payment settled as it was recorded; stored in that transaction."""
+        ...
+
+    def settled(self, *, purchase: Purchase) -> tuple[StoredAnswer, A_co]:
+        """A payment after its rail settled it (or left it pending): (stored, sent)."""
+        ...
+
+    def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
+        """A new payment repeating `purchase`; stored, then rendered."""
+        ...
+
+    def render(self, stored: StoredAnswer, is_replay: bool) -> A_co:
+        """A stored answer as the API sends it (a live one from the purchase as it is now)."""
+        ...
 
 
-def _pay_in_transaction(payment: _PrepaidPayment, claim: KeyClaim) -> StoredAnswer:
-    buyer, now = payment.buyer, payment.now
-    actor = Actor.agent(buyer.ref)
-    quote = _quote_for_payment(buyer, payment.quote_id)
-    duplicate_key = duplicate_key_for(
-        payer=buyer.ref,
-        buyer_ref=buyer.ref,
+class _Duplicate(Exception):
+    def __init__(self, purchase: Purchase) -> None:
+        super().__init__(purchase.ref)
+        self.purchase = purchase
+
+
+@dataclass(frozen=True)
+class _Checkout(Generic[A]):
+    request: PaymentRequest
+    answers: CheckoutAnswers[A]
+    rail: PaymentRail
+
+
+def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
+    """Take one payment under the payment-id rules and move its money at most once.
+
+    Raises DomainError for the codes in `request.unstored`; every other outcome is stored as
+    the key's answer (or live) and returned rendered.
+    """
+    checkout = _Checkout(request, answers, rail_for(request.presentation.rail))
+    presentation = request.presentation
+    return idempotent_request(
+        request=KeyedRequest(
+            scope=request.scope,
+            key=presentation.key,
+            principal=presentation.payer,
+            fingerprint=presentation.fingerprint,
+            now=request.now,
+            unstored=request.unstored,
+        ),
+        work=lambda claim: _pay_claimed(checkout, claim),
+        render=answers.render,
+    )
+
+
+def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
+    request, rail = checkout.request, checkout.rail
+    if claim.recovery_point == IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED:
+        # A request holding this id died after recording the payment: resume there.
+        recorded = payment_attempt_for_key(idempotency_record_id=claim.record_id)
+        if recorded is not None:
+            return _settle_and_answer(checkout, recorded.purchase, recorded.pk, claim)
+    if rail.settles_when_recorded:
+        # Nothing to ask anyone outside the database: everything happens under the locks.
+        return _record_and_answer(checkout, claim)
+    quote = _quote_named(request)
+    terms = quote_terms(quote=quote)
+    rail.verify(presentation=request.presentation, terms=terms, now=request.now)
+    duplicate_key = _duplicate_key(request, quote)
+    # A duplicate is answered before anything is asked of the chain.
+    duplicate = purchase_duplicate_find(
+        offering=quote.offering, duplicate_key=duplicate_key, now=request.now
+    )
+    if duplicate is not None:
+        return _answer_duplicate(checkout, duplicate, quote, claim)
+    search_from = rail.verify_funds(presentation=request.presentation, terms=terms)
+    try:
+        purchase, attempt, _ = _record(checkout, quote, terms, duplicate_key, claim, search_from)
+    except _Duplicate as found:
+        return _answer_duplicate(checkout, found.purchase, quote, claim)
+    return _settle_and_answer(checkout, purchase, attempt.pk, claim)
+
+
+def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
+    """A rail that settles when recorded: one transaction reads the quote under its lock,
+    records and settles the payment, and stores the answer."""
+    request = checkout.request
+    with transaction.atomic():
+        quote = _quote_named(request, lock=True)
+        terms = quote_terms(quote=quote)
+        checkout.rail.verify(presentation=request.presentation, terms=terms, now=request.now)
+        try:
+            _, _, stored = _record(
+                checkout, quote, terms, _duplicate_key(request, quote), claim, None
+            )
+        except _Duplicate as found:
+            duplicate = found.purchase
+        else:
+            assert stored is not None
+            return checkout.answers.render(stored, False)
+    return _answer_duplicate(checkout, duplicate, quote, claim)
+
+
+def _duplicate_key(request: PaymentRequest, quote: Quote) -> str:
+    return duplicate_key_for(
+        payer=request.presentation.payer,
+        buyer_ref=request.buyer.ref if request.buyer else None,
         offering=quote.offering,
         input_hash=quote.input_hash,
-        copy_label=payment.copy_label,
+        copy_label=request.copy_label,
     )
-    if quote.offering.duplicate_window:
-        duplicate_guard_lock(duplicate_key=duplicate_key)
-        duplicate = purchase_duplicate_find(
-            offering=quote.offering, duplicate_key=duplicate_key, now=now
-        )
-        if duplicate is not None:
-            return _answer_duplicate(payment, duplicate, quote, claim)
-    purchase = _purchase_for_payment(buyer, quote, now, actor)
-    buyer_spend_cap_check(buyer=buyer, amount=purchase.amount, now=now)
-    attempt, change = payment_services.prepaid_attempt_settle(
-        charge=PrepaidCharge(
-            purchase_id=purchase.pk,
-            purchase_ref=purchase.ref,
-            buyer_id=buyer.pk,
-            buyer_ref=buyer.ref,
-            amount=purchase.amount,
-            asset=purchase.asset,
-            idempotency_record_id=claim.record_id,
-            fingerprint=payment.fingerprint,
-        )
+
+
+def _quote_named(request: PaymentRequest, *, lock: bool = False) -> Quote:
+    """The quote the payment names, if this payer may pay it.
+
+    A quote opened with an API key is its buyer's: paid with that key, or without a key from
+    a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
+    exists). Raises DomainError: quote_not_found.
+    """
+    quotes = Quote.objects.select_related("offering").filter(
+        public_id=request.presentation.quote_id or ""
     )
-    event_record_change(purchase=purchase, actor=actor, change=change)
-    previous = purchase.payment_state
-    purchase.payment_complete(paid_at=now)
-    purchase.rail, purchase.payer = Rail.PREPAID, buyer.ref
+    if request.offering is not None:
+        quotes = quotes.filter(offering=request.offering)
+    if lock:
+        quotes = quotes.select_for_update(of=("self",))
+    quote = quotes.first()
+    if quote is None or not _may_pay(quote, request):
+        detail = "accepted.extra.quote names no quote of this offering." if request.offering else ""
+        raise DomainError(ErrorCode.QUOTE_NOT_FOUND, detail)
+    return quote
+
+
+def _may_pay(quote: Quote, request: PaymentRequest) -> bool:
+    if quote.buyer_id is None:
+        return True  # an anonymous quote: whoever pays it first
+    if request.buyer is not None:
+        return request.buyer.pk == quote.buyer_id
+    return BuyerWallet.objects.filter(
+        buyer_id=quote.buyer_id, address=request.presentation.payer
+    ).exists()
+
+
+def _record(
+    checkout: _Checkout[A],
+    quote: Quote,
+    terms: QuoteTerms,
+    duplicate_key: str,
+    claim: KeyClaim,
+    search_from: int | None,
+) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
+    """One transaction: the attempt, the purchase's move and the key's recovery point.
+
+    Racing payments for one duplicate key serialize on its guard row: the first records,
+    the others find its purchase and raise _Duplicate.
+    Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out,
+    and what the rail's record raises (insufficient_funds).
+    """
+    try:
+        return _record_once(checkout, quote, terms, duplicate_key, claim, search_from)
+    except IntegrityError:
+        # Two presentations of one payment raced past verification: the database lets
+        # exactly one through; verifying again names the winner's purchase.
+        checkout.rail.verify(
+            presentation=checkout.request.presentation, terms=terms, now=checkout.request.now
+        )
+        raise
+
+
+def _record_once(
+    checkout: _Checkout[A],
+    quote: Quote,
+    terms: QuoteTerms,
+    duplicate_key: str,
+    claim: KeyClaim,
+    search_from: int | None,
+) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
+    request, rail = checkout.request, checkout.rail
+    actor, now = request.actor, request.now
+    with transaction.atomic(), events_batched():
+        if quote.offering.duplicate_window:
+            is_new_key = duplicate_guard_lock(duplicate_key=duplicate_key, now=now)
+            duplicate = (
+                None
+                if is_new_key
+                else purchase_duplicate_find(
+                    offering=quote.offering, duplicate_key=duplicate_key, now=now
+                )
+            )
+            if duplicate is not None:
+                raise _Duplicate(duplicate)
+        if not rail.settles_when_recorded:
+            quote = (
+                Quote.objects.select_for_update(of=("self",))
+                .select_related("offering")
+                .get(pk=quote.pk)
+            )
+        purchase = _purchase_for_payment(request, quote, duplicate_key)
+        is_new = purchase.pk is None
+        previous_pay, previous_run = purchase.payment_state, purchase.fulfillment_state
+        # The moves are made before the row is written: a new purchase is one INSERT.
+        if rail.settles_when_recorded:
+            purchase.payment_complete(paid_at=now)
+            purchase.fulfillment_queue()
+        else:
+            purchase.payment_begin()
+        if is_new:
+            purchase.save()
+            _quote_accept(quote, purchase, actor)
+        else:
+            purchase.save(update_fields=[*_MOVED_FIELDS, "updated_at"])
+        attempt, change = rail.record(
+            charge=Charge(
+                purchase_id=purchase.pk,
+                purchase_ref=purchase.ref,
+                buyer_id=purchase.buyer_id,
+                presentation=request.presentation,
+                terms=terms,
+                idempotency_record_id=claim.record_id,
+                search_from_block=search_from,
+            )
+        )
+        event_record_change(purchase=purchase, actor=actor, change=change)
+        event_record(
+            subject="purchase.payment",
+            purchase=purchase,
+            actor=actor,
+            from_state=previous_pay,
+            to_state=purchase.payment_state,
+            evidence={"rail": purchase.rail, "attempt": attempt.pk},
+        )
+        if not rail.settles_when_recorded:
+            payment_id_mark_recorded(claim=claim, purchase=purchase)
+            return purchase, attempt, None
+        event_record(
+            subject="purchase.fulfillment",
+            purchase=purchase,
+            actor=actor,
+            from_state=previous_run,
+            to_state=purchase.fulfillment_state,
+        )
+        stored = checkout.answers.recorded(purchase=purchase, attempt=attempt)
+        payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
+        purchase_execution_stage(purchase_id=purchase.pk, now=now)
+        return purchase, attempt, stored
+
+
+_MOVED_FIELDS = [
+    "payment_state",
+    "fulfillment_state",
+    "paid_at",
+    "reason_code",
+    "rail",
+    "payer",
+    "duplicate_key",
+]
+
+
+def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: str) -> Purchase:
+    """The purchase this payment goes to: the quote's (if its last payment failed) or a new
+    one, not yet written (one per quote, by the database). Caller holds the quote's lock.
+
+    Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out.
+    """
+    presentation, now = request.presentation, request.now
+    purchase = purchase_open_for_payment(quote=quote, now=now)
+    capped = request.buyer or quote.buyer or _wallet_owner(presentation.payer)
+    if capped is not None:
+        # Spend caps bind the paying wallet's owner whichever rail it pays on.
+        buyer_spend_cap_check(
+            buyer=capped,
+            amount=quote.price,
+            now=now,
+            purchase_ref=purchase.ref if purchase else None,
+        )
+    if purchase is None:
+        if not quote.holds_stock and quote.offering.stock is not None:
+            # Anonymous quotes hold nothing: stock is taken when a valid payment arrives.
+            if not offering_stock_take(offering_id=quote.offering_id):
+                raise DomainError(ErrorCode.SOLD_OUT)
+            quote.holds_stock = True
+        purchase = Purchase(
+            quote=quote,
+            offering=quote.offering,
+            buyer=request.buyer or quote.buyer,
+            amount=quote.price,
+            asset=quote.asset,
+            network=quote.network,
+        )
+    purchase.rail, purchase.payer = presentation.rail, presentation.payer
     purchase.duplicate_key = duplicate_key
-    purchase.fulfillment_queue()
-    purchase.save(
-        update_fields=[
-            "payment_state",
-            "fulfillment_state",
-            "paid_at",
-            "reason_code",
-            "rail",
-            "payer",
-            "duplicate_key",
-            "updated_at",
-        ]
-    )
-    event_record(
-        subject="purchase.payment",
-        purchase=purchase,
-        actor=actor,
-        from_state=previous,
-        to_state=purchase.payment_state,
-        evidence={"rail": "prepaid"},
-    )
-    event_record(
-        subject="purchase.fulfillment",
-        purchase=purchase,
-        actor=actor,
-        from_state=Purchase.FulfillmentState.NOT_STARTED,
-        to_state=purchase.fulfillment_state,
-    )
-    status = purchase_status(purchase=purchase, now=now, created_with=attempt)
-    answer = StoredAnswer(201, status, {}, purchase.ref)
-    payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=now)
-    purchase_execution_stage(purchase_id=purchase.pk, now=now)
-    return answer
+    return purchase
 
 
-def _answer_duplicate(
-    payment: _PrepaidPayment, purchase: Purchase, quote: Quote, claim: KeyClaim
-) -> StoredAnswer:
-    """The purchase this key repeats, marked as a duplicate; nothing is debited."""
-    actor = Actor.agent(payment.buyer.ref)
-    purchase_duplicate_record(
-        purchase=purchase,
-        actor=actor,
-        rail="prepaid",
-        evidence={"quote": quote.public_id, "copy_label": payment.copy_label},
-    )
-    quote_release_if_unpaid(quote=quote, actor=actor)
-    body = {**purchase_status(purchase=purchase, now=payment.now), "duplicate_of": purchase.ref}
-    answer = StoredAnswer(200, body, {DUPLICATE_HEADER: purchase.ref}, purchase.ref)
-    payment_id_store_answer(claim=claim, answer=answer, purchase=purchase, now=payment.now)
-    return answer
+def _wallet_owner(address: str) -> Buyer | None:
+    wallet = BuyerWallet.objects.select_related("buyer").filter(address=address.lower()).first()
+    return wallet.buyer if wallet else None
 
 
 def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None:
     """The quote's purchase if a new payment may go to it (its last one failed), else None
-    for a first payment. Both rails ask this under the quote's row lock.
+    for a first payment. Caller holds the quote's row lock.
 
     Raises DomainError: quote_already_paid (naming the purchase), quote_expired.
     """
-    purchase = Purchase.objects.select_for_update().filter(quote=quote).first()
+    purchase = (
+        None
+        if quote.state == Quote.State.OPEN  # accepted with its purchase, in one transaction
+        else Purchase.objects.select_for_update().filter(quote=quote).first()
+    )
     if purchase is not None and purchase.payment_state != Purchase.PaymentState.FAILED:
         raise DomainError(
             ErrorCode.QUOTE_ALREADY_PAID,
@@ -211,21 +396,8 @@ def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None
     return purchase
 
 
-def purchase_create_for_quote(
-    *, quote: Quote, buyer: Buyer | None, rail: str, payer: str, actor: Actor
-) -> Purchase:
-    """The first payment accepts the quote: its purchase is created (one per quote, by the
-    database) and the quote moves to accepted. Caller holds the quote row lock."""
-    purchase = Purchase.objects.create(
-        quote=quote,
-        offering=quote.offering,
-        buyer=buyer,
-        amount=quote.price,
-        asset=quote.asset,
-        network=quote.network,
-        rail=rail,
-        payer=payer,
-    )
+def _quote_accept(quote: Quote, purchase: Purchase, actor: Actor) -> None:
+    """The first payment accepts the quote. Caller holds the quote's row lock."""
     quote.accept()
     quote.save(update_fields=["state", "holds_stock"])
     event_record(
@@ -236,28 +408,56 @@ def purchase_create_for_quote(
         from_state=Quote.State.OPEN,
         to_state=quote.state,
     )
-    return purchase
 
 
-def _quote_for_payment(buyer: Buyer, quote_id: str) -> Quote:
-    """Raises DomainError: quote_not_found (another buyer's quote is not found either)."""
-    quote = Quote.objects.select_related("offering").filter(public_id=quote_id, buyer=buyer).first()
-    if quote is None:
-        raise DomainError(ErrorCode.QUOTE_NOT_FOUND)
-    return quote
+def _answer_duplicate(
+    checkout: _Checkout[A], purchase: Purchase, quote: Quote, claim: KeyClaim
+) -> A:
+    """Answer a repeat with the purchase it repeats; nothing is charged or broadcast.
 
-
-def _purchase_for_payment(buyer: Buyer, quote: Quote, now: datetime, actor: Actor) -> Purchase:
-    """Lock the quote and return the purchase a new payment may go to (creating it on first use).
-
-    Raises DomainError: quote_expired, quote_already_paid.
+    Raises DomainError: payment_in_flight while the purchase's own request still runs.
     """
-    quote = (
-        Quote.objects.select_for_update(of=("self",)).select_related("offering").get(pk=quote.pk)
+    request = checkout.request
+    if _payment_in_flight(purchase, request.now):
+        raise DomainError(
+            ErrorCode.PAYMENT_IN_FLIGHT,
+            purchase=purchase.ref,
+            retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
+            extra={"status_url": purchase_capability_url(purchase=purchase)},
+        )
+    with transaction.atomic(), events_batched():
+        purchase_duplicate_record(
+            purchase=purchase,
+            actor=request.actor,
+            rail=request.presentation.rail,
+            evidence={
+                **request.presentation.summary,
+                "quote": quote.public_id,
+                "copy_label": request.copy_label,
+            },
+        )
+        quote_release_if_unpaid(quote=quote, actor=request.actor)
+        stored = checkout.answers.duplicate(purchase=purchase)
+        payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=request.now)
+    return checkout.answers.render(stored, False)
+
+
+def _payment_in_flight(purchase: Purchase, now: datetime) -> bool:
+    return (
+        purchase.payment_state == Purchase.PaymentState.PAYING
+        and IdempotencyRecord.objects.filter(
+            purchase=purchase, state=IdempotencyRecord.State.IN_FLIGHT, locked_until__gt=now
+        ).exists()
     )
-    purchase = purchase_open_for_payment(quote=quote, now=now)
-    if purchase is not None:
-        return purchase
-    return purchase_create_for_quote(
-        quote=quote, buyer=buyer, rail=Rail.PREPAID, payer=buyer.ref, actor=actor
-    )
+
+
+def _settle_and_answer(
+    checkout: _Checkout[A], purchase: Purchase, attempt_id: int, claim: KeyClaim
+) -> A:
+    """After commit: settle over the rail, then answer from what the purchase is now."""
+    now = checkout.request.now
+    purchase_settle_attempt(attempt_id=attempt_id, now=now)
+    purchase = purchase_reload(purchase=purchase)
+    stored, answer = checkout.answers.settled(purchase=purchase)
+    payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
+    return answer

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
+from django.db import connection
+
 from core.actors import Actor
 from core.canonical import sha256_hex
 from core.errors import DomainError, ErrorCode
@@ -68,13 +70,34 @@ def purchase_duplicate_find(
     )
 
 
-def duplicate_guard_lock(*, duplicate_key: str) -> None:
+def duplicate_guard_lock(*, duplicate_key: str, now: datetime) -> bool:
     """Serialize payments for one duplicate key until the caller's transaction ends.
 
-    One INSERT ... ON CONFLICT DO NOTHING, then a row lock: never a failing INSERT.
+    One upsert takes the row lock and stamps the guard's last use (`created_at`), never a
+    failing INSERT. Returns True when the guard is new: no payment for this key was decided
+    since guards were last pruned (never within a duplicate window), so there is nothing
+    to look for.
     """
-    DuplicateGuard.objects.bulk_create([DuplicateGuard(key=duplicate_key)], ignore_conflicts=True)
-    DuplicateGuard.objects.select_for_update().filter(key=duplicate_key).first()
+    table = connection.ops.quote_name(DuplicateGuard._meta.db_table)
+    insert = f"INSERT INTO {table} (key, created_at) VALUES (%s, %s) "  # noqa: S608 - the model's table
+    with connection.cursor() as cursor:
+        if connection.vendor != "postgresql":
+            # SQLite (the embedded default) has one writer at a time: no row lock to take.
+            cursor.execute(
+                insert + "ON CONFLICT (key) DO NOTHING RETURNING 1", [duplicate_key, now]
+            )
+            if cursor.fetchone():
+                return True
+            DuplicateGuard.objects.filter(key=duplicate_key).update(created_at=now)
+            return False
+        # xmax is 0 on a row this statement inserted, the locker's id on one it updated.
+        cursor.execute(
+            insert + "ON CONFLICT (key) DO UPDATE SET created_at = EXCLUDED.created_at "
+            "RETURNING (xmax = 0)",
+            [duplicate_key, now],
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 def purchase_duplicate_record(
@@ -98,8 +121,10 @@ def quote_release_if_unpaid(*, quote: Quote, actor: Actor) -> None:
 
 
 def duplicate_guards_prune(*, before: datetime, batch: int = 5000) -> int:
-    """Delete guard rows created before `before`, batch by batch. A guard is only a lock row
-    (the purchases themselves carry the duplicate key), so a later payment re-creates it."""
+    """Delete guard rows last used before `before`, batch by batch. A guard is only a lock
+    row (the purchases themselves carry the duplicate key), so a later payment re-creates
+    it; `before` must lie further back than every offering's duplicate window, since a new
+    guard means "nothing to look for"."""
     pruned = 0
     while True:
         ids = list(

@@ -10,12 +10,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import Refund
 from payments.services import ledger_balances_mismatched
-from purchases.models import IdempotencyRecord, Quote
+from purchases.models import IdempotencyRecord, Offering, Quote
 from purchases.services.alerts import (
     escalation_alert,
     escalations_awaiting_alert,
@@ -31,6 +32,12 @@ from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 logger = logging.getLogger(__name__)
 # Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.
 GUARD_KEEP = timedelta(days=1)
+
+
+def _guard_keep() -> timedelta:
+    """Guards outlive the longest duplicate window by an hour (see duplicate_guard_lock)."""
+    longest = Offering.objects.aggregate(longest=Max("duplicate_window"))["longest"]
+    return max(GUARD_KEEP, (longest or timedelta(0)) + timedelta(hours=1))
 
 
 def expire_quotes(*, now: datetime | None = None, batch: int = 500) -> Counter[str]:
@@ -77,7 +84,7 @@ def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> C
             stats["events_purged"] += events
             if quotes < batch:
                 break
-        stats["guards_pruned"] = duplicate_guards_prune(before=now - GUARD_KEEP)
+        stats["guards_pruned"] = duplicate_guards_prune(before=now - _guard_keep())
     return stats
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,12 +27,11 @@ from django.urls import reverse
 from prometheus_client import Counter
 
 from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
+from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
-
-PAYMENT_ID_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 payment_id_conflicts = Counter(
     "tollbooth_payment_identifier_conflicts_total",
@@ -122,32 +120,34 @@ def _refuse_compacted(record: IdempotencyRecord, principal: str) -> None:
 def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     """Claim a payment id, or learn that it already has an answer.
 
-    A replay costs one SELECT (an answered key never changes, so it needs no lock); a new key
-    one SELECT and one INSERT ... ON CONFLICT DO NOTHING, never a failing INSERT.
+    A new key costs one INSERT ... ON CONFLICT DO NOTHING (never a failing INSERT), which
+    also refuses to insert beside the key's compacted form; a replay that INSERT (writing
+    nothing) and one SELECT (an answered key never changes, so it needs no lock).
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
     hashed = payment_id_hash(request.key)
+    token = secrets.token_hex(8)
+    record_id = _insert_if_absent(request, token, hashed)
+    if record_id is not None:
+        return KeyClaim(record_id, token, is_new=True)
     known = {
         record.key: record
         for record in IdempotencyRecord.objects.select_related("purchase").filter(
             scope=request.scope, key__in=[request.key, hashed]
         )
     }
-    token = secrets.token_hex(8)
     record = known.get(request.key)
     if record is not None and record.state == IdempotencyRecord.State.COMPLETED:
         _refuse_if_another_request(record, request)
         return KeyClaim(record.pk, "", _stored(record), record.recovery_point)
     if record is None and hashed in known:
         _refuse_compacted(known[hashed], request.principal)
-    record_id = _insert_if_absent(request, token) if record is None else None
-    if record_id is not None:
-        return KeyClaim(record_id, token, is_new=True)
     return _claim_recorded(request, token)  # in flight, dead, or a racing first claim
 
 
-def _insert_if_absent(request: KeyedRequest, token: str) -> int | None:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: the new key's id, or None if it exists."""
+def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
+    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: the new key's id, or None if the key
+    exists (in flight, answered, or compacted to `hashed`)."""
     record = IdempotencyRecord(
         scope=request.scope,
         key=request.key,
@@ -162,11 +162,14 @@ def _insert_if_absent(request: KeyedRequest, token: str) -> int | None:
     quote = connection.ops.quote_name
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 - names come from the model
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"SELECT {', '.join(['%s'] * len(fields))} "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
+        f"WHERE {quote('scope')} = %s AND {quote('key')} = %s) "
         f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
         f"RETURNING {quote(meta.pk.column)}"
     )
     params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
+    params += [request.scope, hashed]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()

@@ -33,10 +33,11 @@ from purchases.services.batches import row_isolated
 from purchases.services.job_runs import job_run
 from purchases.services.offerings import offering_stock_release
 from purchases.services.remedies import escalation_open
-from purchases.services.x402_settlement import (
-    x402_follow_up,
-    x402_record_outcome,
-    x402_settle_attempt,
+from purchases.services.settlement import (
+    purchase_settle_attempt,
+    quote_terms,
+    settlement_follow_up,
+    settlement_record_outcome,
 )
 
 logger = logging.getLogger(__name__)
@@ -92,7 +93,7 @@ def _resume_unbroadcast(now: datetime, stats: Counter[str]) -> None:
     )
     for attempt_id, purchase_id in stale.values_list("pk", "purchase_id")[:100]:
         with row_isolated(stats, "pending_settlements", "attempt", attempt_id, purchase_id, now):
-            x402_settle_attempt(attempt_id=attempt_id, now=now)
+            purchase_settle_attempt(attempt_id=attempt_id, now=now)
             stats["resumed_unbroadcast"] += 1
 
 
@@ -103,7 +104,7 @@ def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
             PaymentAttempt.objects.select_for_update(skip_locked=True)
             .filter(rail="x402", state__in=PENDING_STATES, broadcast_started_at__lte=grace_cutoff)
             .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
-            .select_related("purchase__quote")
+            .select_related("purchase__quote__offering")
             .order_by("network", "pk")[:limit]
         )
         PaymentAttempt.objects.filter(pk__in=[row.pk for row in rows]).update(
@@ -141,10 +142,9 @@ def _reconcile_network(
                 reader=reader.reader_for(authorization, tx_hash),
                 now=int(now.timestamp()),
             )
-            outcome = x402_follow_up(
+            outcome = settlement_follow_up(
                 attempt=attempt,
-                authorization=authorization,
-                network=network,
+                terms=quote_terms(quote=attempt.purchase.quote),
                 outcome=outcome,
                 now=now,
                 actor=Actor.system("reconciliation"),
@@ -200,7 +200,7 @@ def _apply(
     attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, stats: Counter[str]
 ) -> None:
     if outcome.status != SettlementStatus.PENDING:
-        x402_record_outcome(
+        settlement_record_outcome(
             attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
         )
         stats[outcome.status.value] += 1
@@ -210,7 +210,7 @@ def _apply(
         PaymentAttempt.objects.filter(pk=attempt.pk).update(
             next_check_at=now + RECHECK, unanswered_checks=0
         )
-        x402_record_outcome(
+        settlement_record_outcome(
             attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
         )  # notes a new tx hash
         stats["still_pending"] += 1
@@ -287,7 +287,7 @@ def watch_failed_attempts(*, now: datetime | None = None, limit: int = 5000) -> 
                 valid_before_at__gte=now - LATE_WATCH,
             )
             .exclude(refunds__reason_code__in=["late_settlement", "duplicate_settlement"])
-            .select_related("purchase__quote")
+            .select_related("purchase__quote__offering")
             .order_by("network", "pk")[:limit]
         )
         for network_id, group in groupby(watched, key=lambda a: a.network):
@@ -319,7 +319,7 @@ def _watch_network(
             )
             stats["watched"] += 1
             if outcome.status == SettlementStatus.CONFIRMED:
-                x402_record_outcome(
+                settlement_record_outcome(
                     attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
                 )
                 stats["late_found"] += 1

@@ -10,6 +10,7 @@ from django.db import transaction
 from core.actors import Actor
 from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
+from payments.rails import rail_for
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
 from purchases.services.outbox import outbox_stage
@@ -126,8 +127,9 @@ def purchase_refund_create(
     tx_hash: str | None = None,
 ) -> Refund:
     """A refund linked to the purchase and its payment, on the timeline. Caller holds the
-    purchase lock. Prepaid money is credited back at once; on-chain money is owed."""
-    refund, changes = payment_services.refund_create(
+    purchase lock. The rail gives the money back its way: prepaid money is credited back at
+    once; on-chain money is owed."""
+    refund, changes = rail_for(attempt.rail).refund(
         attempt=attempt,
         buyer_id=purchase.buyer_id,
         reason_code=reason_code,

@@ -26,7 +26,7 @@ from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
-from purchases.services.x402_settlement import (
+from purchases.services.x402_answers import (
     X402Answer,
     x402_requirements,
     x402_requirements_for_offering,
@@ -102,7 +102,7 @@ def x402_offer(
     else:
         quote = _quote_anonymous(route.offering, raw_input, now)
     header, document = payment_required_header(
-        requirements=x402_requirements(quote=quote, network=route.network),
+        requirements=x402_requirements(quote=quote),
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
@@ -122,7 +122,7 @@ def x402_offer_price_only(
     """
     route = x402_route(offering_slug=offering_slug)
     header, document = payment_required_header(
-        requirements=x402_requirements_for_offering(offering=route.offering, network=route.network),
+        requirements=x402_requirements_for_offering(offering=route.offering),
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
@@ -213,7 +213,7 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
             network = network_config(offering.network)
         except UnknownNetwork:
             continue
-        requirements = x402_requirements_for_offering(offering=offering, network=network)
+        requirements = x402_requirements_for_offering(offering=offering)
         url = f"{base_url}/x402/{offering.slug}"
         items.append(
             {

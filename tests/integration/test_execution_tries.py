@@ -11,8 +11,8 @@ from django.utils import timezone
 from fulfillment.models import ExecutionAttempt
 from payments.models import Refund
 from purchases.models import Escalation, Purchase
-from purchases.services.checkout import purchase_pay_prepaid
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from purchases.tasks import purchase_sweep_stalled_task
 from tests.factories import OfferingFactory

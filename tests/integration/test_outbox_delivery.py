@@ -17,7 +17,7 @@ from django.conf import settings
 
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services import outbox
-from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.fixtures.worker import ROOT, _database_url
@@ -89,7 +89,7 @@ import django
 django.setup()
 from purchases.models import Buyer
 from purchases.services import outbox
-from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 outbox._relay_staged = lambda **_: os.kill(os.getpid(), signal.SIGKILL)
 purchase_pay_prepaid(
     buyer=Buyer.objects.get(pk=int(sys.argv[1])), quote_id=sys.argv[2],

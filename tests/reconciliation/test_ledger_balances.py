@@ -9,7 +9,7 @@ from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
 from purchases.models import JobRun
 from purchases.services import housekeeping
-from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund

@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 
 from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
 from purchases.services import housekeeping
-from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 

@@ -10,7 +10,7 @@ from celery import Celery
 from django.conf import settings
 
 from purchases.models import Purchase
-from purchases.services.checkout import purchase_pay_prepaid
+from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.integration.helpers import free_port, redis_server, wait_for

@@ -1,4 +1,4 @@
-"""Resubmitting a signed authorization that never reached the chain: one rule, every path.
+"""Resubmitting a signed payment that never reached the money: one rule, every path, every rail.
 
 A facilitator may answer without broadcasting (`invalid_transaction_state`, a timeout with
 nothing sent) and a relayer transaction may be dropped from the pool. When the chain then
@@ -8,16 +8,17 @@ still open, the SAME signed authorization is submitted again: facilitator mode c
 prepares them if none were ever signed). EIP-3009 nonces are single-use, so however many
 submissions reach the chain, at most one moves money; a new buyer signature is never asked.
 
-The buyer's resend, the status URL and the reconciliation job all come through
-`x402_resubmit_if_due`. Tries are counted on the attempt in the database, spaced by
-`BACKOFF`, bounded by `SETTLEMENT_RESUBMIT_LIMIT`; past it the attempt stays pending for
-reconciliation (its window closing proves the failure) and support is escalated. Every try,
-and the refusal at the limit, is on the purchase's timeline.
+The rail judges whether an answer proves the payment never arrived (`never_reached`) and
+sends it again (`resend`); this module owns the policy. The buyer's resend, the status URL
+and the reconciliation job all come through `payment_resubmit_if_due`. Tries are counted
+on the attempt in the database, spaced by `BACKOFF`, bounded by
+`SETTLEMENT_RESUBMIT_LIMIT`; past it the attempt stays pending for reconciliation (its
+window closing proves the failure) and support is escalated. Every try, and the refusal at
+the limit, is on the purchase's timeline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,9 +27,9 @@ from django.conf import settings
 from django.db import transaction
 
 from core.actors import Actor
-from payments.models import PaymentAttempt
-from payments.x402.types import Authorization, NetworkConfig, SettlementOutcome, SettlementStatus
-from payments.x402.verify import SETTLEMENT_MARGIN_SECONDS
+from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
+from payments.rails import QuoteTerms, rail_for
+from payments.x402.types import SettlementOutcome
 from purchases.events import event_record
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.remedies import escalation_open
@@ -47,34 +48,11 @@ BACKOFF = (
     timedelta(minutes=30),
     timedelta(hours=1),
 )
-PENDING_STATES = (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
 # What of a settler's answer goes on the timeline (never a whole body).
 _ANSWER_KEYS = ("http_status", "success", "error_reason", "transaction", "transport_error", "error")
 
-Send = Callable[[PaymentAttempt], SettlementOutcome]
 
-
-def x402_never_reached_chain(
-    *,
-    attempt: PaymentAttempt,
-    authorization: Authorization,
-    outcome: SettlementOutcome,
-    now: datetime,
-) -> bool:
-    """True when resubmitting is safe: submitted before, nonce unused on chain, no broadcast of
-    it known to the node (no hash, or a hash the node does not have), and still valid for at
-    least the settlement margin. A known or pooled transaction is reconciled, never resent."""
-    return (
-        attempt.state in PENDING_STATES
-        and attempt.broadcast_started_at is not None
-        and outcome.status == SettlementStatus.PENDING
-        and outcome.reason_code == "not_on_chain_yet"
-        and not outcome.evidence.get("tx_known")
-        and authorization.valid_before >= now.timestamp() + SETTLEMENT_MARGIN_SECONDS
-    )
-
-
-def x402_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
+def payment_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
     """When the next try is due: backoff from the last submission (None if never submitted)."""
     last = attempt.resubmitted_at or attempt.broadcast_started_at
     if last is None:
@@ -82,38 +60,36 @@ def x402_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
     return last + BACKOFF[min(attempt.resubmissions, len(BACKOFF) - 1)]
 
 
-def x402_resubmit_if_due(
+def payment_resubmit_if_due(
     *,
     attempt: PaymentAttempt,
-    authorization: Authorization,
-    network: NetworkConfig,
+    terms: QuoteTerms,
     outcome: SettlementOutcome,
     now: datetime,
-    send: Send,
     actor: Actor,
 ) -> SettlementOutcome:
-    """Submit the same signed authorization again if the look-up `outcome` allows it.
+    """Send the same signed payment again if the look-up `outcome` allows it.
 
     Returns the new submission's outcome (evidence `resubmission`: its number), or `outcome`
-    unchanged. Call with no transaction open: `send` talks to the facilitator or the node.
+    unchanged. Call with no transaction open: the rail talks to the facilitator or the node.
     """
-    if not x402_never_reached_chain(
-        attempt=attempt, authorization=authorization, outcome=outcome, now=now
-    ):
+    rail = rail_for(attempt.rail)
+    if not rail.never_reached(attempt=attempt, outcome=outcome, now=now):
         return outcome
     limit = settings.TOLLBOOTH["SETTLEMENT_RESUBMIT_LIMIT"]
+    described = rail.describe(attempt=attempt)
     if attempt.resubmissions >= limit:
-        _refuse(attempt, network, limit, now, actor)
+        _refuse(attempt, described, limit, now, actor)
         return outcome
-    due_at = x402_resubmit_next_at(attempt=attempt)
+    due_at = payment_resubmit_next_at(attempt=attempt)
     if due_at is None or now < due_at:
         return outcome
     number = attempt.resubmissions + 1
     if not _claim(attempt, number, now):
         return outcome  # lost the race: another request or job made this try
-    fresh = PaymentAttempt.objects.select_related("purchase__quote").get(pk=attempt.pk)
-    answer = send(fresh)
-    _record_try(fresh, network, number, limit, answer, actor)
+    fresh = PaymentAttempt.objects.get(pk=attempt.pk)
+    answer = rail.resend(attempt=fresh, terms=terms, now=now)
+    _record_try(fresh, described, number, limit, answer, actor)
     return replace(answer, evidence={**answer.evidence, "resubmission": number})
 
 
@@ -121,14 +97,14 @@ def _claim(attempt: PaymentAttempt, number: int, now: datetime) -> bool:
     """Count the try before it leaves (write before broadcast); exactly one caller wins it."""
     return bool(
         PaymentAttempt.objects.filter(
-            pk=attempt.pk, state__in=PENDING_STATES, resubmissions=number - 1
+            pk=attempt.pk, state__in=PENDING_ATTEMPT_STATES, resubmissions=number - 1
         ).update(resubmissions=number, resubmitted_at=now)
     )
 
 
 def _record_try(
     attempt: PaymentAttempt,
-    network: NetworkConfig,
+    described: dict[str, Any],
     number: int,
     limit: int,
     answer: SettlementOutcome,
@@ -145,7 +121,7 @@ def _record_try(
                 "attempt": attempt.pk,
                 "try": number,
                 "limit": limit,
-                "mode": network.mode,
+                **described,
                 "tx_hash": answer.tx_hash or attempt.tx_hash,
                 "answer": _summary(answer),
             },
@@ -158,7 +134,7 @@ def _summary(answer: SettlementOutcome) -> dict[str, Any]:
 
 
 def _refuse(
-    attempt: PaymentAttempt, network: NetworkConfig, limit: int, now: datetime, actor: Actor
+    attempt: PaymentAttempt, described: dict[str, Any], limit: int, now: datetime, actor: Actor
 ) -> None:
     """At the limit: no more tries. Said once on the timeline, and support is escalated; the
     attempt stays pending until its window closes (then the look-up proves it failed)."""
@@ -172,7 +148,7 @@ def _refuse(
             "attempt": attempt.pk,
             "resubmissions": attempt.resubmissions,
             "limit": limit,
-            "mode": network.mode,
+            **described,
             "tx_hash": attempt.tx_hash,
             "valid_before_at": attempt.valid_before_at.isoformat()
             if attempt.valid_before_at

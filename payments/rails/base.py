@@ -1,0 +1,137 @@
+"""The interface a payment rail implements, and the registry that finds one by name.
+
+A rail knows how its money moves: what a quote asks of the payer (requirements), whether a
+presentation of payment is good (verify, then verify_funds for what only the ledger or the
+chain can say), how an attempt is written down (record), how it reaches the money
+(settle, look_up, resend) and how money goes back (refund). It knows nothing of purchases:
+it takes ids and small value objects and returns attempts, outcomes and `Change`s for the
+orchestration to put on the timeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from core.changes import Change
+
+if TYPE_CHECKING:
+    from payments.models import PaymentAttempt, Refund
+    from payments.x402.types import SettlementOutcome
+
+# One line per rail: its name (payments.models.Rail) and the class implementing it.
+RAILS: dict[str, str] = {
+    "prepaid": "payments.rails.prepaid.PrepaidRail",
+    "x402": "payments.rails.x402.X402Rail",
+}
+
+
+@dataclass(frozen=True)
+class QuoteTerms:
+    """What a quote asks for, as a rail needs it (payments never reads purchases' models)."""
+
+    quote_id: str
+    network: str
+    asset: str
+    amount: int
+    pay_to: str
+    duplicate_window_seconds: int
+
+
+@dataclass(frozen=True)
+class Presentation:
+    """One presentation of payment, as its rail parsed it from the request.
+
+    `key` is the payment id the request runs under (the client's, or one the rail derives
+    from what makes the payment unique); `payer` is who pays (a wallet, or the buyer's ref
+    for prepaid); `evidence` is the rail's own proof (an EIP-3009 authorization; None for
+    prepaid, whose proof is the authenticated buyer).
+    """
+
+    rail: str
+    key: str
+    payer: str
+    fingerprint: str
+    quote_id: str | None
+    evidence: Any = None
+    accepted: dict[str, Any] | None = None  # x402: the requirements the client signed against
+    summary: dict[str, Any] = field(default_factory=dict)  # what the timeline may show of it
+
+
+@dataclass(frozen=True)
+class Charge:
+    """An attempt to write down, inside the orchestration's transaction."""
+
+    purchase_id: int
+    purchase_ref: str
+    buyer_id: int | None
+    presentation: Presentation
+    terms: QuoteTerms
+    idempotency_record_id: int
+    search_from_block: int | None = None
+
+
+class PaymentRail(Protocol):
+    name: ClassVar[str]
+    # True: money moves when the attempt is recorded (one transaction, answer stored with it).
+    # False: the attempt is recorded first, and settled after commit over the network.
+    settles_when_recorded: ClassVar[bool]
+
+    def requirements(self, *, terms: QuoteTerms) -> Any:
+        """What the payer must present for this quote (None: nothing beyond the quote id)."""
+
+    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
+        """Cheap checks with no network I/O. Raises DomainError with the payer's fix."""
+
+    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int | None:
+        """What only the money's keeper can say (the chain). Returns where a later look-up
+        may start (a block number), or None. Raises DomainError."""
+
+    def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
+        """Write the attempt (and, for a rail that settles when recorded, move the money)."""
+
+    def settle(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        """The first broadcast of a recorded attempt (or, if another caller made it, a
+        look-up). Never raises for network faults: unknown is PENDING."""
+
+    def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
+        """Where the attempt's money stands now."""
+
+    def resend(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        """The same signed payment again (never a new signature from the payer)."""
+
+    def never_reached(
+        self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
+    ) -> bool:
+        """True when `outcome` proves the payment never reached the money and sending the
+        same one again is safe (see purchases.services.resubmit)."""
+
+    def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
+        """What the timeline says about how this attempt reaches the money."""
+
+    def refund(
+        self,
+        *,
+        attempt: PaymentAttempt,
+        buyer_id: int | None,
+        reason_code: str,
+        paid_by: str,
+        now: datetime,
+        tx_hash: str | None = None,
+    ) -> tuple[Refund, list[Change]]:
+        """Give the attempt's money back the rail's way. Idempotent per (attempt, reason)."""
+
+
+@cache
+def rail_for(name: str) -> PaymentRail:
+    """Raises KeyError for a rail nobody registered."""
+    module_name, _, attribute = RAILS[name].rpartition(".")
+    rail: PaymentRail = getattr(importlib.import_module(module_name), attribute)()
+    return rail

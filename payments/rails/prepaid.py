@@ -1,0 +1,137 @@
+"""The prepaid rail: the buyer's running balance is the money, debited as the attempt is
+recorded, in the orchestration's transaction. Nothing to broadcast, nothing to look up."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from django.db import transaction
+from django.db.models import F
+
+from core.changes import Change
+from core.errors import DomainError, ErrorCode
+from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.rails.base import Charge, Presentation, QuoteTerms
+from payments.services import ledger_credit, refund_mark_paid, refund_record
+from payments.x402.types import SettlementOutcome, SettlementStatus
+
+PREPAID_NETWORK = "prepaid"
+
+
+class PrepaidRail:
+    name: ClassVar[str] = Rail.PREPAID
+    settles_when_recorded: ClassVar[bool] = True
+
+    def requirements(self, *, terms: QuoteTerms) -> None:
+        return None  # the quote id and an authenticated buyer are the whole presentation
+
+    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
+        return None  # the API key proved the buyer; the balance is judged by the debit
+
+    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
+        return None  # checked atomically by the debit itself, never read ahead of it
+
+    def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
+        """Debit the balance and record a succeeded attempt, atomically.
+
+        One conditional UPDATE of the running balance locks, checks and debits at once: two
+        debits of one buyer never interleave and never overdraw. Raises DomainError:
+        insufficient_funds.
+        """
+        assert transaction.get_connection().in_atomic_block
+        assert charge.buyer_id is not None
+        terms = charge.terms
+        debited = LedgerBalance.objects.filter(
+            buyer_id=charge.buyer_id, asset=terms.asset, amount__gte=terms.amount
+        ).update(amount=F("amount") - terms.amount)
+        if not debited:
+            raise DomainError(ErrorCode.INSUFFICIENT_FUNDS)
+        attempt = PaymentAttempt(
+            purchase_id=charge.purchase_id,
+            rail=Rail.PREPAID,
+            idempotency_record_id=charge.idempotency_record_id,
+            payer=charge.presentation.payer,
+            network=PREPAID_NETWORK,
+            asset=terms.asset,
+            amount=terms.amount,
+            fingerprint=charge.presentation.fingerprint,
+        )
+        # One debit per payment id: the reference is known before anything is written, so
+        # the attempt is settled in memory and written once.
+        reference = f"debit:{charge.purchase_ref}:{charge.idempotency_record_id}"
+        attempt.succeed(settlement_reference=reference)
+        attempt.save()
+        entry = LedgerEntry.objects.create(
+            buyer_id=charge.buyer_id,
+            asset=terms.asset,
+            amount=-terms.amount,
+            kind=LedgerEntry.Kind.PURCHASE_DEBIT,
+            reference=reference,
+            purchase_id=charge.purchase_id,
+        )
+        change = Change(
+            subject="payment_attempt",
+            from_state=PaymentAttempt.State.RECORDED,
+            to_state=attempt.state,
+            evidence={
+                "attempt": attempt.pk,
+                "rail": attempt.rail,
+                "ledger_entry": entry.reference,
+                "amount": str(attempt.amount),
+            },
+        )
+        return attempt, change
+
+    def settle(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        return self.look_up(attempt=attempt, now=now)
+
+    def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
+        if attempt.state == PaymentAttempt.State.SUCCEEDED:
+            return SettlementOutcome(SettlementStatus.CONFIRMED)
+        return SettlementOutcome(SettlementStatus.FAILED, reason_code=attempt.reason_code)
+
+    def resend(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        return self.look_up(attempt=attempt, now=now)
+
+    def never_reached(
+        self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
+    ) -> bool:
+        return False  # the debit and the attempt commit together: nothing is ever in transit
+
+    def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
+        return {"ledger_entry": attempt.settlement_reference}
+
+    def refund(
+        self,
+        *,
+        attempt: PaymentAttempt,
+        buyer_id: int | None,
+        reason_code: str,
+        paid_by: str,
+        now: datetime,
+        tx_hash: str | None = None,
+    ) -> tuple[Refund, list[Change]]:
+        """Straight back to the balance: the refund is paid at once, by a ledger credit."""
+        refund, changes = refund_record(
+            attempt=attempt, method=Refund.Method.LEDGER_CREDIT, reason_code=reason_code
+        )
+        if not changes or buyer_id is None:
+            return refund, changes
+        entry = ledger_credit(
+            buyer_id=buyer_id,
+            asset=attempt.asset,
+            amount=attempt.amount,
+            kind=LedgerEntry.Kind.REFUND_CREDIT,
+            reference=f"refund:{refund.pk}",
+            purchase_id=attempt.purchase_id,
+            memo=reason_code,
+        )
+        refund, paid = refund_mark_paid(
+            refund_id=refund.pk, reference=entry.reference, by=paid_by, now=now
+        )
+        return refund, [*changes, *([paid] if paid else [])]

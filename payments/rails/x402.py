@@ -1,0 +1,292 @@
+"""The x402 rail: an EIP-3009 authorization the buyer signed, put on chain by our relayer
+(direct) or a facilitator, and looked up by tx hash and by (payer, nonce).
+
+Write before broadcast: `record` writes the attempt with the signed authorization; `settle`
+claims the first broadcast, commits the relayer transaction's hash (direct mode) and only
+then sends it. Whatever is sent again (`resend`) is only ever that same signed
+authorization: the identical relayer bytes, or the same payload to the facilitator.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from core.canonical import fingerprint, sha256_hex
+from core.changes import Change
+from core.errors import DomainError, ErrorCode
+from core.refs import PAYMENT_ID_PATTERN
+from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
+from payments.rails.base import Charge, Presentation, QuoteTerms
+from payments.services import refund_record
+from payments.x402.attempts import (
+    x402_attempt_authorization,
+    x402_attempt_for_authorization,
+    x402_attempt_mark_prepared,
+    x402_attempt_prepared,
+    x402_attempt_record,
+)
+from payments.x402.chain import ChainReader, ChainUnavailable
+from payments.x402.direct import BroadcastNotPrepared
+from payments.x402.lookup import settlement_lookup
+from payments.x402.networks import network_config
+from payments.x402.settlers import settler_for
+from payments.x402.types import (
+    Authorization,
+    NetworkConfig,
+    PreparedBroadcast,
+    Requirements,
+    SettlementOutcome,
+    SettlementStatus,
+    VerificationFailed,
+)
+from payments.x402.verify import (
+    SETTLEMENT_MARGIN_SECONDS,
+    parse_authorization,
+    verify_payment_offline,
+    verify_payment_on_chain,
+)
+from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
+
+# A payment without a client id is keyed by its authorization; ':' keeps these apart from
+# client ids, which are [A-Za-z0-9_-] only.
+AUTHORIZATION_KEY_PREFIX = "auth:"
+_ACCEPTED_FIELDS = [  # (wire field, requirement attribute, code when they differ)
+    ("network", "network", ErrorCode.NETWORK_MISMATCH),
+    ("asset", "asset", ErrorCode.ASSET_MISMATCH),
+    ("payTo", "pay_to", ErrorCode.RECIPIENT_MISMATCH),
+    ("amount", "amount", ErrorCode.AMOUNT_MISMATCH),
+]
+
+
+def x402_presentation(*, header: str) -> Presentation:
+    """A PAYMENT-SIGNATURE header, decoded and keyed: by the client's payment id when it sends
+    one, otherwise by `auth:` + SHA-256 of (network, payer, nonce), which the chain makes
+    single-use.
+
+    Raises DomainError: payment_signature_malformed, payment_identifier_invalid (named before
+    the payload is judged), invalid_payload.
+    """
+    try:
+        decoded = decode_payment(header)
+    except MalformedPayment as exc:
+        raise DomainError(ErrorCode.PAYMENT_SIGNATURE_MALFORMED, str(exc)) from exc
+    client_id = _client_payment_id(decoded)
+    try:
+        authorization = parse_authorization(decoded.payload)
+    except VerificationFailed as exc:
+        raise DomainError(ErrorCode.INVALID_PAYLOAD, exc.detail) from exc
+    network = str(decoded.accepted.get("network", ""))
+    unique = f"{network}|{authorization.payer.lower()}|{authorization.nonce.lower()}"
+    return Presentation(
+        rail=Rail.X402,
+        key=client_id or AUTHORIZATION_KEY_PREFIX + sha256_hex(unique),
+        payer=authorization.payer.lower(),
+        fingerprint=fingerprint(decoded.canonical),
+        quote_id=decoded.quote_id,
+        evidence=authorization,
+        accepted=decoded.accepted,
+        summary={
+            "payer": authorization.payer.lower(),
+            "nonce": authorization.nonce,
+            "valid_before": authorization.valid_before,
+        },
+    )
+
+
+def _client_payment_id(decoded: DecodedPayment) -> str | None:
+    """Raises DomainError: payment_identifier_invalid."""
+    client_id = decoded.payment_id
+    if client_id is None or client_id == "":
+        return None
+    if not isinstance(client_id, str) or not PAYMENT_ID_PATTERN.fullmatch(client_id):
+        raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_INVALID)
+    return client_id
+
+
+def x402_requirements(*, terms: QuoteTerms, network: NetworkConfig) -> Requirements:
+    """The `accepts` entry a quote stands for (quote_id "" : the price-only offer)."""
+    return Requirements(
+        network=terms.network,
+        asset=terms.asset,
+        amount=terms.amount,
+        pay_to=terms.pay_to,
+        max_timeout_seconds=network.max_timeout_seconds,
+        quote_id=terms.quote_id or None,
+        # Stated so an agent can tell a re-signed retry will not be charged again.
+        terms=(("duplicateWindowSeconds", terms.duplicate_window_seconds),),
+    )
+
+
+class X402Rail:
+    name: ClassVar[str] = Rail.X402
+    settles_when_recorded: ClassVar[bool] = False
+
+    def requirements(self, *, terms: QuoteTerms) -> Requirements:
+        return x402_requirements(terms=terms, network=network_config(terms.network))
+
+    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
+        """The signed terms are the ones we offered, the authorization pays nothing else yet,
+        and its signature and window hold. No RPC.
+
+        Raises DomainError: unsupported_scheme, a *_mismatch code, authorization_in_use
+        (naming the purchase it already pays), or a verification code.
+        """
+        requirements = self.requirements(terms=terms)
+        _check_accepted(presentation.accepted or {}, requirements)
+        authorization: Authorization = presentation.evidence
+        taken = x402_attempt_for_authorization(
+            network=terms.network, payer=authorization.payer, nonce=authorization.nonce
+        )
+        if taken is not None:
+            raise DomainError(ErrorCode.AUTHORIZATION_IN_USE, purchase=taken.purchase.ref)
+        try:
+            verify_payment_offline(
+                authorization=authorization,
+                requirements=requirements,
+                network=network_config(terms.network),
+                now=int(now.timestamp()),
+            )
+        except VerificationFailed as failure:
+            raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
+
+    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int:
+        """Nonce unused and balance sufficient, on chain. Returns the chain head after the
+        check: the transfer cannot land in an older block, so look-ups start there.
+
+        Raises DomainError: authorization_used, insufficient_balance, verification_unavailable.
+        """
+        reader = ChainReader(network_config(terms.network))
+        try:
+            verify_payment_on_chain(authorization=presentation.evidence, reader=reader)
+            return reader.block_number()
+        except VerificationFailed as failure:
+            raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
+        except ChainUnavailable as exc:
+            raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
+
+    def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
+        return x402_attempt_record(
+            purchase_id=charge.purchase_id,
+            authorization=charge.presentation.evidence,
+            idempotency_record_id=charge.idempotency_record_id,
+            fingerprint=charge.presentation.fingerprint,
+            network=charge.terms.network,
+            asset=charge.terms.asset,
+            search_from_block=charge.search_from_block,
+        )
+
+    def settle(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
+        claimed = PaymentAttempt.objects.filter(
+            pk=attempt.pk, broadcast_started_at__isnull=True
+        ).update(broadcast_started_at=now)
+        if not claimed:
+            return self.look_up(attempt=attempt, now=now)
+        return _prepare_and_broadcast(attempt, terms, now)
+
+    def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
+        network = network_config(attempt.network)
+        return settlement_lookup(
+            authorization=x402_attempt_authorization(attempt=attempt),
+            network=network,
+            tx_hash=attempt.tx_hash,
+            reader=ChainReader(network),
+            now=int(now.timestamp()),
+            logs_from_block=attempt.search_from_block or 0,
+        )
+
+    def resend(
+        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    ) -> SettlementOutcome:
+        """The very same signed relayer transaction again (direct), or the same payload to
+        /settle (facilitator: nothing is ever signed on our side); a fresh relayer
+        transaction only if none was ever signed. Never a new buyer signature."""
+        if attempt.raw_transaction:
+            return _broadcast(attempt, terms, x402_attempt_prepared(attempt=attempt))
+        return _prepare_and_broadcast(attempt, terms, now)
+
+    def never_reached(
+        self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
+    ) -> bool:
+        """True when resending is safe: sent before, nonce unused on chain, no broadcast of
+        it known to the node, and still valid for at least the settlement margin. A known or
+        pooled transaction is reconciled, never resent."""
+        authorization = x402_attempt_authorization(attempt=attempt)
+        return (
+            attempt.state in PENDING_ATTEMPT_STATES
+            and attempt.broadcast_started_at is not None
+            and outcome.status == SettlementStatus.PENDING
+            and outcome.reason_code == "not_on_chain_yet"
+            and not outcome.evidence.get("tx_known")
+            and authorization.valid_before >= now.timestamp() + SETTLEMENT_MARGIN_SECONDS
+        )
+
+    def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
+        """What the timeline says about how this attempt reaches the chain."""
+        return {"mode": network_config(attempt.network).mode}
+
+    def refund(
+        self,
+        *,
+        attempt: PaymentAttempt,
+        buyer_id: int | None,
+        reason_code: str,
+        paid_by: str,
+        now: datetime,
+        tx_hash: str | None = None,
+    ) -> tuple[Refund, list[Change]]:
+        """Money on chain is owed back: finance pays it and marks the refund paid."""
+        return refund_record(
+            attempt=attempt, method=Refund.Method.PAY_BACK, reason_code=reason_code, tx_hash=tx_hash
+        )
+
+
+def _prepare_and_broadcast(
+    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+) -> SettlementOutcome:
+    network = network_config(attempt.network)
+    try:
+        prepared = settler_for(network).prepare(
+            authorization=x402_attempt_authorization(attempt=attempt), network=network
+        )
+    except BroadcastNotPrepared as exc:
+        # Nothing was signed or sent: pending, and the next look-up tries again.
+        return SettlementOutcome(
+            SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
+        )
+    x402_attempt_mark_prepared(attempt_id=attempt.pk, prepared=prepared, now=now)
+    return _broadcast(attempt, terms, prepared)
+
+
+def _broadcast(
+    attempt: PaymentAttempt, terms: QuoteTerms, prepared: PreparedBroadcast
+) -> SettlementOutcome:
+    network = network_config(attempt.network)
+    return settler_for(network).broadcast(
+        authorization=x402_attempt_authorization(attempt=attempt),
+        requirements=x402_requirements(terms=terms, network=network),
+        network=network,
+        prepared=prepared,
+    )
+
+
+def _check_accepted(accepted: dict[str, Any], requirements: Requirements) -> None:
+    """The requirements the client signed against must be the ones we offered."""
+    if accepted.get("scheme") != "exact":
+        raise DomainError(ErrorCode.UNSUPPORTED_SCHEME)
+    for wire_field, attribute, code in _ACCEPTED_FIELDS:
+        if (
+            str(accepted.get(wire_field, "")).lower()
+            != str(getattr(requirements, attribute)).lower()
+        ):
+            raise DomainError(code, f"accepted.{wire_field} differs from what was offered.")
+
+
+def _verification_code(reason_code: str) -> ErrorCode:
+    try:
+        return ErrorCode(reason_code)
+    except ValueError:
+        return ErrorCode.INVALID_PAYLOAD
