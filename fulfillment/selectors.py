@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db.models import OuterRef, Subquery
+
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 
 
 def result_for_purchase(*, purchase_id: int) -> Result | None:
     return Result.objects.filter(purchase_id=purchase_id).first()
+
+
+def result_with_receipt(*, purchase_id: int) -> Result | None:
+    """The result with its receipt's public id (`receipt_public_id`), in one query."""
+    receipt = Receipt.objects.filter(purchase_id=OuterRef("purchase_id")).values("public_id")
+    return (
+        Result.objects.filter(purchase_id=purchase_id)
+        .annotate(receipt_public_id=Subquery(receipt[:1]))
+        .first()
+    )
 
 
 def result_is_expired(*, result: Result, now: datetime) -> bool:

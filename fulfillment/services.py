@@ -77,16 +77,24 @@ def execution_live_attempt(*, purchase_id: int) -> ExecutionAttempt | None:
 
 
 def execution_claim(
-    *, purchase_id: int, purchase_ref: str, executor: str, worker: str, now: datetime
+    *,
+    purchase_id: int,
+    purchase_ref: str,
+    executor: str,
+    worker: str,
+    now: datetime,
+    may_be_running: bool = True,
 ) -> ExecutionClaim | None:
     """Claim the purchase's execution for `worker`, or return None if someone else holds it.
 
     The caller holds the purchase row lock; the partial unique index on running attempts
-    backs it up, so two workers can never both hold a live attempt.
+    backs it up, so two workers can never both hold a live attempt. `may_be_running=False`
+    (the purchase is only queued) skips the look for a running attempt to take over: if one
+    existed anyway, the index refuses the second one.
     """
     assert transaction.get_connection().in_atomic_block
     token = secrets.token_hex(8)
-    live = execution_live_attempt(purchase_id=purchase_id)
+    live = execution_live_attempt(purchase_id=purchase_id) if may_be_running else None
     if live is not None:
         is_own_retry = live.worker == worker  # a Celery retry keeps its task id, so its name
         if live.lease_expires_at > now and not is_own_retry:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from payments.models import PaymentAttempt, Refund
+from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce, NullIf
+
+from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Refund
 
 
 def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
@@ -20,3 +23,18 @@ def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | N
         .filter(idempotency_record_id=idempotency_record_id)
         .first()
     )
+
+
+def payment_reference_of_purchase() -> Subquery:
+    """For annotating a purchase query (`OuterRef("pk")`): the transaction reference of its
+    settled attempt (the first), else of its live one (the latest). One query, not two."""
+    is_settled = Q(state=PaymentAttempt.State.SUCCEEDED)
+    attempts = (
+        PaymentAttempt.objects.filter(purchase_id=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES)
+        .order_by(
+            Case(When(is_settled, then=Value(0)), default=Value(1)),
+            Case(When(is_settled, then=F("pk")), default=-F("pk")),
+        )
+        .values(reference=Coalesce(NullIf("tx_hash", Value("")), "settlement_reference"))
+    )
+    return Subquery(attempts[:1])

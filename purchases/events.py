@@ -92,11 +92,13 @@ def purchase_transition(
     arguments: dict[str, Any] | None = None,
     update_fields: Sequence[str] = (),
     evidence: dict[str, Any] | None = None,
-) -> None:
+    save: bool = True,
+) -> list[str]:
     """The transition recipe, written once: check `can_proceed`, transition (with
     `arguments`), save the moved field and `update_fields`, and put the move on the timeline
     (with the purchase's reason code when the transition sets one). Caller holds the lock
-    on the purchase inside its transaction. Raises TransitionNotAllowed."""
+    on the purchase inside its transaction. Returns the fields it moved; with `save=False`
+    the caller saves them (several moves, one UPDATE). Raises TransitionNotAllowed."""
     field = transition._django_fsm.field  # type: ignore[attr-defined]
     if not can_proceed(transition):
         raise TransitionNotAllowed(
@@ -105,7 +107,9 @@ def purchase_transition(
         )
     previous = getattr(purchase, field.name)
     transition(**(arguments or {}))
-    purchase.save(update_fields=[field.name, *update_fields, "updated_at"])
+    moved = [field.name, *update_fields]
+    if save:
+        purchase.save(update_fields=[*moved, "updated_at"])
     event_record(
         subject=f"purchase.{field.name.removesuffix('_state')}",
         purchase=purchase,
@@ -115,3 +119,4 @@ def purchase_transition(
         reason_code=purchase.reason_code if "reason_code" in update_fields else "",
         evidence=evidence,
     )
+    return moved

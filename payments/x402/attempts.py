@@ -7,8 +7,10 @@ puts the returned Change on the purchase's timeline.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
-from django.db import transaction
+from django.db.models import Case, F, Q, Value, When
+from django.db.models.functions import Coalesce
 
 from core.changes import Change
 from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
@@ -87,24 +89,30 @@ def x402_attempt_record(
 def x402_attempt_mark_prepared(
     *, attempt_id: int, prepared: PreparedBroadcast, now: datetime
 ) -> None:
-    """Commit what we are about to broadcast (tx hash and signed bytes when known) first."""
-    with transaction.atomic():
-        attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
-        if attempt.broadcast_started_at is None:
-            attempt.broadcast_started_at = now
-        if prepared.tx_hash and not attempt.tx_hash:
-            attempt.tx_hash = prepared.tx_hash.lower()
-            attempt.raw_transaction = prepared.raw_transaction or ""
-            attempt.relayer_nonce = prepared.relayer_nonce
-        attempt.save(
-            update_fields=[
-                "broadcast_started_at",
-                "tx_hash",
-                "raw_transaction",
-                "relayer_nonce",
-                "updated_at",
-            ]
-        )
+    """Commit what we are about to broadcast (tx hash and signed bytes when known) first.
+
+    One UPDATE: the first broadcast's time and the first signed transaction are kept;
+    later calls never overwrite them.
+    """
+    changes: dict[str, Any] = {
+        "broadcast_started_at": Coalesce("broadcast_started_at", Value(now)),
+        "updated_at": now,
+    }
+    if prepared.tx_hash:
+        unsigned = Q(tx_hash__isnull=True) | Q(tx_hash="")
+        first = {
+            "tx_hash": prepared.tx_hash.lower(),
+            "raw_transaction": prepared.raw_transaction or "",
+            "relayer_nonce": prepared.relayer_nonce,
+        }
+        for field, value in first.items():
+            output = PaymentAttempt._meta.get_field(field)
+            changes[field] = Case(
+                When(unsigned, then=Value(value, output_field=output)),
+                default=F(field),
+                output_field=output,
+            )
+    PaymentAttempt.objects.filter(pk=attempt_id).update(**changes)
 
 
 def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:

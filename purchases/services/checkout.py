@@ -81,8 +81,11 @@ class CheckoutAnswers(Protocol[A_co]):
         """A payment settled as it was recorded; stored in that transaction."""
         ...
 
-    def settled(self, *, purchase: Purchase) -> tuple[StoredAnswer, A_co]:
-        """A payment after its rail settled it (or left it pending): (stored, sent)."""
+    def settled(
+        self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
+    ) -> tuple[StoredAnswer, A_co]:
+        """A payment after its rail settled it (or left it pending): (stored, sent).
+        `fresh`: this request created the purchase (nothing else can exist on it yet)."""
         ...
 
     def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
@@ -135,7 +138,7 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         # A request holding this id died after recording the payment: resume there.
         recorded = payment_attempt_for_key(idempotency_record_id=claim.record_id)
         if recorded is not None:
-            return _settle_and_answer(checkout, recorded.purchase, recorded.pk, claim)
+            return _settle_and_answer(checkout, recorded.purchase, recorded.pk, claim, fresh=False)
     if rail.settles_when_recorded:
         # Nothing to ask anyone outside the database: everything happens under the locks.
         return _record_and_answer(checkout, claim)
@@ -154,7 +157,9 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         purchase, attempt, _ = _record(checkout, quote, terms, duplicate_key, claim, search_from)
     except _Duplicate as found:
         return _answer_duplicate(checkout, found.purchase, quote, claim)
-    return _settle_and_answer(checkout, purchase, attempt.pk, claim)
+    return _settle_and_answer(
+        checkout, purchase, attempt.pk, claim, fresh=True, recorded=(attempt, terms)
+    )
 
 
 def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
@@ -452,12 +457,21 @@ def _payment_in_flight(purchase: Purchase, now: datetime) -> bool:
 
 
 def _settle_and_answer(
-    checkout: _Checkout[A], purchase: Purchase, attempt_id: int, claim: KeyClaim
+    checkout: _Checkout[A],
+    purchase: Purchase,
+    attempt_id: int,
+    claim: KeyClaim,
+    *,
+    fresh: bool,
+    recorded: tuple[PaymentAttempt, QuoteTerms] | None = None,
 ) -> A:
     """After commit: settle over the rail, then answer from what the purchase is now."""
     now = checkout.request.now
-    purchase_settle_attempt(attempt_id=attempt_id, now=now)
-    purchase = purchase_reload(purchase=purchase)
-    stored, answer = checkout.answers.settled(purchase=purchase)
+    settled = purchase_settle_attempt(attempt_id=attempt_id, now=now, recorded=recorded)
+    if settled is not None:
+        purchase, attempt = settled.purchase, settled.attempt
+    else:
+        purchase, attempt = purchase_reload(purchase=purchase), None
+    stored, answer = checkout.answers.settled(purchase=purchase, attempt=attempt, fresh=fresh)
     payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
     return answer

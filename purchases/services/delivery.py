@@ -13,6 +13,7 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment import services as fulfillment_services
+from payments.models import PaymentAttempt
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 
@@ -36,15 +37,16 @@ class DeliveryPending(Exception):
         self.status = status
 
 
-def _receipt_url(purchase: Purchase) -> str | None:
-    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
-    return (
-        reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id}) if receipt else None
-    )
-
-
-def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) -> Delivery:
+def purchase_result_deliver(
+    *,
+    purchase: Purchase,
+    now: datetime | None = None,
+    created_with: PaymentAttempt | None = None,
+) -> Delivery:
     """Return the stored result and note its first delivery.
+
+    `created_with`: the purchase was created in this request with this payment (see
+    purchase_status), so a pending answer reads nothing more.
 
     Raises DeliveryPending while the paid work runs, and DomainError: payment_not_complete,
     execution_failed, result_expired (naming the receipt).
@@ -57,7 +59,9 @@ def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) 
             extra={"payment_state": purchase.payment_state},
         )
     if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING):
-        raise DeliveryPending(purchase_status(purchase=purchase, now=now))
+        raise DeliveryPending(
+            purchase_status(purchase=purchase, now=now, created_with=created_with)
+        )
     if purchase.fulfillment_state in (RUN.FAILED, RUN.UNKNOWN):
         status = purchase_status(purchase=purchase, now=now)
         raise DomainError(
@@ -65,15 +69,20 @@ def purchase_result_deliver(*, purchase: Purchase, now: datetime | None = None) 
             purchase=purchase.ref,
             extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state},
         )
-    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
-    receipt_url = _receipt_url(purchase)
-    if result is None or receipt_url is None:
+    result = fulfillment_selectors.result_with_receipt(purchase_id=purchase.pk)
+    public_id = getattr(result, "receipt_public_id", None)
+    receipt_url = (
+        reverse("api:receipt-detail", kwargs={"public_id": public_id}) if public_id else ""
+    )
+    if result is None or not receipt_url:
         raise RuntimeError(f"purchase {purchase.ref} succeeded without a stored result and receipt")
+    receipt_url = reverse("api:receipt-detail", kwargs={"public_id": public_id})
     if fulfillment_selectors.result_is_expired(result=result, now=now):
         raise DomainError(
             ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
         )
-    fulfillment_services.result_mark_delivered(result=result, now=now)
+    if result.first_delivered_at is None:
+        fulfillment_services.result_mark_delivered(result=result, now=now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
 

@@ -26,7 +26,7 @@ from fulfillment.executors import (
     get_executor,
 )
 from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
-from payments import services as payment_services
+from payments import selectors as payment_selectors
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
@@ -130,6 +130,7 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             executor=purchase.offering.executor,
             worker=worker,
             now=now,
+            may_be_running=purchase.fulfillment_state == RUN.RUNNING,
         )
         if claim is None:
             return None
@@ -183,18 +184,18 @@ def _wait_for_job(executor: Executor, claim: ExecutionClaim, job_ref: str) -> Jo
 
 
 def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
-    # Settled, or (delivery on verification) the live attempt whose settlement is under way.
-    attempt = payment_services.payment_attempt_settled(
-        purchase_id=purchase.pk
-    ) or payment_services.payment_attempt_live(purchase_id=purchase.pk)
-    if attempt is None:
+    """From the purchase read with `payment_reference` annotated: its settled attempt's
+    transaction, or (delivery on verification) the live attempt's whose settlement is under
+    way. Payer, amount, asset and network are the purchase's own (verified equal)."""
+    reference = getattr(purchase, "payment_reference", None)
+    if not reference:
         raise RuntimeError(f"purchase {purchase.ref} executed without a payment")
     return PaymentEvidence(
-        payer=attempt.payer,
-        amount=attempt.amount,
-        asset=attempt.asset,
-        network=attempt.network,
-        transaction=attempt.tx_hash or attempt.settlement_reference,
+        payer=purchase.payer,
+        amount=purchase.amount,
+        asset=purchase.asset,
+        network=purchase.network,
+        transaction=reference,
     )
 
 
@@ -203,6 +204,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
+            .annotate(payment_reference=payment_selectors.payment_reference_of_purchase())
             .get(pk=purchase_id)
         )
         actor = Actor.system("executor")

@@ -78,7 +78,9 @@ class PrepaidAnswers:
         status = purchase_status(purchase=purchase, now=self.now, created_with=attempt)
         return StoredAnswer(201, status, {}, purchase.ref)
 
-    def settled(self, *, purchase: Purchase) -> tuple[StoredAnswer, tuple[StoredAnswer, bool]]:
+    def settled(
+        self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
+    ) -> tuple[StoredAnswer, tuple[StoredAnswer, bool]]:
         stored = StoredAnswer(
             201, purchase_status(purchase=purchase, now=self.now), {}, purchase.ref
         )

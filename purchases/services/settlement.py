@@ -10,6 +10,7 @@ outcome is recorded after, under the purchase's lock.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -44,22 +45,44 @@ def quote_terms(*, quote: Quote) -> QuoteTerms:
     )
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What a settlement recorded: the outcome, and the purchase and attempt as they are now
+    (read under their locks), so the caller answers without reading them again."""
+
+    outcome: SettlementOutcome
+    purchase: Purchase
+    attempt: PaymentAttempt
+
+
 def purchase_settle_attempt(
-    *, attempt_id: int, now: datetime | None = None
-) -> SettlementOutcome | None:
+    *,
+    attempt_id: int,
+    now: datetime | None = None,
+    recorded: tuple[PaymentAttempt, QuoteTerms] | None = None,
+) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
-    the outcome. Returns None when the attempt was already settled or failed."""
+    the outcome. Returns None when the attempt was already settled or failed.
+
+    `recorded`: the attempt as this request just wrote it, with its quote's terms (nothing
+    to read back).
+    """
     now = now_or(now)
-    attempt = PaymentAttempt.objects.select_related("purchase__quote__offering").get(pk=attempt_id)
-    if attempt.state in TERMINAL_ATTEMPT_STATES:
-        return None
-    terms = quote_terms(quote=attempt.purchase.quote)
+    if recorded is not None:
+        attempt, terms = recorded
+    else:
+        attempt = PaymentAttempt.objects.select_related("purchase__quote__offering").get(
+            pk=attempt_id
+        )
+        if attempt.state in TERMINAL_ATTEMPT_STATES:
+            return None
+        terms = quote_terms(quote=attempt.purchase.quote)
     outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
     outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
-    settlement_record_outcome(
+    purchase, attempt = settlement_record_outcome(
         attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
     )
-    return outcome
+    return Settled(outcome, purchase, attempt)
 
 
 def settlement_follow_up(
@@ -89,13 +112,14 @@ def settlement_follow_up(
 
 def settlement_record_outcome(
     *, attempt_id: int, purchase_id: int, outcome: SettlementOutcome, now: datetime
-) -> None:
-    """Lock purchase then attempt, apply the answer to both, queue the work if due."""
+) -> tuple[Purchase, PaymentAttempt]:
+    """Lock purchase then attempt, apply the answer to both, queue the work if due.
+    Returns both as recorded."""
     actor = Actor.system("settlement")
     with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
-            .select_related("offering")
+            .select_related("offering", "quote")
             .get(pk=purchase_id)
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
@@ -113,23 +137,28 @@ def settlement_record_outcome(
                 actor=actor,
             )
             purchase_queue_execution_if_due(purchase=purchase, actor=actor)
-            return
+            return purchase, attempt
         change = payment_attempt_apply_outcome(attempt=attempt, outcome=outcome)
         event_record_change(purchase=purchase, actor=actor, change=change)
         if change is None or change.from_state == change.to_state:
-            return
+            return purchase, attempt
         move = _payment_move(purchase, outcome, now)
+        moved: list[str] = []
         if move is not None:
             transition, arguments = move
-            purchase_transition(
+            moved = purchase_transition(
                 purchase=purchase,
                 transition=transition,
                 actor=actor,
                 arguments=arguments,
                 update_fields=["paid_at", "reason_code"],
                 evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
+                save=False,
             )
-        purchase_queue_execution_if_due(purchase=purchase, actor=actor)
+        moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
+        if moved:
+            purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE
+    return purchase, attempt
 
 
 def _payment_move(
@@ -145,15 +174,21 @@ def _payment_move(
     return None
 
 
-def purchase_queue_execution_if_due(*, purchase: Purchase, actor: Actor) -> None:
-    """Queue the paid work once the offering's payment condition holds. Caller holds the lock."""
+def purchase_queue_execution_if_due(
+    *, purchase: Purchase, actor: Actor, save: bool = True
+) -> list[str]:
+    """Queue the paid work once the offering's payment condition holds. Caller holds the
+    lock. Returns the fields moved (see purchase_transition's `save`)."""
     if (
         purchase.fulfillment_state != RUN.NOT_STARTED
         or not purchase.is_payment_sufficient_for_execution()
     ):
-        return
-    purchase_transition(purchase=purchase, transition=purchase.fulfillment_queue, actor=actor)
+        return []
+    moved = purchase_transition(
+        purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=save
+    )
     purchase_execution_stage(purchase_id=purchase.pk)
+    return moved
 
 
 def purchase_reload(*, purchase: Purchase) -> Purchase:

@@ -61,14 +61,26 @@ def x402_requirements_for_offering(*, offering: Offering) -> Requirements:
     return requirements_for_terms(terms=terms, network=network_config(offering.network))
 
 
-def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answer:
-    """What an x402 client gets for this purchase now: the result, pending, or the failure."""
+def x402_answer_for_purchase(
+    *,
+    purchase: Purchase,
+    reconcile: bool,
+    fresh: bool = False,
+    attempt: PaymentAttempt | None = None,
+) -> X402Answer:
+    """What an x402 client gets for this purchase now: the result, pending, or the failure.
+
+    `fresh`: this request created the purchase, so while its work is pending it has no
+    result, refund, escalation or receipt to read yet. `attempt`: its latest payment
+    attempt, already read.
+    """
     if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
         attempt = x402_attempt_live(purchase_id=purchase.pk)
         if attempt is not None:
             purchase_settle_attempt(attempt_id=attempt.pk)
         purchase = purchase_reload(purchase=purchase)
-    attempt = purchase.payment_attempts.order_by("-pk").first()
+    if attempt is None or reconcile:
+        attempt = purchase.payment_attempts.order_by("-pk").first()
     if purchase.payment_state == PAY.FAILED:
         error = DomainError(
             ErrorCode.PAYMENT_FAILED,
@@ -76,9 +88,10 @@ def x402_answer_for_purchase(*, purchase: Purchase, reconcile: bool) -> X402Answ
             extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
         )
         return X402Answer(error.spec.status, error.as_problem(), dict(PROBLEM_HEADERS))
+    created_with = attempt if fresh else None
     if not purchase.is_payment_sufficient_for_execution():
-        return _pending_answer(purchase, attempt)
-    return _delivery_answer(purchase, attempt)
+        return _pending_answer(purchase, attempt, created_with)
+    return _delivery_answer(purchase, attempt, created_with)
 
 
 def _payment_response(purchase: Purchase, attempt: PaymentAttempt | None) -> str:
@@ -97,10 +110,12 @@ def _retry_after() -> dict[str, str]:
     return {"Retry-After": str(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])}
 
 
-def _pending_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
+def _pending_answer(
+    purchase: Purchase, attempt: PaymentAttempt | None, created_with: PaymentAttempt | None
+) -> X402Answer:
     status_url = purchase_capability_url(purchase=purchase)
     body = {
-        **purchase_status(purchase=purchase, now=now_or(None)),
+        **purchase_status(purchase=purchase, now=now_or(None), created_with=created_with),
         "status": "settlement_pending",
         "transaction": attempt.tx_hash if attempt else None,
         # x402 agents may have no API key: the status URL, or resending the same signed
@@ -133,11 +148,13 @@ def _await_work(purchase: Purchase) -> Purchase:
     return purchase if state == purchase.fulfillment_state else purchase_reload(purchase=purchase)
 
 
-def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
+def _delivery_answer(
+    purchase: Purchase, attempt: PaymentAttempt | None, created_with: PaymentAttempt | None
+) -> X402Answer:
     purchase = _await_work(purchase)
     headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt)}
     try:
-        delivery = purchase_result_deliver(purchase=purchase)
+        delivery = purchase_result_deliver(purchase=purchase, created_with=created_with)
     except DeliveryPending as pending:
         status_url = purchase_capability_url(purchase=purchase)
         body = {**pending.status, "next_action": "poll_status_url", "status_url": status_url}

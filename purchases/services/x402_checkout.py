@@ -84,8 +84,12 @@ class X402Answers:
     def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
         return StoredAnswer(200, None, {}, purchase.ref, is_live=True)
 
-    def settled(self, *, purchase: Purchase) -> tuple[StoredAnswer, X402Answer]:
-        answer = x402_answer_for_purchase(purchase=purchase, reconcile=False)
+    def settled(
+        self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
+    ) -> tuple[StoredAnswer, X402Answer]:
+        answer = x402_answer_for_purchase(
+            purchase=purchase, reconcile=False, fresh=fresh, attempt=attempt
+        )
         if purchase.payment_state != Purchase.PaymentState.FAILED:
             return StoredAnswer(answer.status, None, {}, purchase.ref, is_live=True), answer
         stored = StoredAnswer(answer.status, answer.body, answer.headers, purchase.ref)
