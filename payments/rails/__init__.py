@@ -5,5 +5,14 @@ drives every rail through this interface and never names one.
 """
 
 from payments.rails.base import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
+from payments.x402.types import SettlementOutcome, SettlementStatus
 
-__all__ = ["Charge", "PaymentRail", "Presentation", "QuoteTerms", "rail_for"]
+__all__ = [
+    "Charge",
+    "PaymentRail",
+    "Presentation",
+    "QuoteTerms",
+    "SettlementOutcome",
+    "SettlementStatus",
+    "rail_for",
+]

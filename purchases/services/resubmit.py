@@ -28,8 +28,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
-from payments.rails import QuoteTerms, rail_for
-from payments.x402.types import SettlementOutcome
+from payments.rails import QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.remedies import escalation_open

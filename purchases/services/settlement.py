@@ -19,9 +19,8 @@ from django.db import transaction
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
-from payments.rails import QuoteTerms, rail_for
+from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import payment_attempt_apply_outcome
-from payments.x402.types import SettlementOutcome, SettlementStatus
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase, Quote
 from purchases.services.late_payments import settlement_unexpected

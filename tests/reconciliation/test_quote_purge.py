@@ -85,3 +85,30 @@ def test_old_duplicate_guards_are_pruned_and_a_new_payment_recreates_its_own(
     assert list(DuplicateGuard.objects.values_list("key", flat=True)) == [
         Purchase.objects.get().duplicate_key
     ]
+
+
+def test_a_guard_outlives_the_longest_duplicate_window_so_a_retry_inside_it_is_still_caught(
+    buyer, offering
+):
+    """A new guard means "no payment for this key to look for": pruning one while its
+    purchase is still inside a (long) duplicate window would let a re-signed retry pay."""
+    from purchases.models import DuplicateGuard
+
+    offering.duplicate_window = timedelta(days=3)
+    offering.save(update_fields=["duplicate_window"])
+    quote = keyed_quote(buyer, offering, "long-window")
+    first, _ = purchase_pay_prepaid(
+        buyer=buyer, quote_id=quote.public_id, payment_id="long-window-payment-1"
+    )
+    assert first.status == 201
+    two_days_ago = timezone.now() - timedelta(days=2)
+    DuplicateGuard.objects.update(created_at=two_days_ago)
+    Purchase.objects.update(created_at=two_days_ago)
+
+    assert housekeeping.purge_expired_quotes()["guards_pruned"] == 0
+    again = keyed_quote(buyer, offering, "long-window")
+    retry, _ = purchase_pay_prepaid(
+        buyer=buyer, quote_id=again.public_id, payment_id="long-window-payment-2"
+    )
+    assert (retry.status, retry.body["duplicate_of"]) == (200, first.purchase_ref)
+    assert Purchase.objects.count() == 1
