@@ -1,0 +1,267 @@
+"""Two figures of the agent API, served by gunicorn as production serves it (bench/server.py):
+
+- **replay vs a bare endpoint**: a prepaid pay request replayed (same Idempotency-Key, same
+  body) against a DRF endpoint with the same API-key authentication that answers a constant
+  JSON body. Requests per second, ratio; goal >= 0.8.
+- **prepaid purchase vs a one-INSERT endpoint**: quote + pay through the real API against a
+  DRF endpoint with the same authentication that INSERTs the quote-shaped body as one row.
+  A purchase counts as its two HTTP calls; HTTP calls per second, ratio; goal >= 0.3.
+
+Each repeat measures the anchor and ours back to back, alternating which goes first, so the
+shared machine's load falls on both sides of the ratio. Load: `CLIENT_PROCESSES` processes of
+threads (bench/load_client.py), one agent (its own buyer and API key) per thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from bench.common import Figure, Scale
+from bench.server import ROOT, Server, cpu_seconds, gunicorn
+from fulfillment.executors.report import REPORT_INPUT_SCHEMA
+from payments.models import LedgerEntry
+from payments.services import ledger_credit
+from purchases.models import Offering
+from purchases.services.buyers import api_key_issue, buyer_create
+
+OFFERING_SLUG = "bench-report"
+BALANCE = 10**15  # atomic units: no run drains it
+
+
+@dataclass(frozen=True)
+class Plan:
+    repeats: int
+    agents: int  # concurrent agents (client threads), one API key each
+    client_processes: int
+    warmup: float
+    duration: float
+
+
+PLANS = {
+    # gunicorn has 2 processes x 8 threads: 16 agents keep every thread busy.
+    Scale.FULL: Plan(repeats=5, agents=16, client_processes=2, warmup=2.0, duration=8.0),
+    Scale.SMOKE: Plan(repeats=1, agents=4, client_processes=1, warmup=0.3, duration=1.0),
+}
+
+
+@dataclass(frozen=True)
+class Rate:
+    calls_per_second: float
+    units_per_second: float
+    server_cpu_ms: float  # gunicorn CPU per HTTP call
+    database_cpu_ms: float  # PostgreSQL backends' CPU per HTTP call
+
+    def describe(self) -> str:
+        return (
+            f"{self.calls_per_second:.0f} req/s, "
+            f"{self.server_cpu_ms:.2f}+{self.database_cpu_ms:.2f} ms CPU app+db/req"
+        )
+
+
+def _agents(count: int) -> list[dict[str, str]]:
+    agents = []
+    for index in range(count):
+        buyer = buyer_create(name=f"bench-agent-{uuid.uuid4().hex[:8]}-{index}")
+        ledger_credit(
+            buyer_id=buyer.pk,
+            asset=_offering().asset,
+            amount=BALANCE,
+            kind=LedgerEntry.Kind.TOP_UP,
+            reference=f"bench-top-up:{buyer.ref}",
+        )
+        agents.append({"api_key": api_key_issue(buyer=buyer, label="bench")})
+    return agents
+
+
+def _offering() -> Offering:
+    offering, _ = Offering.objects.get_or_create(
+        slug=OFFERING_SLUG,
+        defaults={
+            "title": "Bench CSV report",
+            "executor": "report",
+            "price": 250_000,
+            "asset": "0x" + "0" * 38 + "dc",
+            "network": "eip155:31337",
+            "pay_to": "0x" + "5e" * 20,
+            "input_schema": REPORT_INPUT_SCHEMA,
+            "result_retention": timedelta(days=7),
+        },
+    )
+    return offering
+
+
+def _database_pids() -> dict[int, float]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in cursor.fetchall()]
+    return {pid: cpu_seconds([pid]) for pid in pids}
+
+
+def _measure(
+    server: Server, plan: Plan, agents: list[dict[str, str]], spec: dict[str, Any]
+) -> Rate:
+    """Run the client processes once against the server; the window's rate and CPU cost."""
+    per_process = [agents[i :: plan.client_processes] for i in range(plan.client_processes)]
+    setup = 1.0 if spec["scenario"] == "replay" else 0.0
+    app_before = cpu_seconds(server.pids())
+    db_before = _database_pids()
+    clients = []
+    for index, share in enumerate(per_process):
+        body = {
+            **spec,
+            "base_url": server.url,
+            "agents": share,
+            "process": index,
+            "run": uuid.uuid4().hex[:12],
+            "offering": OFFERING_SLUG,
+            "setup": setup,
+            "warmup": plan.warmup,
+            "duration": plan.duration,
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bench.load_client"],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(body))
+        process.stdin.close()
+        clients.append(process)
+    outputs = []
+    for process in clients:
+        assert process.stdout is not None
+        out = process.stdout.read()
+        if process.wait() != 0:
+            raise RuntimeError(f"load client failed ({spec['scenario']})")
+        outputs.append(json.loads(out))
+    app_cpu = cpu_seconds(server.pids()) - app_before
+    db_after = _database_pids()
+    db_cpu = sum(cpu for pid, cpu in db_after.items()) - sum(
+        cpu for pid, cpu in db_before.items() if pid in db_after
+    )
+    errors = sum(o["errors"] for o in outputs)
+    if errors:
+        samples = [s for o in outputs for s in o["samples"]]
+        raise RuntimeError(f"{spec['scenario']}: {errors} unexpected answers, e.g. {samples[:3]}")
+    calls = sum(o["calls"] for o in outputs)
+    units = sum(o["units"] for o in outputs)
+    # CPU was sampled over setup + warmup + window: spread it over every call made then.
+    window_share = plan.duration / (setup + plan.warmup + plan.duration)
+    all_calls = max(1.0, calls / window_share)
+    return Rate(
+        calls_per_second=calls / plan.duration,
+        units_per_second=units / plan.duration,
+        server_cpu_ms=1000 * app_cpu / all_calls,
+        database_cpu_ms=1000 * db_cpu / all_calls,
+    )
+
+
+REPLAY = {"scenario": "replay"}
+BARE = {"scenario": "post", "path": "/bench/bare", "body": '{"rail": "prepaid"}', "expect": 200}
+PURCHASE = {"scenario": "purchase"}
+ONE_INSERT = {"scenario": "insert", "path": "/bench/insert"}
+
+
+def run(scale: Scale) -> list[Figure]:
+    plan = PLANS[scale]
+    _offering()
+    agents = _agents(plan.agents)
+    connection.close()  # idle through the run; the server holds its own connections
+    log_dir = Path(settings.VAR_DIR) / "bench"
+    pairs = {
+        "replay": (BARE, REPLAY),
+        "purchase": (ONE_INSERT, PURCHASE),
+    }
+    results: dict[str, list[tuple[Rate, Rate]]] = {name: [] for name in pairs}
+    with gunicorn(log_dir) as server:
+        # Unmeasured: each worker's first requests import the URLconf and views, and open
+        # its persistent database connections (seconds on a busy machine).
+        priming = Plan(
+            repeats=1,
+            agents=plan.agents,
+            client_processes=plan.client_processes,
+            warmup=0.0,
+            duration=1.0,
+        )
+        for spec in (BARE, REPLAY, ONE_INSERT, PURCHASE):
+            _measure(server, priming, agents, spec)
+        for repeat in range(plan.repeats):
+            for name, (anchor_spec, ours_spec) in pairs.items():
+                # Alternate who goes first, so a drift in the machine's load is shared.
+                if repeat % 2 == 0:
+                    anchor = _measure(server, plan, agents, anchor_spec)
+                    ours = _measure(server, plan, agents, ours_spec)
+                else:
+                    ours = _measure(server, plan, agents, ours_spec)
+                    anchor = _measure(server, plan, agents, anchor_spec)
+                results[name].append((anchor, ours))
+    workers = os.environ.get("GUNICORN_WORKERS", str(os.cpu_count() or 2))
+    shape = (
+        f"gunicorn gthread {workers}x8, {plan.agents} agents on {plan.client_processes} "
+        f"client process(es), {plan.duration:g} s windows"
+    )
+    return [
+        _figure(
+            "replay vs bare endpoint",
+            results["replay"],
+            ">= 0.8",
+            "replayed prepaid pay (same key, same body)",
+            "bare DRF endpoint, same API-key auth, constant JSON",
+            shape,
+        ),
+        _figure(
+            "prepaid purchase vs one-INSERT endpoint",
+            results["purchase"],
+            ">= 0.3",
+            "quote + pay, a purchase = 2 HTTP calls",
+            "DRF endpoint, same API-key auth, one INSERT",
+            shape,
+            per_unit="purchases/s",
+        ),
+    ]
+
+
+def _figure(
+    name: str,
+    pairs: list[tuple[Rate, Rate]],
+    goal: str,
+    ours_label: str,
+    anchor_label: str,
+    shape: str,
+    per_unit: str = "",
+) -> Figure:
+    ratios = [ours.calls_per_second / anchor.calls_per_second for anchor, ours in pairs]
+    median_pair = sorted(pairs, key=lambda p: p[1].calls_per_second / p[0].calls_per_second)[
+        len(pairs) // 2
+    ]
+    anchor, ours = median_pair
+    units = f" ({ours.units_per_second:.0f} {per_unit})" if per_unit else ""
+    detail = (
+        f"ours: {ours_label}: {ours.describe()}{units}; "
+        f"anchor: {anchor_label}: {anchor.describe()}; {shape} (median repeat)"
+    )
+    extra = {
+        "ours_req_per_s": ",".join(f"{o.calls_per_second:.1f}" for _, o in pairs),
+        "anchor_req_per_s": ",".join(f"{a.calls_per_second:.1f}" for a, _ in pairs),
+        "ours_app_cpu_ms": ",".join(f"{o.server_cpu_ms:.2f}" for _, o in pairs),
+        "anchor_app_cpu_ms": ",".join(f"{a.server_cpu_ms:.2f}" for a, _ in pairs),
+        "ours_db_cpu_ms": ",".join(f"{o.database_cpu_ms:.2f}" for _, o in pairs),
+        "anchor_db_cpu_ms": ",".join(f"{a.database_cpu_ms:.2f}" for a, _ in pairs),
+    }
+    return Figure(name=name, ratios=ratios, goal=goal, detail=detail, extra=extra)

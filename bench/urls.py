@@ -1,0 +1,16 @@
+"""Production's URLs plus the anchors; never routed outside `make bench` (bench/settings.py)."""
+
+from django.urls import path
+
+from bench.anchors import BareApi, OneInsertApi
+from config import urls as production_urls
+
+urlpatterns = [
+    *production_urls.urlpatterns,
+    path("bench/bare", BareApi.as_view(), name="bench-bare"),
+    path("bench/insert", OneInsertApi.as_view(), name="bench-insert"),
+]
+
+handler400 = production_urls.handler400
+handler404 = production_urls.handler404
+handler500 = production_urls.handler500
