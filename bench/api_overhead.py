@@ -117,6 +117,7 @@ def _measure(
     """Run the client processes once against the server; the window's rate and CPU cost."""
     per_process = [agents[i :: plan.client_processes] for i in range(plan.client_processes)]
     setup = 1.0 if spec["scenario"] == "replay" else 0.0
+    profilers = _profilers(server, spec, setup + plan.warmup + plan.duration)
     app_before = cpu_seconds(server.pids())
     db_before = _database_pids()
     clients = []
@@ -151,6 +152,8 @@ def _measure(
             raise RuntimeError(f"load client failed ({spec['scenario']})")
         outputs.append(json.loads(out))
     app_cpu = cpu_seconds(server.pids()) - app_before
+    for profiler in profilers:
+        profiler.wait()
     db_after = _database_pids()
     db_cpu = sum(cpu for pid, cpu in db_after.items()) - sum(
         cpu for pid, cpu in db_before.items() if pid in db_after
@@ -170,6 +173,40 @@ def _measure(
         server_cpu_ms=1000 * app_cpu / all_calls,
         database_cpu_ms=1000 * db_cpu / all_calls,
     )
+
+
+def _profilers(
+    server: Server, spec: dict[str, Any], seconds: float
+) -> list[subprocess.Popen[bytes]]:
+    """With BENCH_PROFILE=<scenario> (replay, post, purchase, insert), py-spy records each
+    gunicorn worker through that scenario's next measurement: var/bench/profile-*.txt, in
+    collapsed-stack form (one stack and its sample count a line)."""
+    if os.environ.get("BENCH_PROFILE") != spec["scenario"]:
+        return []
+    out_dir = Path(settings.VAR_DIR) / "bench"
+    return [
+        subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(int(seconds)),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--output",
+                str(out_dir / f"profile-{spec['scenario']}-{pid}.txt"),
+                # BENCH_PROFILE_GIL=1: only the thread holding the GIL, i.e. Python's CPU.
+                *(["--gil"] if os.environ.get("BENCH_PROFILE_GIL") else []),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid in server.pids()[1:]
+    ]
 
 
 REPLAY = {"scenario": "replay"}
