@@ -12,7 +12,7 @@ Scenarios (the `scenario` of the spec):
 - `purchase`: quote, then pay the quote from the prepaid balance with a new Idempotency-Key:
   two calls per purchase.
 - `replay`: one purchase first (uncounted), then replay its pay request with the same key
-  and body, which must answer `Idempotent-Replayed: true`.
+  and body under `pay_prefix`, which must answer `Idempotent-Replayed: true`.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Agent:
                 raise RuntimeError("replay without its purchase")
             quote, key = self.replay
             response, _ = self.call(
-                f"/api/v1/quotes/{quote}/purchase",
+                f"{self.spec['pay_prefix']}/{quote}/purchase",
                 b'{"rail": "prepaid"}',
                 201,
                 {"Idempotency-Key": key},
