@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import uuid
@@ -61,11 +62,13 @@ class Rate:
     units_per_second: float
     server_cpu_ms: float  # gunicorn CPU per HTTP call
     database_cpu_ms: float  # PostgreSQL backends' CPU per HTTP call
+    client_cpu_ms: float  # the load generator's CPU per HTTP call (it shares the cores)
 
     def describe(self) -> str:
         return (
             f"{self.calls_per_second:.0f} req/s, "
-            f"{self.server_cpu_ms:.2f}+{self.database_cpu_ms:.2f} ms CPU app+db/req"
+            f"CPU/req {self.server_cpu_ms:.2f} ms app + {self.database_cpu_ms:.2f} db "
+            f"+ {self.client_cpu_ms:.2f} client"
         )
 
 
@@ -119,6 +122,7 @@ def _measure(
     setup = 1.0 if spec["scenario"] == "replay" else 0.0
     profilers = _profilers(server, spec, setup + plan.warmup + plan.duration)
     app_before = cpu_seconds(server.pids())
+    client_before = _children_cpu()
     db_before = _database_pids()
     clients = []
     for index, share in enumerate(per_process):
@@ -152,6 +156,7 @@ def _measure(
             raise RuntimeError(f"load client failed ({spec['scenario']})")
         outputs.append(json.loads(out))
     app_cpu = cpu_seconds(server.pids()) - app_before
+    client_cpu = _children_cpu() - client_before
     for profiler in profilers:
         profiler.wait()
     db_after = _database_pids()
@@ -172,7 +177,14 @@ def _measure(
         units_per_second=units / plan.duration,
         server_cpu_ms=1000 * app_cpu / all_calls,
         database_cpu_ms=1000 * db_cpu / all_calls,
+        client_cpu_ms=1000 * client_cpu / all_calls,
     )
+
+
+def _children_cpu() -> float:
+    """CPU of this process's finished children: the load clients, once waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _profilers(
@@ -304,5 +316,7 @@ def _figure(
         "anchor_app_cpu_ms": ",".join(f"{a.server_cpu_ms:.2f}" for a, _ in pairs),
         "ours_db_cpu_ms": ",".join(f"{o.database_cpu_ms:.2f}" for _, o in pairs),
         "anchor_db_cpu_ms": ",".join(f"{a.database_cpu_ms:.2f}" for a, _ in pairs),
+        "ours_client_cpu_ms": ",".join(f"{o.client_cpu_ms:.2f}" for _, o in pairs),
+        "anchor_client_cpu_ms": ",".join(f"{a.client_cpu_ms:.2f}" for a, _ in pairs),
     }
     return Figure(name=name, ratios=ratios, goal=goal, detail=detail, extra=extra)

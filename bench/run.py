@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(bench_environment(database_url))
     setup_django()
 
+    load_at_start = os.getloadavg()
     modules = [m for m in REGISTRY if not args.only or m in args.only]
     rows: list[Row] = []
     failed = False
@@ -239,18 +240,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_bench_queue()
 
+    report = _report(rows, scale, database_url, load_at_start)
     print(table(rows))
+    machine = report["machine"]
+    print(
+        f"\n{scale.value} run on {machine['cpus']} x {machine['cpu_model']}; load average "
+        f"{machine['load_at_start']} at start, {machine['load_at_end']} at end (shared machine)"
+    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(_report(rows, scale, database_url), indent=2) + "\n")
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"\nbench: table written to {args.json}", file=sys.stderr)
     return 1 if failed else 0
 
 
-def _report(rows: list[Row], scale: Scale, database_url: str) -> dict[str, Any]:
+def _report(
+    rows: list[Row], scale: Scale, database_url: str, load_at_start: tuple[float, float, float]
+) -> dict[str, Any]:
     return {
         "scale": scale.value,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpus": os.cpu_count(), "cpu_model": cpu_model()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            # The 1-minute load average: the machine is shared, hence ratios.
+            "load_at_start": round(load_at_start[0], 2),
+            "load_at_end": round(os.getloadavg()[0], 2),
+        },
         "database": urlsplit(database_url).path.lstrip("/"),
         "figures": [asdict(row) for row in rows],
     }
