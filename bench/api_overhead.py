@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import uuid
@@ -63,6 +64,10 @@ class Rate:
     server_cpu_ms: float  # gunicorn CPU per HTTP call
     database_cpu_ms: float  # PostgreSQL backends' CPU per HTTP call
     client_cpu_ms: float  # the load generator's CPU per HTTP call (it shares the cores)
+
+    @property
+    def cost_ms(self) -> float:
+        return max(1e-6, self.server_cpu_ms + self.database_cpu_ms)
 
     def describe(self) -> str:
         return (
@@ -305,9 +310,13 @@ def _figure(
     ]
     anchor, ours = median_pair
     units = f" ({ours.units_per_second:.0f} {per_unit})" if per_unit else ""
+    # The same comparison in server CPU (app + database) per request: how much of the
+    # shared cores each side needs, whatever share of them it got while measured.
+    cost_ratios = sorted(a.cost_ms / o.cost_ms for a, o in pairs)
     detail = (
         f"ours: {ours_label}: {ours.describe()}{units}; "
-        f"anchor: {anchor_label}: {anchor.describe()}; {shape} (median repeat)"
+        f"anchor: {anchor_label}: {anchor.describe()}; {shape} (median repeat); "
+        f"CPU-cost ratio (anchor/ours, app+db per req) median {statistics.median(cost_ratios):.2f}"
     )
     extra = {
         "ours_req_per_s": ",".join(f"{o.calls_per_second:.1f}" for _, o in pairs),
@@ -318,5 +327,6 @@ def _figure(
         "anchor_db_cpu_ms": ",".join(f"{a.database_cpu_ms:.2f}" for a, _ in pairs),
         "ours_client_cpu_ms": ",".join(f"{o.client_cpu_ms:.2f}" for _, o in pairs),
         "anchor_client_cpu_ms": ",".join(f"{a.client_cpu_ms:.2f}" for a, _ in pairs),
+        "cpu_cost_ratios": ",".join(f"{a.cost_ms / o.cost_ms:.3f}" for a, o in pairs),
     }
     return Figure(name=name, ratios=ratios, goal=goal, detail=detail, extra=extra)
