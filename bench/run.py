@@ -214,9 +214,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     database_url = args.database_url or bench_database_url(base_url)
+    started = time.monotonic()
     prepare_database(database_url, fresh=args.fresh)
     os.environ.update(bench_environment(database_url))
     setup_django()
+    print(f"bench: database ready in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
     load_at_start = os.getloadavg()
     modules = [m for m in REGISTRY if not args.only or m in args.only]

@@ -86,7 +86,9 @@ def gunicorn(log_dir: Path, workers: int | None = None) -> Iterator[Server]:
         )
     server = Server(process, f"http://127.0.0.1:{port}", log_path)
     try:
-        _wait_ready(server)
+        _wait_ready(
+            server, expected=workers or int(env.get("GUNICORN_WORKERS", os.cpu_count() or 2))
+        )
         yield server
     finally:
         if process.poll() is None:
@@ -98,9 +100,8 @@ def gunicorn(log_dir: Path, workers: int | None = None) -> Iterator[Server]:
                 process.wait()
 
 
-def _wait_ready(server: Server, timeout: float = 60.0) -> None:
+def _wait_ready(server: Server, expected: int, timeout: float = 90.0) -> None:
     """Until every worker has booted: /healthz answers, and the master has its workers."""
-    expected = int(os.environ.get("GUNICORN_WORKERS", str(os.cpu_count() or 2)))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
