@@ -75,7 +75,7 @@ def gunicorn(log_dir: Path, workers: int | None = None) -> Iterator[Server]:
     }
     if workers:
         env["GUNICORN_WORKERS"] = str(workers)
-    with log_path.open("ab") as log:
+    with log_path.open("wb") as log:  # this run's log only
         process = subprocess.Popen(
             [str(BIN / "gunicorn"), "-c", "python:config.gunicorn"],
             cwd=ROOT,
