@@ -138,7 +138,11 @@ def drop_bench_queue() -> None:
     from django.conf import settings
     from redis import Redis
 
-    Redis.from_url(settings.REDIS_URL).delete(settings.CELERY_TASK_DEFAULT_QUEUE)
+    queue = settings.CELERY_TASK_DEFAULT_QUEUE
+    # The queue, and the binding keys kombu's Redis transport keeps beside it.
+    Redis.from_url(settings.REDIS_URL).delete(
+        queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}"
+    )
 
 
 def run_module(module_name: str, scale: Scale) -> list[Row]:
