@@ -7,9 +7,11 @@
   DRF endpoint with the same authentication that INSERTs the quote-shaped body as one row.
   A purchase counts as its two HTTP calls; HTTP calls per second, ratio; goal >= 0.3.
 
-Each repeat measures the anchor and ours back to back, alternating which goes first, so the
-shared machine's load falls on both sides of the ratio. Load: `CLIENT_PROCESSES` processes of
-threads (bench/load_client.py), one agent (its own buyer and API key) per thread.
+Each repeat measures the anchor and ours back to back, the order rotated every repeat, so
+the shared machine's load falls on both sides of the ratio. Load: the plan's client
+processes of threads (bench/load_client.py), one agent (its own buyer and API key) per
+thread. A third line, a diagnostic with no goal, replays through the same view without its
+throttles. docs/benchmarks.md describes it all and records the figures.
 """
 
 from __future__ import annotations
@@ -275,9 +277,10 @@ def run(scale: Scale) -> list[Figure]:
                 for name in names[shift:] + names[:shift]:
                     rates[name].append(_measure(server, plan, agents, group[name]))
     workers = plan.web_workers or os.environ.get("GUNICORN_WORKERS", str(os.cpu_count() or 2))
+    threads = os.environ.get("GUNICORN_THREADS", "8")
     shape = (
-        f"gunicorn gthread {workers}x8, {plan.agents} agents on {plan.client_processes} "
-        f"client process(es), {plan.duration:g} s windows"
+        f"gunicorn gthread {workers}x{threads}, {plan.agents} agents on "
+        f"{plan.client_processes} client process(es), {plan.duration:g} s windows"
     )
     bare = "bare DRF endpoint, same API-key auth, constant JSON"
     return [
