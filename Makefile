@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 NODE_STAMP := node_modules/.installed-$(shell cat package.json package-lock.json 2>/dev/null | sha256sum | cut -c1-12)
 
-.PHONY: install demo serve test lint typecheck pytest clean
+.PHONY: install demo serve test lint typecheck pytest bench clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ demo: install
 ROLES ?=
 serve: install
 	$(BIN)/python scripts/serve.py $(ROLES)
+
+# One table of every benchmark figure, each a ratio against an anchor measured in the same
+# run (docs/benchmarks.md). Needs DATABASE_URL (PostgreSQL: its server gets a tollbooth_bench
+# database) and REDIS_URL. BENCH_SCALE=smoke: tiny and once, as CI runs it.
+BENCH_SCALE ?= full
+bench: install
+	$(BIN)/python bench/run.py --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
