@@ -114,6 +114,9 @@ CASE_TABLE: tuple[Row, ...] = (
     R("settlement_pending", ANY, "not_on_chain_yet", "The authorization's nonce is unused and "
       "no broadcast of it is known: the same signed authorization is resubmitted until its "
       "window closes.", RECON, Deadline.AUTHORIZATION_WINDOW, PAY_ACTIONS),
+    R("settlement_pending", ANY, "rpc_error", PENDING_SAY + "The node answered the broadcast "
+      "with an error; the transaction may still have been sent, so it is looked up first.",
+      RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
     R("settlement_pending", ANY, "chain_unavailable", PENDING_SAY + "The chain could not be "
       "read; look-ups back off and escalate past the deadline.", RECON, Deadline.NEXT_CHECK,
       PAY_ACTIONS),

@@ -62,7 +62,7 @@ def _require(purchase_id: int, action: Action, now: datetime) -> Purchase:
     return purchase
 
 
-def _record(purchase_id: int, subject: str, staff: str, evidence: dict[str, Any]) -> None:
+def _record(purchase_id: int, *, subject: str, staff: str, evidence: dict[str, Any]) -> None:
     with transaction.atomic():
         purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
         event_record(
@@ -91,7 +91,7 @@ def case_settlement_recheck(
         "reason_code": outcome.reason_code if outcome else "",
         "tx_hash": (outcome.tx_hash if outcome else None) or attempt.tx_hash,
     }
-    _record(purchase_id, RECHECKED, staff, evidence)
+    _record(purchase_id, subject=RECHECKED, staff=staff, evidence=evidence)
     return ActionDone(f"Settlement looked up: {evidence['status']}.", evidence)
 
 
@@ -106,7 +106,7 @@ def case_execution_reconcile(
     purchase = _require(purchase_id, Action.RECONCILE_EXECUTION, now)
     if purchase.fulfillment_state == Purchase.FulfillmentState.UNKNOWN:
         evidence = _inspect_job(purchase)
-        _record(purchase_id, RECONCILED, staff, evidence)
+        _record(purchase_id, subject=RECONCILED, staff=staff, evidence=evidence)
         return ActionDone(f"Job inspected: {evidence['job_status']}.", evidence)
     with transaction.atomic():
         locked = Purchase.objects.select_for_update().select_related("offering").get(pk=purchase_id)
@@ -148,7 +148,7 @@ def case_result_redeliver(
         "kept_until": result.expires_at.isoformat(),
         "url": purchase_capability_url(purchase=purchase),
     }
-    _record(purchase_id, REDELIVERED, staff, evidence)
+    _record(purchase_id, subject=REDELIVERED, staff=staff, evidence=evidence)
     return ActionDone(f"Send the buyer this link: {evidence['url']}", evidence)
 
 
