@@ -23,7 +23,7 @@ from django.utils import timezone
 from core.admin import ReadOnlyInline, ReadOnlyModelAdmin, amount_human
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
-from payments.models import PaymentAttempt, Refund
+from payments.models import LedgerBalance, PaymentAttempt, Refund
 from purchases.admin.case_file import case_action_view, case_context
 from purchases.admin.dashboard import dashboard_view
 from purchases.admin.filters import (
@@ -564,10 +564,12 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
     list_select_related = ("purchase",)
     search_fields = ("=key", "=principal", "=purchase__ref")
     # The stored answer is shown as evidence; the lease token is worker plumbing.
+    readonly_fields = ("buyer_prepaid_balance",)
     fields = (
         "scope",
         "key",
         "principal",
+        "buyer_prepaid_balance",
         "request_fingerprint",
         "purchase",
         "state",
@@ -579,6 +581,22 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
         "locked_until",
         "compacted_at",
     )
+
+
+    @admin.display(description="buyer's prepaid balance")
+    def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:
+        # A refused prepaid payment leaves no purchase (it rolled back): its key, found by the
+        # payment id the buyer sent, is the case, and the balance explains the refusal.
+        balances = LedgerBalance.objects.filter(buyer__ref=obj.principal).order_by("asset")
+        units = {o.asset: o for o in Offering.objects.filter(asset__in=[b.asset for b in balances])}
+        shown = []
+        for balance in balances:
+            offering = units.get(balance.asset)
+            decimals, symbol = (
+                (offering.asset_decimals, offering.asset_symbol) if offering else (0, balance.asset)
+            )
+            shown.append(f"{amount_human(balance.amount, decimals)} {symbol} ({balance.amount})")
+        return "; ".join(shown) or "-"
 
 
 @admin.register(JobRun)
