@@ -582,7 +582,6 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
         "compacted_at",
     )
 
-
     @admin.display(description="buyer's prepaid balance")
     def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:
         # A refused prepaid payment leaves no purchase (it rolled back): its key, found by the

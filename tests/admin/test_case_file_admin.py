@@ -232,7 +232,7 @@ def test_recheck_settlement_runs_the_look_up_and_names_the_staff_member(
     assert (event.actor_type, event.actor) == ("staff", "sam-support")
     assert event.evidence["status"] == "pending"
     assert event.evidence["reason_code"] == "chain_unavailable"
-    assert _messages(done) == ["Settlement looked up: pending."]
+    assert _messages(done) == ["Settlement looked up: pending."]  # type: ignore[arg-type]
 
 
 def test_reconcile_execution_stages_stalled_work_once(cases: Cases, support: Client) -> None:
@@ -264,7 +264,7 @@ def test_redeliver_hands_staff_the_capability_link(cases: Cases, support: Client
     event = cases.done.events.get(subject="case.result_redelivered")
     assert event.actor == "sam-support"
     assert event.evidence["url"].startswith(f"/x402/purchases/{cases.done.ref}/")
-    assert event.evidence["url"] in _messages(done)[0]
+    assert event.evidence["url"] in _messages(done)[0]  # type: ignore[arg-type]
 
 
 def test_actions_not_safe_now_are_refused(cases: Cases, support: Client) -> None:
