@@ -270,3 +270,20 @@ def test_every_error_code_answered_about_a_purchase_is_explained() -> None:
     assert raised <= explained, raised - explained
     assert all(isinstance(code, ErrorCode) for code in ERROR_CODES_ABOUT_A_PURCHASE)
     assert {c.value for c in ERROR_CODES_ABOUT_A_PURCHASE} <= case_reason_codes()
+
+
+def test_case_table_command_exports_the_table_for_the_runbook() -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    out = io.StringIO()
+    call_command("case_table", "--format", "json", stdout=out)
+    document = json.loads(out.getvalue())
+    assert len(document["rows"]) == len(CASE_TABLE)
+    assert "execution_outcome_unknown" in document["remedy_reason_codes"]
+    assert "quote_already_paid" in document["error_codes_about_a_purchase"]
+    markdown = io.StringIO()
+    call_command("case_table", stdout=markdown)
+    assert all(f"`{row.reason}`" in markdown.getvalue() for row in CASE_TABLE)
