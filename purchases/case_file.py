@@ -270,6 +270,7 @@ class CaseFacts:
     valid_before_at: datetime | None = None
     lease_expires_at: datetime | None = None
     result_expires_at: datetime | None = None
+    result_delivered_at: datetime | None = None
     escalations: tuple[EscalationFact, ...] = ()  # open ones
     refunds: tuple[RefundFact, ...] = ()
 
@@ -385,6 +386,9 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         owner = Owner.FINANCE
         notes.append(f"{len(proposed)} refund(s) proposed: not owed until finance approves.")
         candidates.append(Action.APPROVE_REFUND)
+    if facts.result_delivered_at is not None and owner == Owner.BUYER:
+        owner = Owner.NONE  # the buyer has the result: nobody has a move to make
+        notes.append("The result was delivered to the buyer.")
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
         owner, deadline_source = Owner(first.owner), Deadline.ESCALATION

@@ -252,6 +252,7 @@ def purchase_case_facts(*, purchase: Purchase) -> CaseFacts:
         valid_before_at=max(windows) if windows else None,
         lease_expires_at=live_execution.lease_expires_at if live_execution else None,
         result_expires_at=result.expires_at if result else None,
+        result_delivered_at=result.first_delivered_at if result else None,
         escalations=tuple(
             EscalationFact(e.pk, e.owner, e.reason_code, e.deadline_at) for e in open_escalations
         ),

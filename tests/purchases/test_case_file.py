@@ -190,6 +190,13 @@ def test_actions_are_offered_only_when_safe() -> None:
     assert Action.RECONCILE_EXECUTION in stalled.actions
 
 
+def test_a_delivered_result_leaves_nobody_a_move() -> None:
+    waiting = purchase_case(_facts(PAID_DONE), now=NOW)
+    delivered = purchase_case(_facts(PAID_DONE, result_delivered_at=NOW), now=NOW)
+    assert (waiting.owner, delivered.owner) == (Owner.BUYER, Owner.NONE)
+    assert Action.REDELIVER_RESULT in delivered.actions  # still kept: it can be sent again
+
+
 def test_failure_is_final_only_after_the_last_window_closes() -> None:
     failed = case_row(payment="failed", fulfillment="not_started", reason_code="")
     late_window = NOW + timedelta(days=2)
