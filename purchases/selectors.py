@@ -225,7 +225,7 @@ def quote_representation(*, quote: Quote) -> dict[str, Any]:
     }
 
 
-def purchase_case_facts(*, purchase: Purchase) -> CaseFacts:
+def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
     """What the case file's "Now" is derived from (purchases.case_file.purchase_case)."""
     attempts = list(purchase.payment_attempts.order_by("pk"))
     pending = [
@@ -233,6 +233,10 @@ def purchase_case_facts(*, purchase: Purchase) -> CaseFacts:
         for a in attempts
         if a.state in (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
     ]
+    # A fresh attempt not yet broadcast belongs to the paying request for the grace period;
+    # after it (or once broadcast) a look-up from anywhere is safe.
+    grace_cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
+    look_up_safe = [a for a in pending if a.broadcast_started_at or a.created_at <= grace_cutoff]
     windows = [a.valid_before_at for a in attempts if a.valid_before_at]
     live_execution = purchase.execution_attempts.filter(state="running").first()
     result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
@@ -247,7 +251,7 @@ def purchase_case_facts(*, purchase: Purchase) -> CaseFacts:
         quote_expires_at=purchase.quote.expires_at,
         failed_final_after=settings.TOLLBOOTH["FAILED_FINAL_AFTER"],
         sweep_grace=settings.TOLLBOOTH["SWEEP_GRACE"],
-        has_pending_attempt=bool(pending),
+        has_pending_attempt=bool(look_up_safe),
         next_check_at=pending[-1].next_check_at if pending else None,
         valid_before_at=max(windows) if windows else None,
         lease_expires_at=live_execution.lease_expires_at if live_execution else None,

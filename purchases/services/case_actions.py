@@ -51,7 +51,8 @@ class ActionDone:
 
 
 def purchase_case_now(*, purchase: Purchase, now: datetime | None = None) -> Case:
-    return purchase_case(purchase_case_facts(purchase=purchase), now=now_or(now))
+    now = now_or(now)
+    return purchase_case(purchase_case_facts(purchase=purchase, now=now), now=now)
 
 
 def _require(purchase_id: int, action: Action, now: datetime) -> Purchase:
