@@ -323,7 +323,7 @@ def test_assign_refuses_a_deadline_in_the_past(cases: Cases, support: Client) ->
 
 
 def test_proposed_refund_is_owed_only_after_finance_approves(
-    cases: Cases, support: Client, finance: Client
+    cases: Cases, support: Client, finance: Client, client_for_buyer: APIClient
 ) -> None:
     purchase = cases.done
     balance = LedgerBalance.objects.get(buyer=purchase.buyer).amount
@@ -336,6 +336,9 @@ def test_proposed_refund_is_owed_only_after_finance_approves(
     assert (refund.state, refund.amount, refund.proposed_by) == ("proposed", 100_000, "sam-support")
     assert LedgerBalance.objects.get(buyer=purchase.buyer).amount == balance  # nothing moved
     assert not Refund.objects.filter(state="owed", purchase=purchase).exists()
+    # The buyer is told nothing about a proposal.
+    status = client_for_buyer.get(f"/api/v1/purchases/{purchase.ref}").json()
+    assert (status["remedy"]["state"], status["remedy"]["refunds"]) == ("none", [])
     approve = _action_url(purchase, "approve_refund")
     assert support.post(approve, {"refund": refund.pk, "decision": "approve"}).status_code == 403
     assert (
