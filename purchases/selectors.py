@@ -338,6 +338,12 @@ def dashboard_figures(*, now: datetime, days: int = 14) -> dict[str, Any]:
             }
             for row in owed
         ],
+        # Proposed by support, waiting for finance's decision on the purchase page.
+        "refunds_proposed": list(
+            Refund.objects.filter(state=Refund.State.PROPOSED)
+            .select_related("purchase")
+            .order_by("created_at", "pk")[:20]
+        ),
         "overdue_escalations": list(overdue[:20]),
         "overdue_count": overdue.count(),
         "chart": sorted(chart.items()),

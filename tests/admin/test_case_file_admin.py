@@ -336,6 +336,8 @@ def test_proposed_refund_is_owed_only_after_finance_approves(
     assert (refund.state, refund.amount, refund.proposed_by) == ("proposed", 100_000, "sam-support")
     assert LedgerBalance.objects.get(buyer=purchase.buyer).amount == balance  # nothing moved
     assert not Refund.objects.filter(state="owed", purchase=purchase).exists()
+    dashboard = finance.get(reverse("admin:purchases_purchase_dashboard"))
+    assert dashboard.context["figures"]["refunds_proposed"] == [refund]
     # The buyer is told nothing about a proposal.
     status = client_for_buyer.get(f"/api/v1/purchases/{purchase.ref}").json()
     assert (status["remedy"]["state"], status["remedy"]["refunds"]) == ("none", [])
@@ -437,6 +439,7 @@ def test_dashboard_figures(cases: Cases, support: Client) -> None:
     assert figures["overdue_count"] == 1
     [owed] = figures["refunds_owed"]
     assert (str(owed["amount"]), owed["symbol"], owed["count"]) == ("0.250000", "USDC", 1)
+    assert figures["refunds_proposed"] == []
     today = response.context["chart"]["bars"][-1]
     assert today["total"] == Purchase.objects.count()
     page = response.content.decode()
