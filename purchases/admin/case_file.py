@@ -26,7 +26,6 @@ from purchases.case_file import (
     ACTION_LABELS,
     RESOLUTION_CODES,
     Action,
-    Case,
     relative,
 )
 from purchases.models import Escalation, Purchase
@@ -83,51 +82,52 @@ def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dic
             }
             for a in allowed
         ],
-        "case_strip": lifecycle_strip(purchase, case),
+        "case_strip": lifecycle_strip(purchase),
         "case_timeline": timeline_rows(purchase),
         "case_balance": prepaid_balance(purchase),
     }
 
 
-def _current_stage(purchase: Purchase, case: Case) -> str:
+def _current_stage(purchase: Purchase) -> str:
     """Where the purchase is now: an open remedy first, then the payment, then the work."""
     open_remedy = (
-        purchase.escalations.filter(state="open").exists()
-        or purchase.refunds.filter(state__in=("proposed", "owed")).exists()
+        purchase.escalations.filter(state=Escalation.State.OPEN).exists()
+        or purchase.refunds.filter(state__in=(Refund.State.PROPOSED, Refund.State.OWED)).exists()
     )
     if open_remedy:
         return "remedy"
     pay = purchase.payment_state
-    if pay == "unpaid":
+    if pay == Purchase.PaymentState.UNPAID:
         return "quote"
-    if pay in ("paying", "settlement_pending", "failed", "void"):
-        return "settle"
-    return "execute"
+    if pay == Purchase.PaymentState.PAID:
+        return "execute"
+    return "settle"  # paying, pending, failed or void: the settlement decides
 
 
 def _stage_status(key: str, purchase: Purchase, current: str) -> str:
+    """green done, amber current, red problem, grey waiting."""
     pay, run = purchase.payment_state, purchase.fulfillment_state
-    bad = {
-        "settle": pay in ("failed", "void"),
-        "execute": run in ("failed", "unknown"),
-        "authorize": pay in ("failed", "void") and not purchase.payment_attempts.exists(),
+    problem = {
+        "settle": pay in (Purchase.PaymentState.FAILED, Purchase.PaymentState.VOID),
+        "execute": run in (Purchase.FulfillmentState.FAILED, Purchase.FulfillmentState.UNKNOWN),
     }
     done = {
         "quote": purchase.quote.state == "accepted",
         "authorize": purchase.payment_attempts.exists(),
-        "execute": run == "succeeded",
-        "settle": pay == "paid",
-        "remedy": False,
+        "execute": run == Purchase.FulfillmentState.SUCCEEDED,
+        "settle": pay == Purchase.PaymentState.PAID,
+        "remedy": purchase.refunds.filter(state=Refund.State.PAID).exists()
+        or purchase.escalations.filter(state=Escalation.State.RESOLVED).exists(),
     }
-    if bad.get(key):
+    if problem.get(key):
         return "problem"
     if key == current:
         return "current"
     return "done" if done[key] else "waiting"
 
 
-def lifecycle_strip(purchase: Purchase, case: Case) -> list[dict[str, Any]]:
-    current = _current_stage(purchase, case)
+def lifecycle_strip(purchase: Purchase) -> list[dict[str, Any]]:
+    current = _current_stage(purchase)
     evidence = {
         "quote": _quote_evidence(purchase),
         "authorize": _authorize_evidence(purchase),
