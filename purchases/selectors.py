@@ -241,10 +241,13 @@ def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
     live_execution = purchase.execution_attempts.filter(state="running").first()
     result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
     open_escalations = purchase.escalations.filter(state=Escalation.State.OPEN).order_by("pk")
+    # While a settlement is pending, reconciliation keeps the attempt's reason current (the
+    # purchase's is the one it was parked with): the case reads the fresher one.
+    reason_code = (pending[-1].reason_code if pending else "") or purchase.reason_code
     return CaseFacts(
         payment_state=str(purchase.payment_state),
         fulfillment_state=str(purchase.fulfillment_state),
-        reason_code=purchase.reason_code,
+        reason_code=reason_code,
         rail=purchase.rail,
         amount=purchase.amount,
         updated_at=purchase.updated_at,

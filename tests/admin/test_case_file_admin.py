@@ -461,3 +461,13 @@ def test_stale_reason_code_clears_when_the_state_moves(cases: Cases) -> None:
     assert (purchase.payment_state, purchase.reason_code) == ("paid", "")
     assert purchase.paid_at is not None
     assert purchase.events.filter(subject="purchase.payment", to_state="paid").exists()
+
+
+def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support: Client) -> None:
+    # Reconciliation updates the attempt's reason on every look-up; the purchase keeps the
+    # one it was parked with. The header follows the attempt, as its row does.
+    PaymentAttempt.objects.filter(purchase=cases.pending).update(reason_code="not_on_chain_yet")
+    page = support.get(_change(cases.pending)).content.decode()
+    sentence = re.search(r'data-testid="case-sentence">([^<]*)<', page)
+    assert sentence and "nonce is unused" in sentence.group(1)
+    assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
