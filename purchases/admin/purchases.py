@@ -24,7 +24,8 @@ from core.admin import ReadOnlyInline, ReadOnlyModelAdmin, amount_human
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerBalance, PaymentAttempt, Refund
-from purchases.admin.case_file import case_action_view, case_context
+from purchases.admin.case_actions import case_action_view
+from purchases.admin.case_file import case_context
 from purchases.admin.dashboard import dashboard_view
 from purchases.admin.filters import (
     BuyerFilter,
