@@ -379,6 +379,11 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     candidates = list(row.actions)
     proposed = [r for r in facts.refunds if r.state == "proposed"]
     owed = [r for r in facts.refunds if r.state == "owed"]
+    reasons = {r.reason_code for r in facts.refunds}
+    if "late_settlement" in reasons:
+        notes.append("A transfer for it landed after it had failed: that money is owed back.")
+    if "duplicate_settlement" in reasons:
+        notes.append("A second transfer landed for it after it was paid: that is owed back.")
     if owed:
         owner = Owner.FINANCE
         notes.append(f"{len(owed)} refund(s) owed to the payer: finance pays back.")
@@ -404,8 +409,8 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         finality=row.finality,
         actions=actions,
         row=row,
-        late_transfer=any(r.reason_code == "late_settlement" for r in facts.refunds),
-        duplicate_transfer=any(r.reason_code == "duplicate_settlement" for r in facts.refunds),
+        late_transfer="late_settlement" in reasons,
+        duplicate_transfer="duplicate_settlement" in reasons,
         notes=tuple(notes),
     )
 

@@ -9,6 +9,7 @@ subject that has no label here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -126,12 +127,17 @@ def utc_seconds(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def evidence_items(evidence: dict[str, Any]) -> list[tuple[str, str]]:
-    """Evidence as (key, text) pairs: unix seconds as UTC times, nested dicts flattened."""
+def evidence_items(
+    evidence: dict[str, Any], *, amount: Callable[[int], str] | None = None
+) -> list[tuple[str, str]]:
+    """Evidence as (key, text) pairs: unix seconds as UTC times, nested dicts flattened, and
+    `amount` values (atomic units) through `amount`, e.g. "0.250000 USDC (250000)"."""
     items: list[tuple[str, str]] = []
     for key, value in evidence.items():
         if isinstance(value, dict):
-            items.extend((f"{key}.{k}", v) for k, v in evidence_items(value))
+            items.extend((f"{key}.{k}", v) for k, v in evidence_items(value, amount=amount))
+        elif key == "amount" and amount is not None and str(value).isdigit():
+            items.append((key, amount(int(value))))
         elif key in UNIX_TIME_KEYS and _is_unix_seconds(value):
             seconds = int(value)
             items.append((key, f"{utc_seconds(datetime.fromtimestamp(seconds, UTC))} ({seconds})"))

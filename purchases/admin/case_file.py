@@ -245,7 +245,7 @@ def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
             if event.from_state and event.to_state and event.from_state != event.to_state
             else event.to_state,
             "reason_code": event.reason_code,
-            "evidence": evidence_items(event.evidence),
+            "evidence": evidence_items(event.evidence, amount=lambda a: money(a, purchase)),
         }
         for event in purchase.events.order_by("created_at", "pk")
     ]

@@ -157,6 +157,7 @@ def test_late_and_duplicate_transfers_show_in_the_header() -> None:
         _facts(failed, refunds=(RefundFact(1, "owed", "late_settlement", 250_000),)), now=NOW
     )
     assert late.late_transfer and not late.duplicate_transfer and late.owner == Owner.FINANCE
+    assert "landed after it had failed" in late.notes[0]
     duplicate = purchase_case(
         _facts(PAID_DONE, refunds=(RefundFact(2, "owed", "duplicate_settlement", 250_000),)),
         now=NOW,

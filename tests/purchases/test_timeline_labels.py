@@ -81,3 +81,5 @@ def test_evidence_converts_unix_seconds_and_flattens() -> None:
     assert items["used_by"] == "0xaa, 0xbb"
     assert items["tx_hash"] == ""
     assert utc_seconds(datetime(2026, 12, 1, 3, 4, 5, tzinfo=UTC)) == "2026-12-01 03:04:05 UTC"
+    money = evidence_items({"amount": "250000"}, amount=lambda a: f"{a / 10**6:.6f} USDC ({a})")
+    assert money == [("amount", "0.250000 USDC (250000)")]
