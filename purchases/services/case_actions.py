@@ -231,6 +231,9 @@ def case_refund_propose(
             )
         except ValueError as exc:
             raise ActionNotSafe(str(exc)) from exc
+        if change is None:
+            # One proposal per payment and kind (a database constraint): a decided one stays.
+            raise ActionNotSafe(f"a {kind} was already proposed here ({refund.state})")
         event_record_change(purchase=purchase, actor=Actor.staff(staff), change=change)
     return ActionDone(f"Proposed {kind} of {refund.amount}; finance approves it.", {})
 

@@ -471,3 +471,26 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     sentence = re.search(r'data-testid="case-sentence">([^<]*)<', page)
     assert sentence and "nonce is unused" in sentence.group(1)
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
+
+
+def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    purchase = cases.done
+    propose = _action_url(purchase, "propose_refund")
+    support.post(propose, {"kind": "refund", "note": "Wrong report."})
+    refund = Refund.objects.get(purchase=purchase, reason_code="support_refund")
+    balance = LedgerBalance.objects.get(buyer=purchase.buyer).amount
+    declined = finance.post(
+        _action_url(purchase, "approve_refund"), {"refund": refund.pk, "decision": "decline"}
+    )
+    assert declined.status_code == 302
+    refund.refresh_from_db()
+    assert (refund.state, refund.decided_by) == ("declined", "fay-finance")
+    assert LedgerBalance.objects.get(buyer=purchase.buyer).amount == balance
+    assert support.post(propose, {"kind": "refund", "note": "Again."}).status_code == 403
+    again = support.post(propose, {"kind": "compensation", "amount": "0.05", "note": "Goodwill."})
+    assert again.status_code == 302
+    assert (
+        Refund.objects.get(purchase=purchase, reason_code="support_compensation").amount == 50_000
+    )
