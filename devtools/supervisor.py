@@ -52,7 +52,7 @@ class _Child:
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     restart_at: float | None = None
-    backoff: float = 1.0
+    backoff: float = 0.5  # the first restart waits 1 s (doubled on a fast death)
     restarts: int = 0
     down_on_request: bool = False
     log: IO[bytes] | None = field(default=None, repr=False)
@@ -144,7 +144,9 @@ class Supervisor:
         code = child.process.returncode if child.process is not None else None
         log = self.logs_dir / f"{name}.log"
         if not self.restart:
-            child.down_on_request = True  # stays down; `demo.py start NAME` still works
+            # As if asked to stop: it stays down, and `demo.py start NAME` brings it back.
+            (self.control / f"{name}.down").touch()
+            child.down_on_request = True
             self.say(f"[demo] {name} exited with {code}; left down (DEMO_RESTART=never); see {log}")
             return
         crashed_fast = now - child.started_at < STABLE_AFTER_SECONDS
