@@ -178,6 +178,8 @@ def main() -> int:
         )
     )
     base = f"http://{HOST}:{PORT}"
+    chain["base_url"] = base
+    chain["job_service_url"] = env["JOB_SERVICE_URL"]
     chain["paid_urls"] = {slug: f"{base}/x402/{slug}" for slug in seed["offerings"]}
     CHAIN_FILE.write_text(json.dumps(chain, indent=2))
     CHAIN_FILE.chmod(0o600)
