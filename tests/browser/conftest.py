@@ -54,7 +54,9 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(here):
+        if Path(str(item.fspath)).is_relative_to(here) and "browser_world" in getattr(
+            item, "fixturenames", ()
+        ):
             # A real worker and Redis: skipped (or refused in CI) like the other worker tests.
             item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.worker)
