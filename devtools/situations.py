@@ -40,7 +40,7 @@ from fulfillment.models import ExecutionAttempt, Result
 from payments.models import LedgerEntry, PaymentAttempt
 from payments.services import ledger_credit
 from purchases.models import Purchase
-from purchases.services import housekeeping, reconcile
+from purchases.services import reconcile
 from purchases.services.buyers import api_key_issue, buyer_create
 from purchases.services.sweeper import purchases_sweep_stalled
 
@@ -173,8 +173,7 @@ def two_authorizations_for_one_quote(stage: Stage) -> Played:
             raise SituationFailed(f"second payment: {second.status_code} {second.content!r}")
         attempt = _attempt_for(first)
         _broadcast_elsewhere(stage, first)
-    reconcile.watch_failed_attempts()
-    housekeeping.send_pending_alerts()
+    reconcile.watch_failed_attempts()  # the beat job's pass, now; its alert follows from beat
     ref = _ref_of(attempt)
     return _played("two-authorizations", ref, stage, "duplicate settlement: refund owed")
 
@@ -189,7 +188,6 @@ def transfer_after_failure(stage: Stage) -> Played:
         attempt = _attempt_for(payment)
         _broadcast_elsewhere(stage, payment)
     reconcile.watch_failed_attempts()
-    housekeeping.send_pending_alerts()
     return _played("late-transfer", _ref_of(attempt), stage, "late settlement: refund owed")
 
 

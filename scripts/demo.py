@@ -35,6 +35,7 @@ VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
 BUYER_FUNDS = 100 * 10**6  # 100 test USDC per demo wallet
+DEMO_ALERTS_TO = "Demo support:support@demo.invalid"
 sys.path.insert(0, str(ROOT))
 
 from devtools.supervisor import (  # noqa: E402 -- needs ROOT on the path
@@ -116,8 +117,9 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
     print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
     print(f"           {PYTHON} scripts/demo_agent.py --x402 {base}   (x402 on the local chain)")
-    print(f"  Alerts         'tollbooth.alerts' lines in {VAR / 'logs'}/worker.log and web.log")
-    print("                 (DJANGO_ADMINS adds mail, TOLLBOOTH_ALERT_WEBHOOK_URL a webhook)")
+    print(f"  Alerts         mail to DJANGO_ADMINS, printed in {VAR / 'logs'}/worker.log (console")
+    print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
+    print("                 TOLLBOOTH_ALERT_WEBHOOK_URL adds a webhook")
     restart = "restarted" if restart_policy_from_env() else "left down (DEMO_RESTART=never)"
     print(f"  Processes      web, worker, jobservice: one that dies is {restart}")
     print(f"                 {PYTHON} scripts/demo.py status | kill NAME | stop NAME | start NAME")
@@ -151,6 +153,9 @@ def main() -> int:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JOB_SERVICE_URL": f"http://127.0.0.1:{JOB_PORT}", "PYTHONUNBUFFERED": "1"}
+    # Alerts need a person to reach: the demo's mail backend is the console, so refund-owed
+    # and escalation alerts print to var/logs/worker.log (set DJANGO_ADMINS to change who).
+    env.setdefault("DJANGO_ADMINS", DEMO_ALERTS_TO)
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
     print("Starting the local chain and deploying the test USDC ...", flush=True)
