@@ -23,11 +23,21 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
 USE_X402 = "--x402" in sys.argv
 # The demo's files, wherever `make demo` put them (it honours TOLLBOOTH_VAR_DIR too).
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR") or ROOT / "var")
 CHAIN = VAR / "demo-chain.json"
+
+
+def _default_base() -> str:
+    """Where the running demo listens: its chain file says (DEMO_HOST / DEMO_PORT)."""
+    if CHAIN.exists():
+        return str(json.loads(CHAIN.read_text()).get("base_url") or "http://127.0.0.1:8000")
+    host, port = os.environ.get("DEMO_HOST", "127.0.0.1"), os.environ.get("DEMO_PORT", "8000")
+    return f"http://{host}:{port}"
+
+
+BASE = ARGS[0] if ARGS else _default_base()
 REPORT_INPUT = {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"}
 CREDENTIALS = VAR / "demo-credentials.json"
 JOURNAL = VAR / "demo-agent-journal.json"
