@@ -22,6 +22,13 @@ $(NODE_STAMP): package.json package-lock.json
 
 install: $(STAMP) $(NODE_STAMP)
 
+# The browser tests (tests/browser) drive Debian's chromium; playwright never downloads one.
+# CI runs as root on a fresh Debian machine, where apt works.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 demo: install
 	$(BIN)/python scripts/demo.py
 
@@ -49,7 +56,7 @@ typecheck: install
 # Twice: the whole suite (on PostgreSQL when DATABASE_URL says so), then the races that must
 # also hold on the embedded default, on a file SQLite database as `make demo` uses.
 SQLITE_TEST_URL := sqlite:///$(CURDIR)/var/concurrency.sqlite3
-pytest: install
+pytest: install $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	mkdir -p var
 	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m sqlite_concurrency $(PYTEST_ARGS)
