@@ -75,7 +75,7 @@ class Chain:
     node: AnvilNode
     token: str
     seller: str
-    relayer_key: str
+    relayer_keys: list[str]  # one per Tollbooth served: relayers never share a key
     facilitator_key: str
     agents: list[LocalAccount]
 
@@ -109,10 +109,11 @@ def _funded_key(node: AnvilNode) -> LocalAccount:
 def start_chain(node: AnvilNode, agents: int) -> Chain:
     from tests.fixtures.anvil import deploy_funded_usdc  # dev tooling: batched mints
 
-    deployer, seller, relayer, facilitator = (_funded_key(node) for _ in range(4))
+    deployer, seller, facilitator = (_funded_key(node) for _ in range(3))
+    relayers = [_funded_key(node).key.hex() for _ in range(2)]
     wallets = [_funded_key(node) for _ in range(agents)]
     token = deploy_funded_usdc(node, deployer, [w.address for w in wallets], FUNDS)
-    return Chain(node, token, seller.address, relayer.key.hex(), facilitator.key.hex(), wallets)
+    return Chain(node, token, seller.address, relayers, facilitator.key.hex(), wallets)
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -149,22 +150,24 @@ def _stop(process: subprocess.Popen[bytes], grace: float = 30.0) -> None:
         process.wait(timeout=10)
 
 
-def _spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    args: list[str], env: dict[str, str], log: Path, cwd: Path = ROOT
+) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            args, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
 
 
 @contextlib.contextmanager
-def bench_database() -> Iterator[str]:
+def bench_database(label: str) -> Iterator[str]:
     """A fresh database beside DATABASE_URL's, dropped afterwards."""
     base = os.environ.get("DATABASE_URL", "")
     if not base.startswith("postgres"):
         raise RuntimeError("bench.x402_seller needs DATABASE_URL=postgres://... (and REDIS_URL)")
     parts = urlsplit(base)
-    name = f"{parts.path.lstrip('/')}_bench_x402"
+    name = f"{parts.path.lstrip('/')}_bench_x402_{label}"
     admin = urlunsplit(parts._replace(path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -176,7 +179,9 @@ def bench_database() -> Iterator[str]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def tollbooth_env(chain: Chain, database_url: str, var_dir: Path, port: int) -> dict[str, str]:
+def tollbooth_env(
+    chain: Chain, database_url: str, var_dir: Path, port: int, index: int
+) -> dict[str, str]:
     redis_url = os.environ.get("REDIS_URL", "")
     if not redis_url:
         raise RuntimeError("bench.x402_seller needs REDIS_URL")
@@ -185,7 +190,7 @@ def tollbooth_env(chain: Chain, database_url: str, var_dir: Path, port: int) -> 
         "DJANGO_SETTINGS_MODULE": "config.settings.production",
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
-        "TOLLBOOTH_CELERY_QUEUE": f"bench-x402-{os.getpid()}",
+        "TOLLBOOTH_CELERY_QUEUE": f"bench-x402-{os.getpid()}-{index}",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
         "TOLLBOOTH_METRICS_TOKEN": secrets.token_urlsafe(16),
@@ -196,7 +201,7 @@ def tollbooth_env(chain: Chain, database_url: str, var_dir: Path, port: int) -> 
         "TOLLBOOTH_VAR_DIR": str(var_dir),
         "X402_LOCAL_RPC_URL": chain.node.rpc_url,
         "X402_LOCAL_TOKEN": chain.token,
-        "X402_LOCAL_RELAYER_KEY": chain.relayer_key,
+        "X402_LOCAL_RELAYER_KEY": chain.relayer_keys[index],
         "X402_LOCAL_MODE": "direct",
         "GUNICORN_BIND": f"127.0.0.1:{port}",
         "GUNICORN_ACCESS_LOG": os.environ.get("BENCH_GUNICORN_ACCESS_LOG", "-"),
@@ -213,19 +218,20 @@ Offering.objects.update_or_create(slug={slug!r}, defaults=dict(
 
 
 @contextlib.contextmanager
-def tollbooth(chain: Chain, workdir: Path) -> Iterator[str]:
-    """`make serve ROLES="web worker"` on a fresh database: yields the paid URL."""
+def tollbooth(chain: Chain, workdir: Path, *, root: Path = ROOT, index: int = 0) -> Iterator[str]:
+    """`make serve ROLES="web worker"` from `root` on a fresh database: yields the paid URL."""
     port = _free_port()
-    with bench_database() as database_url:
-        env = tollbooth_env(chain, database_url, workdir / "var", port)
+    label = "before" if root != ROOT else "ours"
+    with bench_database(label) as database_url:
+        env = tollbooth_env(chain, database_url, workdir / f"var-{label}", port, index)
         manage = [PYTHON, "manage.py"]
-        subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=ROOT, env=env,
+        subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], cwd=root, env=env,
                        check=True)  # fmt: skip
         seed = _SEED.format(slug=SLUG, price=PRICE, token=chain.token, network=NETWORK,
                             seller=chain.seller)  # fmt: skip
-        subprocess.run([*manage, "shell", "-c", seed], cwd=ROOT, env=env, check=True)
-        log = workdir / "tollbooth.log"
-        serve = _spawn([PYTHON, "scripts/serve.py", "web", "worker"], env, log)
+        subprocess.run([*manage, "shell", "-c", seed], cwd=root, env=env, check=True)
+        log = workdir / f"tollbooth-{label}.log"
+        serve = _spawn([PYTHON, "scripts/serve.py", "web", "worker"], env, log, cwd=root)
         try:
             _wait_http(f"http://127.0.0.1:{port}/readyz", serve, log, timeout=90)
             _wait_worker(log, serve)
@@ -330,25 +336,40 @@ def drive(url: str, agents: list[Agent], calls_per_agent: int) -> Load:
 
 @dataclass
 class Rounds:
-    ours: dict[int, list[Load]]
-    theirs: dict[int, list[Load]]
-    serial: list[Load]
+    """Loads per server ("ours", "sdk", optionally "before") and agent count, per repeat."""
+
+    loads: dict[str, dict[int, list[Load]]]
+    serial: dict[str, list[Load]]
+
+
+def _before_root() -> Path | None:
+    """BENCH_X402_BEFORE_ROOT: an export of an earlier commit, served side by side."""
+    value = os.environ.get("BENCH_X402_BEFORE_ROOT", "")
+    return Path(value).resolve() if value else None
 
 
 def measure(plan: Plan, workdir: Path) -> Rounds:
     most = max(plan.levels)
-    rounds = Rounds({n: [] for n in plan.levels}, {n: [] for n in plan.levels}, [])
-    with AnvilNode(accounts=1) as node:
+    before = _before_root()
+    with contextlib.ExitStack() as stack, AnvilNode(accounts=1) as node:
         chain = start_chain(node, most)
         agents = [Agent(w, chain.token, f"agent{i}") for i, w in enumerate(chain.agents)]
-        with tollbooth(chain, workdir) as ours, sdk_seller(chain, workdir) as theirs:
-            for url in (ours, theirs):  # warm-up: connections, imports, first queries
-                drive(url, agents[:2], 1)
-            for _ in range(plan.repeats):
-                rounds.serial.append(drive(ours, agents[:1], plan.serial_calls))
-                for level in plan.levels:
-                    rounds.ours[level].append(drive(ours, agents[:level], plan.calls_per_agent))
-                    rounds.theirs[level].append(drive(theirs, agents[:level], plan.calls_per_agent))
+        urls = {"ours": stack.enter_context(tollbooth(chain, workdir))}
+        if before is not None:
+            urls["before"] = stack.enter_context(tollbooth(chain, workdir, root=before, index=1))
+        urls["sdk"] = stack.enter_context(sdk_seller(chain, workdir))
+        rounds = Rounds({name: {n: [] for n in plan.levels} for name in urls}, {})
+        for url in urls.values():  # warm-up: connections, imports, first queries
+            drive(url, agents[:2], 1)
+        for _ in range(plan.repeats):  # interleaved, so a noisy neighbour hits all alike
+            for name, url in urls.items():
+                if name != "sdk":
+                    load = drive(url, agents[:1], plan.serial_calls)
+                    rounds.serial.setdefault(name, []).append(load)
+            for level in plan.levels:
+                for name, url in urls.items():
+                    load = drive(url, agents[:level], plan.calls_per_agent)
+                    rounds.loads[name][level].append(load)
     return rounds
 
 
@@ -365,28 +386,36 @@ def _ratio(ours: float, anchor: float) -> float:
 
 def figures(rounds: Rounds) -> list[Figure]:
     out: list[Figure] = []
-    for level, ours in rounds.ours.items():
-        theirs = rounds.theirs[level]
-        detail = f"tollbooth {_fmt(ours)}; sdk {_fmt(theirs)}"
+    for name in [n for n in rounds.loads if n != "sdk"]:
+        out += _figures_of(name, rounds)
+    return out
+
+
+def _figures_of(name: str, rounds: Rounds) -> list[Figure]:
+    tag = "" if name == "ours" else f" [{name}]"
+    out: list[Figure] = []
+    for level, ours in rounds.loads[name].items():
+        theirs = rounds.loads["sdk"][level]
+        detail = f"tollbooth{tag} {_fmt(ours)}; sdk {_fmt(theirs)}"
         failures = [why for load in ours + theirs for why in load.failures][:3]
         extra = {"failures": " | ".join(failures)} if failures else {}
         out.append(Figure(
-            f"x402 paid call: throughput vs x402 SDK seller, {level} agents",
+            f"x402 paid call{tag}: throughput vs x402 SDK seller, {level} agents",
             [_ratio(a.throughput, b.throughput) for a, b in zip(ours, theirs, strict=True)],
             goal=">= 2.0", detail=detail, extra=extra,
         ))  # fmt: skip
         out.append(Figure(
-            f"x402 paid call: p50 latency vs x402 SDK seller, {level} agents",
+            f"x402 paid call{tag}: p50 latency vs x402 SDK seller, {level} agents",
             [a.p50 / b.p50 for a, b in zip(ours, theirs, strict=True)],
             goal="<= 0.5", detail=detail, extra=extra,
         ))  # fmt: skip
-    most = max(rounds.ours)
-    parallel = rounds.ours[most]
+    most = max(rounds.loads[name])
+    parallel, serial = rounds.loads[name][most], rounds.serial[name]
     out.append(Figure(
-        f"x402 settlements: {most} agents vs serial",
-        [_ratio(a.throughput, b.throughput) for a, b in zip(parallel, rounds.serial, strict=True)],
+        f"x402 settlements{tag}: {most} agents vs serial",
+        [_ratio(a.throughput, b.throughput) for a, b in zip(parallel, serial, strict=True)],
         goal=">= 4.0",
-        detail=f"{most} agents {_fmt(parallel)}; serial {_fmt(rounds.serial)}",
+        detail=f"{most} agents {_fmt(parallel)}; serial {_fmt(serial)}",
     ))  # fmt: skip
     return out
 

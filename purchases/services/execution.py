@@ -30,6 +30,7 @@ from payments import services as payment_services
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
+from purchases.services.result_notify import fulfillment_notify
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -225,6 +226,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
             actor=actor,
             update_fields=["reason_code"],
         )
+        fulfillment_notify(purchase_id=purchase.pk)
     return ExecutionOutcome.SUCCEEDED
 
 
@@ -263,6 +265,7 @@ def _end(
             now=now,
             actor=actor,
         )
+        fulfillment_notify(purchase_id=purchase.pk)
 
 
 def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: str) -> None:

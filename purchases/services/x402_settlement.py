@@ -8,7 +8,6 @@ broadcast), and only as `x402_resubmit` allows.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -52,6 +51,7 @@ from purchases.selectors import (
 )
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
 from purchases.services.late_payments import settlement_unexpected
+from purchases.services.result_wait import purchase_await_result
 from purchases.services.sweeper import purchase_execution_stage
 from purchases.services.x402_resubmit import x402_resubmit_if_due
 
@@ -361,12 +361,7 @@ def _await_work(purchase: Purchase) -> Purchase:
         purchase.offering.expected_run_time.total_seconds(),
         float(settings.X402_RESULT_WAIT_SECONDS),
     )
-    deadline = time.monotonic() + wait
-    state = purchase.fulfillment_state
-    while state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        state = Purchase.objects.values_list("fulfillment_state", flat=True).get(pk=purchase.pk)
-    return purchase if state == purchase.fulfillment_state else purchase_reload(purchase=purchase)
+    return purchase_await_result(purchase=purchase, wait_seconds=wait)
 
 
 def _delivery_answer(purchase: Purchase, attempt: PaymentAttempt | None) -> X402Answer:
