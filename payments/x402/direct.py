@@ -24,6 +24,7 @@ from web3.gas_strategies.rpc import rpc_gas_price_strategy
 from web3.types import TxParams
 
 from payments.chain.token import build_transfer_with_authorization_tx
+from payments.x402.chain import w3_for
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import relayer_nonce_allocate
 from payments.x402.types import (
@@ -124,10 +125,7 @@ class DirectSettler:
     def _web3(self, network: NetworkConfig) -> Web3:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
-        provider = Web3.HTTPProvider(
-            network.rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None
-        )
-        return Web3(provider)
+        return w3_for(network, timeout=timeout)
 
 
 def _relayer_account(network: NetworkConfig) -> LocalAccount:
