@@ -226,7 +226,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
             actor=actor,
             update_fields=["reason_code"],
         )
-        fulfillment_notify(purchase_id=purchase.pk)
+        fulfillment_notify(purchase=purchase)
     return ExecutionOutcome.SUCCEEDED
 
 
@@ -265,7 +265,7 @@ def _end(
             now=now,
             actor=actor,
         )
-        fulfillment_notify(purchase_id=purchase.pk)
+        fulfillment_notify(purchase=purchase)
 
 
 def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: str) -> None:

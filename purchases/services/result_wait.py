@@ -79,6 +79,10 @@ def _execute_inline(purchase_id: int) -> None:
     except ExecutionRetryable:
         # Counted and on the timeline; the staged worker task (or the sweeper) retries it.
         logger.info("purchase %s: inline execution left to the worker", purchase_id)
+    except Exception:
+        # The payment stands and the job is still staged: the buyer gets the usual 202 and
+        # the worker runs it under the same claim rules. Never a 500 for a paid call.
+        logger.exception("purchase %s: inline execution failed; left to the worker", purchase_id)
 
 
 def fulfillment_wait(

@@ -69,7 +69,7 @@ def _finish(purchase: Purchase, *, notify: bool) -> None:
     with transaction.atomic():
         Purchase.objects.filter(pk=purchase.pk).update(fulfillment_state=RUN.SUCCEEDED)
         if notify:
-            fulfillment_notify(purchase_id=purchase.pk)
+            fulfillment_notify(purchase=purchase)
 
 
 def test_the_waiter_is_woken_by_the_commit_that_stores_the_result() -> None:
@@ -90,7 +90,7 @@ def test_a_rolled_back_change_wakes_nobody() -> None:
     thread, returned = _wait_in_thread(purchase.pk, fallback=NEVER)
     _until(lambda: _registered(purchase.pk))
     with pytest.raises(RuntimeError), transaction.atomic():
-        fulfillment_notify(purchase_id=purchase.pk)
+        fulfillment_notify(purchase=purchase)
         raise RuntimeError("the storing transaction fails")
 
     _finish(purchase, notify=True)  # the real one, so the thread ends
