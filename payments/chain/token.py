@@ -9,6 +9,8 @@ floats.
 from __future__ import annotations
 
 import json
+import threading
+import weakref
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -62,8 +64,21 @@ def load_artifact() -> dict[str, Any]:
     return artifact
 
 
+# Building a contract object parses the whole ABI (tens of milliseconds of CPU): once per
+# client and token, not once per call. Weak keys: a client dropped takes its contracts along.
+_CONTRACTS: weakref.WeakKeyDictionary[Web3, dict[str, Contract]] = weakref.WeakKeyDictionary()
+_CONTRACTS_LOCK = threading.Lock()
+
+
 def token_contract(w3: Web3, token: str) -> Contract:
-    return w3.eth.contract(address=Web3.to_checksum_address(token), abi=load_artifact()["abi"])
+    address = Web3.to_checksum_address(token)
+    with _CONTRACTS_LOCK:
+        contract = _CONTRACTS.setdefault(w3, {}).get(address)
+    if contract is None:
+        contract = w3.eth.contract(address=address, abi=load_artifact()["abi"])
+        with _CONTRACTS_LOCK:
+            _CONTRACTS.setdefault(w3, {})[address] = contract
+    return contract
 
 
 def balance_of(w3: Web3, token: str, holder: str) -> int:

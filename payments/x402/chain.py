@@ -9,6 +9,7 @@ as evidence as they are.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,18 +44,27 @@ class BlockRef:
     timestamp: int
 
 
+_clients = threading.local()
+
+
 def w3_for(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> Web3:
-    """A Web3 client for `network` with a bounded request time.
+    """A Web3 client for `network` with a bounded request time, one per thread and URL.
 
     web3's HTTPProvider retries refused connections and timeouts five times with backoff by
     default; a reconciliation read would rather answer "unknown" at once, so retries are off.
+    Kept per thread: a client (and the token contract built on it) is reused by the next call
+    instead of being built again, and no two threads share one.
     """
-    provider = Web3.HTTPProvider(
-        network.rpc_url,
-        request_kwargs={"timeout": timeout},
-        exception_retry_configuration=None,
-    )
-    return Web3(provider)
+    cache: dict[tuple[str, float], Web3] = _clients.__dict__.setdefault("by_url", {})
+    client = cache.get((network.rpc_url, timeout))
+    if client is None:
+        provider = Web3.HTTPProvider(
+            network.rpc_url,
+            request_kwargs={"timeout": timeout},
+            exception_retry_configuration=None,
+        )
+        client = cache[(network.rpc_url, timeout)] = Web3(provider)
+    return client
 
 
 def is_hash32(value: object) -> bool:

@@ -24,6 +24,8 @@ from web3.gas_strategies.rpc import rpc_gas_price_strategy
 from web3.types import TxParams
 
 from payments.chain.token import build_transfer_with_authorization_tx
+from payments.x402.chain import w3_for
+from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import relayer_nonce_allocate
 from payments.x402.types import (
     Authorization,
@@ -109,6 +111,7 @@ class DirectSettler:
         if refused is not None:
             return _pending(tx_hash, "rpc_error", network, prepared, error=refused)
         deadline = time.monotonic() + network.confirmation_timeout
+        delays = receipt_poll_delays(ceiling=self.poll_interval)
         while True:
             try:
                 outcome = _observe(w3, tx_hash, network, prepared)
@@ -117,15 +120,12 @@ class DirectSettler:
             remaining = deadline - time.monotonic()
             if outcome.status is not SettlementStatus.PENDING or remaining <= 0:
                 return outcome
-            time.sleep(min(self.poll_interval, remaining))
+            time.sleep(min(next(delays), remaining))
 
     def _web3(self, network: NetworkConfig) -> Web3:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
-        provider = Web3.HTTPProvider(
-            network.rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None
-        )
-        return Web3(provider)
+        return w3_for(network, timeout=timeout)
 
 
 def _relayer_account(network: NetworkConfig) -> LocalAccount:

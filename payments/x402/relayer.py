@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import rlp
-from django.db import transaction
+from django.db import connection
 from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -62,18 +62,28 @@ def relayer_nonce_allocate(
 
     `chain_pending_nonce` is read by the caller beforehand: no network I/O under the lock.
     The chain wins when it is ahead (the key was used elsewhere, or our row is new).
+
+    One statement: an upsert that takes the row lock, moves the counter and returns the
+    nonce, so the lock is held for one statement rather than a transaction's round trips.
+    Every replica and worker allocates through this row, so two processes can never hand
+    out the same nonce of one key (docs/deployment.md).
     """
     address = Web3.to_checksum_address(address)
-    with transaction.atomic():
-        # select_for_update on get_or_create: a concurrent creator loses the unique insert,
-        # then reads and locks the winner's row.
-        row, _created = RelayerAccount.objects.select_for_update().get_or_create(
-            network=network.caip2, address=address
-        )
-        nonce = max(row.next_nonce, chain_pending_nonce)
-        row.next_nonce = nonce + 1
-        row.save(update_fields=["next_nonce", "updated_at"])
-    return nonce
+    table = RelayerAccount._meta.db_table
+    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
+    sql = (
+        f"INSERT INTO {table} (network, address, next_nonce, updated_at) "  # noqa: S608
+        "VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT (network, address) DO UPDATE "
+        f"SET next_nonce = {greatest}({table}.next_nonce, excluded.next_nonce - 1) + 1, "
+        "updated_at = excluded.updated_at "
+        "RETURNING next_nonce"
+    )
+    # Autocommit: the statement is its own transaction (inside a caller's, it joins that).
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [network.caip2, address, chain_pending_nonce + 1, timezone.now()])
+        (next_nonce,) = cursor.fetchone()
+    return int(next_nonce) - 1
 
 
 def relayer_fee_fields(w3: Web3) -> dict[str, int]:

@@ -30,6 +30,7 @@ from payments import selectors as payment_selectors
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
+from purchases.services.result_notify import fulfillment_notify
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -228,6 +229,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
             actor=actor,
             update_fields=["reason_code"],
         )
+        fulfillment_notify(purchase=purchase)
     return ExecutionOutcome.SUCCEEDED
 
 
@@ -266,6 +268,7 @@ def _end(
             now=now,
             actor=actor,
         )
+        fulfillment_notify(purchase=purchase)
 
 
 def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: str) -> None:

@@ -5,7 +5,6 @@ answer from here, from the purchase's current state.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +26,7 @@ from purchases.selectors import (
     purchase_status,
 )
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver
+from purchases.services.result_wait import purchase_await_result
 from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
 
 PAY = Purchase.PaymentState
@@ -140,12 +140,7 @@ def _await_work(purchase: Purchase) -> Purchase:
         purchase.offering.expected_run_time.total_seconds(),
         float(settings.X402_RESULT_WAIT_SECONDS),
     )
-    deadline = time.monotonic() + wait
-    state = purchase.fulfillment_state
-    while state in (RUN.QUEUED, RUN.RUNNING) and time.monotonic() < deadline:
-        time.sleep(0.1)
-        state = Purchase.objects.values_list("fulfillment_state", flat=True).get(pk=purchase.pk)
-    return purchase if state == purchase.fulfillment_state else purchase_reload(purchase=purchase)
+    return purchase_await_result(purchase=purchase, wait_seconds=wait)
 
 
 def _delivery_answer(
