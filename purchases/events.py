@@ -36,6 +36,23 @@ def events_batched() -> Iterator[None]:
         _batch.reset(token)
 
 
+@contextmanager
+def events_of_one_row() -> Iterator[None]:
+    """Inside `events_batched`: if the block raises, drop the events it added.
+
+    A bulk recorder works row by row in memory and writes the rows it could process at the
+    end; a row that raised is left to the one-row path, so its events must not be written.
+    """
+    batch = _batch.get()
+    mark = len(batch) if batch is not None else 0
+    try:
+        yield
+    except BaseException:
+        if batch is not None:
+            del batch[mark:]
+        raise
+
+
 def event_record(
     *,
     subject: str,
@@ -92,11 +109,13 @@ def purchase_transition(
     arguments: dict[str, Any] | None = None,
     update_fields: Sequence[str] = (),
     evidence: dict[str, Any] | None = None,
+    save: bool = True,
 ) -> None:
     """The transition recipe, written once: check `can_proceed`, transition (with
     `arguments`), save the moved field and `update_fields`, and put the move on the timeline
     (with the purchase's reason code when the transition sets one). Caller holds the lock
-    on the purchase inside its transaction. Raises TransitionNotAllowed."""
+    on the purchase inside its transaction. `save=False` leaves the write to a caller that
+    writes many purchases in one statement. Raises TransitionNotAllowed."""
     field = transition._django_fsm.field  # type: ignore[attr-defined]
     if not can_proceed(transition):
         raise TransitionNotAllowed(
@@ -105,7 +124,8 @@ def purchase_transition(
         )
     previous = getattr(purchase, field.name)
     transition(**(arguments or {}))
-    purchase.save(update_fields=[field.name, *update_fields, "updated_at"])
+    if save:
+        purchase.save(update_fields=[field.name, *update_fields, "updated_at"])
     event_record(
         subject=f"purchase.{field.name.removesuffix('_state')}",
         purchase=purchase,

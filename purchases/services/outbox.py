@@ -16,6 +16,7 @@ here or in any service imports `purchases.tasks`.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from collections import Counter
@@ -49,6 +50,12 @@ _INSERT = (
     "INSERT INTO purchases_outboxmessage "
     "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
     "VALUES (%s, %s, %s, %s, %s, 0, '') ON CONFLICT DO NOTHING RETURNING id"
+)
+
+_INSERT_MANY = (
+    "INSERT INTO purchases_outboxmessage "
+    "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
+    "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id, kwargs"
 )
 
 
@@ -86,6 +93,52 @@ def outbox_stage(
         partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs), robust=True
     )
     return message_id
+
+
+def outbox_stage_many(
+    *, job: str, messages: list[tuple[dict[str, Any], str]], now: datetime | None = None
+) -> list[int]:
+    """Stage many `job(**kwargs)` at once, each with its dedup key: one INSERT per
+    RELAY_BATCH, in the caller's transaction, and one relay of them all after the commit.
+
+    `messages` holds (kwargs, dedup_key) pairs. Returns the ids staged (a dedup key already
+    waiting is skipped, as in `outbox_stage`). Raises as `outbox_stage` does.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox_stage_many must run inside the transaction of the change")
+    if job not in settings.OUTBOX_JOBS:
+        raise ValueError(f"unknown outbox job {job!r}")
+    now = now_or(now)
+    created = _db_value("created_at", now)
+    available = _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"])
+    staged: list[OutboxMessage] = []
+    for start in range(0, len(messages), RELAY_BATCH):
+        chunk = messages[start : start + RELAY_BATCH]
+        rows = ", ".join(["(%s, %s, %s, %s, %s, 0, '')"] * len(chunk))
+        params: list[Any] = []
+        for kwargs, dedup_key in chunk:
+            params += [job, _db_value("kwargs", kwargs), dedup_key, created, available]
+        # Only placeholders are formatted in; the values travel as parameters.
+        sql = _INSERT_MANY.format(rows=rows)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            for message_id, kwargs in cursor.fetchall():
+                loaded = json.loads(kwargs) if isinstance(kwargs, str) else kwargs
+                staged.append(OutboxMessage(pk=message_id, job=job, kwargs=loaded, attempts=0))
+    if staged:
+        transaction.on_commit(partial(_relay_staged_many, staged), robust=True)
+    return [m.pk for m in staged]
+
+
+def _relay_staged_many(messages: list[OutboxMessage]) -> None:
+    """After a bulk staging commit: send them all now, one UPDATE marking the sent ones.
+    Best effort, like `_relay_staged`: what is not sent here the relay loop sends."""
+    now = now_or(None)
+    for start in range(0, len(messages), RELAY_BATCH):
+        if not _send_batch(messages[start : start + RELAY_BATCH], now, Counter()):
+            rest = [m.pk for m in messages[start + RELAY_BATCH :]]
+            OutboxMessage.objects.filter(pk__in=rest).update(available_at=now)
+            return
 
 
 def _db_value(name: str, value: Any) -> Any:
