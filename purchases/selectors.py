@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
+from django.db.models.functions import Lower
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
 
@@ -12,7 +14,8 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
 from payments.models import PaymentAttempt, Refund
-from purchases.models import Buyer, Escalation, Purchase, Quote
+from purchases.models import Buyer, Escalation, IdempotencyRecord, Purchase, Quote
+from purchases.services.idempotency import payment_id_hash
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -213,3 +216,39 @@ def quote_representation(*, quote: Quote) -> dict[str, Any]:
         "expires_at": quote.expires_at.isoformat(),
         "links": {"purchase": reverse("api:quote-purchase", kwargs={"public_id": quote.public_id})},
     }
+
+
+_HEX = re.compile(r"0x[0-9a-f]+")
+SEARCH_MATCHES_MAX = 1000
+
+
+def purchase_search_ids(*, term: str) -> list[int]:
+    """The purchases an exact support search names: purchase ref, buyer ref, payment id,
+    transaction hash or payer wallet. One query, each arm an index lookup.
+
+    The term is normalised, not the column: hex (wallets, hashes) is matched lower-case, as
+    stored; refs and payment ids are case-sensitive and matched as typed. A payment id past
+    retention is kept only as its hash, so its hash is looked up too.
+    """
+    term = term.strip()
+    if not term:
+        return []
+    lowered = term.lower()
+    hex_term = lowered if _HEX.fullmatch(lowered) else None
+    arms = [
+        Purchase.objects.filter(ref=term).values("pk"),
+        Purchase.objects.filter(buyer__ref=term).values("pk"),
+        IdempotencyRecord.objects.filter(
+            key__in=[term, payment_id_hash(term)], purchase__isnull=False
+        ).values("purchase_id"),
+    ]
+    if hex_term is not None:
+        arms += [
+            Purchase.objects.alias(payer_lower=Lower("payer"))
+            .filter(payer_lower=hex_term)
+            .values("pk"),
+            PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"),
+        ]
+    first, *rest = arms
+    # UNION (not OR over joins): each arm keeps its own index; no DISTINCT over the table.
+    return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])
