@@ -94,8 +94,8 @@ def settlement_backlog_create(
     relayer: LocalAccount,
     landed: int,
     expired: int = 0,
-    token_name: str = "USDC",
-    token_version: str = "2",
+    token_name: str = "USDC",  # noqa: S107 (the EIP-712 domain name, not a secret)
+    token_version: str = "2",  # noqa: S107 (the EIP-712 domain version)
 ) -> Backlog:
     """Write `landed + expired` pending purchases and attempts; mine the `landed` transfers.
 

@@ -28,7 +28,7 @@ class _CountingProxy:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 proxy.requests += 1
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 reply = requests.post(
@@ -91,7 +91,7 @@ def test_round_trips_do_not_grow_with_the_backlog(counted_world):
 
 def test_every_settlement_is_recorded_with_its_evidence(counted_world):
     world, proxy = counted_world
-    backlog, stats, _ = _reconcile_backlog(world, proxy, landed=25, expired=10)
+    backlog, _, _ = _reconcile_backlog(world, proxy, landed=25, expired=10)
     attempts = PaymentAttempt.objects.filter(pk__in=backlog.attempt_ids).select_related("purchase")
     landed = [a for a in attempts if a.tx_hash]
     expired = [a for a in attempts if not a.tx_hash]
@@ -124,9 +124,7 @@ def test_every_settlement_is_recorded_with_its_evidence(counted_world):
         assert purchase.fulfillment_state == "not_started"
     # One staged execution per paid purchase, none for a failed one.
     staged = OutboxMessage.objects.filter(job="purchase_execute")
-    assert sorted(m.kwargs["purchase_id"] for m in staged) == sorted(
-        a.purchase_id for a in landed
-    )
+    assert sorted(m.kwargs["purchase_id"] for m in staged) == sorted(a.purchase_id for a in landed)
     assert Purchase.objects.filter(payment_state="paid").count() == 25
     assert world.seller_balance() == 25 * world.offering.price
     # A second run finds nothing due and writes nothing twice.
