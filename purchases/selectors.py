@@ -235,12 +235,15 @@ def purchase_search_ids(*, term: str) -> list[int]:
         return []
     lowered = term.lower()
     hex_term = lowered if _HEX.fullmatch(lowered) else None
+    keys = [term, payment_id_hash(term)]
     arms = [
         Purchase.objects.filter(ref=term).values("pk"),
         Purchase.objects.filter(buyer__ref=term).values("pk"),
-        IdempotencyRecord.objects.filter(
-            key__in=[term, payment_id_hash(term)], purchase__isnull=False
-        ).values("purchase_id"),
+        # The payment id lives on the key: its purchase, or the attempt recorded under it.
+        IdempotencyRecord.objects.filter(key__in=keys, purchase__isnull=False).values(
+            "purchase_id"
+        ),
+        PaymentAttempt.objects.filter(idempotency_record__key__in=keys).values("purchase_id"),
     ]
     if hex_term is not None:
         arms += [
