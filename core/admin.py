@@ -72,7 +72,7 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        query = self.object_list
+        query: Any = self.object_list
         if not hasattr(query, "query"):  # a plain list
             return len(query)
         # SELECT COUNT(*) FROM (SELECT id ... LIMIT cap + 1): stops reading at the cap.

@@ -21,6 +21,7 @@ from django.utils import timezone
 from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_typing import Hash32
 from hexbytes import HexBytes
 from web3 import Web3
 
@@ -69,7 +70,7 @@ def _sign(payer: LocalAccount, domain: bytes, fields: tuple[str, str, int, int, 
             [_TRANSFER_TYPEHASH, *fields],
         )
     )
-    digest = Web3.keccak(b"\x19\x01" + domain + struct)
+    digest = Hash32(bytes(Web3.keccak(b"\x19\x01" + domain + struct)))
     return HexBytes(payer.unsafe_sign_hash(digest).signature).to_0x_hex()
 
 

@@ -16,7 +16,6 @@ here or in any service imports `purchases.tasks`.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections import Counter
@@ -55,7 +54,7 @@ _INSERT = (
 _INSERT_MANY = (
     "INSERT INTO purchases_outboxmessage "
     "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
-    "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id, kwargs"
+    "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id"
 )
 
 
@@ -99,10 +98,14 @@ def outbox_stage_many(
     *, job: str, messages: list[tuple[dict[str, Any], str]], now: datetime | None = None
 ) -> list[int]:
     """Stage many `job(**kwargs)` at once, each with its dedup key: one INSERT per
-    RELAY_BATCH, in the caller's transaction, and one relay of them all after the commit.
+    RELAY_BATCH, in the caller's transaction, due at once for the relay loop.
 
-    `messages` holds (kwargs, dedup_key) pairs. Returns the ids staged (a dedup key already
-    waiting is skipped, as in `outbox_stage`). Raises as `outbox_stage` does.
+    For batch jobs (reconciliation), where nobody waits on the answer: they are not sent
+    right after the commit, as `outbox_stage` does for a waiting request (a broker send
+    per message would cost the batch more than all its statements); the relay loop sends
+    them on its next run, in batches. `messages` holds (kwargs, dedup_key) pairs. Returns
+    the ids staged (a dedup key already waiting is skipped, as in `outbox_stage`). Raises
+    as `outbox_stage` does.
     """
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("outbox_stage_many must run inside the transaction of the change")
@@ -110,8 +113,8 @@ def outbox_stage_many(
         raise ValueError(f"unknown outbox job {job!r}")
     now = now_or(now)
     created = _db_value("created_at", now)
-    available = _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"])
-    staged: list[OutboxMessage] = []
+    available = _db_value("available_at", now)
+    staged: list[int] = []
     for start in range(0, len(messages), RELAY_BATCH):
         chunk = messages[start : start + RELAY_BATCH]
         rows = ", ".join(["(%s, %s, %s, %s, %s, 0, '')"] * len(chunk))
@@ -122,23 +125,8 @@ def outbox_stage_many(
         sql = _INSERT_MANY.format(rows=rows)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
-            for message_id, kwargs in cursor.fetchall():
-                loaded = json.loads(kwargs) if isinstance(kwargs, str) else kwargs
-                staged.append(OutboxMessage(pk=message_id, job=job, kwargs=loaded, attempts=0))
-    if staged:
-        transaction.on_commit(partial(_relay_staged_many, staged), robust=True)
-    return [m.pk for m in staged]
-
-
-def _relay_staged_many(messages: list[OutboxMessage]) -> None:
-    """After a bulk staging commit: send them all now, one UPDATE marking the sent ones.
-    Best effort, like `_relay_staged`: what is not sent here the relay loop sends."""
-    now = now_or(None)
-    for start in range(0, len(messages), RELAY_BATCH):
-        if not _send_batch(messages[start : start + RELAY_BATCH], now, Counter()):
-            rest = [m.pk for m in messages[start + RELAY_BATCH :]]
-            OutboxMessage.objects.filter(pk__in=rest).update(available_at=now)
-            return
+            staged += [int(row[0]) for row in cursor.fetchall()]
+    return staged
 
 
 def _db_value(name: str, value: Any) -> Any:

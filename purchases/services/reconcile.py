@@ -105,7 +105,8 @@ def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
             PaymentAttempt.objects.select_for_update(skip_locked=True)
             .filter(rail="x402", state__in=PENDING_STATES, broadcast_started_at__lte=grace_cutoff)
             .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
-            .select_related("purchase__quote")
+            # No join: FOR UPDATE would lock the purchases too, and only a resubmission
+            # (rare) reads the quote, which it then loads.
             .order_by("network", "pk")[:limit]
         )
         PaymentAttempt.objects.filter(pk__in=[row.pk for row in rows]).update(

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from core.actors import Actor
+from core.bulk import bulk_update_columns
 from core.clock import now_or
 from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail
@@ -377,12 +378,8 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
                     moved_purchases[purchase.pk] = purchase
                 if queued:
                     to_execute.append(purchase.pk)
-        PaymentAttempt.objects.bulk_update(
-            moved_attempts.values(), [*OUTCOME_FIELDS, "updated_at"], batch_size=RECORD_CHUNK
-        )
-        Purchase.objects.bulk_update(
-            moved_purchases.values(), _PURCHASE_FIELDS, batch_size=RECORD_CHUNK
-        )
+        bulk_update_columns(moved_attempts.values(), [*OUTCOME_FIELDS, "updated_at"])
+        bulk_update_columns(moved_purchases.values(), _PURCHASE_FIELDS)
         purchase_executions_stage(purchase_ids=to_execute, now=now)
     return left
 

@@ -3,6 +3,8 @@ through the real views, and searches that PostgreSQL answers from an index."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
@@ -101,7 +103,7 @@ def test_purchase_page_is_a_bounded_number_of_queries(
     assert TX_HASH in response.content.decode()
 
 
-def _plan(sql: str, params: list[object]) -> str:
+def _plan(sql: str, params: list[Any]) -> str:
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table would be scanned anyway
         cursor.execute(f"EXPLAIN {sql}", params)
