@@ -4,9 +4,8 @@ For the reconciliation test and benchmark: `landed` attempts whose transfers wer
 (reconciliation finds them confirmed) and `expired` ones whose window closed long ago with
 the nonce unused (it finds them failed). The rows are written in bulk and the transfers sent
 in JSON-RPC batches of raw transactions, so 10,000 take seconds, not minutes: the
-authorizations are signed over the EIP-712 digest computed here once per domain, with the
-key parsed once, and the node sends the relayer's transactions itself (anvil
-impersonation), with consecutive nonces.
+authorizations are signed over the EIP-712 digest computed here once per domain, and the
+relayer transactions locally with consecutive nonces, each key parsed once.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import Any
 import requests
 from django.utils import timezone
 from eth_abi import encode as abi_encode
+from eth_account._utils.signing import sign_transaction_dict
 from eth_account.signers.local import LocalAccount
 from eth_keys.datatypes import PrivateKey
 from hexbytes import HexBytes
@@ -159,8 +159,9 @@ def settlement_backlog_create(
     relayer_nonce = w3.eth.get_transaction_count(relayer.address, "pending")
     gas_price = w3.eth.gas_price
     payer_key = PrivateKey(bytes(payer.key))
+    relayer_key = PrivateKey(bytes(relayer.key))
     attempts: list[PaymentAttempt] = []
-    transactions: list[dict[str, Any]] = []
+    raw_transactions: list[str] = []
     for index, purchase in enumerate(purchases):
         lands = index < landed
         valid_before = open_until if lands else 1_000  # long closed, nonce never used
@@ -180,21 +181,27 @@ def settlement_backlog_create(
                 "nonce": HexBytes(nonce).to_0x_hex(),
             },
         }
+        tx_hash = None
         if lands:
             call = abi_encode(
                 ["address", "address", "uint256", "uint256", "uint256", "bytes32", "bytes"],
                 [*fields, HexBytes(signature)],
             )
-            transaction = {
-                "from": relayer.address,
-                "to": Web3.to_checksum_address(offering.asset),
-                "data": HexBytes(_SELECTOR + call).to_0x_hex(),
-                "gas": hex(TRANSFER_GAS),
-                "gasPrice": hex(gas_price * 2),  # stays above a rising base fee
-                "nonce": hex(relayer_nonce + len(transactions)),
-                "value": "0x0",
-            }
-            transactions.append(transaction)
+            # The key parsed once (eth_account would re-derive its public key per call).
+            _, _, _, encoded = sign_transaction_dict(
+                relayer_key,
+                {
+                    "to": Web3.to_checksum_address(offering.asset),
+                    "data": bytes(_SELECTOR + call),
+                    "gas": TRANSFER_GAS,
+                    "gasPrice": gas_price * 2,  # stays above a rising base fee
+                    "nonce": relayer_nonce + len(raw_transactions),
+                    "chainId": chain_id,
+                    "value": 0,
+                },
+            )
+            raw_transactions.append(HexBytes(encoded).to_0x_hex())
+            tx_hash = Web3.keccak(encoded).to_0x_hex()
         attempts.append(
             PaymentAttempt(
                 purchase=purchase,
@@ -208,23 +215,18 @@ def settlement_backlog_create(
                 authorization_nonce=HexBytes(nonce).to_0x_hex(),
                 valid_before_at=datetime.fromtimestamp(valid_before, tz=UTC),
                 broadcast_started_at=now - timedelta(hours=1),
+                tx_hash=tx_hash,
                 search_from_block=0,
             )
         )
-    # The node sends as the relayer (anvil impersonation): nothing to sign here, and the
-    # hashes come back in order, so the landed attempts (the first ones) get theirs.
-    _rpc_batch(rpc_url, [("anvil_impersonateAccount", [relayer.address])])
-    hashes: list[str] = []
-    for start in range(0, len(transactions), SEND_BATCH):
-        chunk = transactions[start : start + SEND_BATCH]
-        hashes += _rpc_batch(rpc_url, [("eth_sendTransaction", [tx]) for tx in chunk])
-    _rpc_batch(rpc_url, [("anvil_stopImpersonatingAccount", [relayer.address])])
-    for attempt, tx_hash in zip(attempts, hashes, strict=False):
-        attempt.tx_hash = tx_hash.lower()
     PaymentAttempt.objects.bulk_create(attempts, batch_size=2000)
     PaymentAttempt.objects.filter(pk__in=[a.pk for a in attempts]).update(
         state="settlement_pending"
     )
+    hashes: list[str] = []
+    for start in range(0, len(raw_transactions), SEND_BATCH):
+        chunk = raw_transactions[start : start + SEND_BATCH]
+        hashes += _rpc_batch(rpc_url, [("eth_sendRawTransaction", [raw]) for raw in chunk])
     _wait_mined(rpc_url, hashes)
     return Backlog([a.pk for a in attempts], landed, expired)
 
