@@ -384,7 +384,16 @@ def run(scale: Scale) -> list[Figure]:
     return figures
 
 
+def _show(figure: Figure) -> None:
+    print(f"{figure.name}: {figure.median:.2f} (goal {figure.goal or '-'}) {figure.detail}")
+
+
 if __name__ == "__main__":
     chosen = Scale(sys.argv[1]) if len(sys.argv) > 1 else Scale.SMOKE
-    for figure in run(chosen):
-        print(f"{figure.name}: {figure.median:.2f} (goal {figure.goal or '-'}) {figure.detail}")
+    sizes = SIZES[chosen]
+    _setup_django(chosen)
+    _seed(sizes["purchases"])
+    _show(_reconciliation(sizes["settlements"]))  # each figure as soon as it is measured
+    for admin_figure in _admin(sizes["purchases"]):
+        _show(admin_figure)
+    _show(_export(sizes["purchases"], sizes["export_timeout"]))
