@@ -79,7 +79,11 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     state = FSMField(default=State.RECORDED, choices=State.choices, protected=True)
 
     class Meta:
-        indexes = [models.Index(fields=["payer", "authorization_nonce"])]
+        indexes = [
+            models.Index(fields=["payer", "authorization_nonce"]),
+            # Support searches by tx hash on any network (the unique index leads with network).
+            models.Index(fields=["tx_hash"], name="attempt_tx_hash_scale"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["purchase"],

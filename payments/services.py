@@ -272,12 +272,17 @@ def ledger_balances_mismatched() -> list[BalanceMismatch]:
     ]
 
 
+# What recording an outcome writes on the attempt (a bulk writer updates these columns).
+OUTCOME_FIELDS = ("state", "tx_hash", "block_number", "settlement_reference", "reason_code")
+
+
 def payment_attempt_apply_outcome(
-    *, attempt: PaymentAttempt, outcome: SettlementOutcome
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome, save: bool = True
 ) -> Change | None:
     """Move the attempt per the chain's answer. Returns what changed, or None.
 
     Idempotent: a second report of the same outcome writes nothing. Caller holds locks.
+    `save=False` leaves the write of OUTCOME_FIELDS to a caller writing many attempts at once.
     """
     previous = attempt.state
     tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
@@ -296,16 +301,8 @@ def payment_attempt_apply_outcome(
         return None  # still pending for the same reason: nothing new for the timeline
     else:
         attempt.tx_hash, attempt.reason_code = tx_hash, outcome.reason_code
-    attempt.save(
-        update_fields=[
-            "state",
-            "tx_hash",
-            "block_number",
-            "settlement_reference",
-            "reason_code",
-            "updated_at",
-        ]
-    )
+    if save:
+        attempt.save(update_fields=[*OUTCOME_FIELDS, "updated_at"])
     return Change(
         subject="payment_attempt",
         from_state=previous,

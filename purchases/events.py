@@ -44,6 +44,23 @@ def events_batched() -> Iterator[None]:
         _batch.reset(token)
 
 
+@contextmanager
+def events_of_one_row() -> Iterator[None]:
+    """Inside `events_batched`: if the block raises, drop the events it added.
+
+    A bulk recorder works row by row in memory and writes the rows it could process at the
+    end; a row that raised is left to the one-row path, so its events must not be written.
+    """
+    batch = _batch.get()
+    mark = len(batch) if batch is not None else 0
+    try:
+        yield
+    except BaseException:
+        if batch is not None:
+            del batch[mark:]
+        raise
+
+
 def event_record(
     *,
     subject: str,

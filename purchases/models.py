@@ -7,6 +7,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from core.refs import new_ref
@@ -235,6 +236,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         indexes = [
             models.Index(fields=["payment_state", "updated_at"]),
             models.Index(fields=["fulfillment_state", "updated_at"]),
+            # The admin at a million rows: newest first, and search by payer wallet (stored
+            # checksummed or lower-case, matched lower-case).
+            models.Index(fields=["created_at"], name="purchase_created_at_scale"),
+            models.Index(Lower("payer"), name="purchase_payer_lower_scale"),
         ]
         permissions = [
             # Support's case actions (re-check, reconcile, redeliver, propose a refund) ride
@@ -494,6 +499,8 @@ class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
         constraints = [
             models.UniqueConstraint(fields=["scope", "key"], name="unique_payment_id_per_scope"),
         ]
+        # Support searches by payment id whatever its scope.
+        indexes = [models.Index(fields=["key"], name="idempotency_key_scale")]
 
     @transition(field=state, source=State.IN_FLIGHT, target=State.COMPLETED)
     def complete(self, *, status: int, body: Any, headers: dict[str, str], at: Any) -> None:

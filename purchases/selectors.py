@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, Sum
-from django.db.models.functions import TruncDate
+from django.db.models.functions import Lower, TruncDate
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
 
@@ -17,7 +18,8 @@ from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
 from payments.models import PaymentAttempt, Refund
 from purchases.case_file import CaseFacts, EscalationFact, RefundFact
-from purchases.models import Buyer, Escalation, Offering, Purchase, Quote
+from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
+from purchases.services.idempotency import payment_id_hash
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -351,3 +353,42 @@ def dashboard_figures(*, now: datetime, days: int = 14) -> dict[str, Any]:
         "overdue_count": overdue.count(),
         "chart": sorted(chart.items()),
     }
+
+
+_HEX = re.compile(r"0x[0-9a-f]+")
+SEARCH_MATCHES_MAX = 1000
+
+
+def purchase_search_ids(*, term: str) -> list[int]:
+    """The purchases an exact support search names: purchase ref, buyer ref, payment id,
+    transaction hash or payer wallet. One query, each arm an index lookup.
+
+    The term is normalised, not the column: hex (wallets, hashes) is matched lower-case, as
+    stored; refs and payment ids are case-sensitive and matched as typed. A payment id past
+    retention is kept only as its hash, so its hash is looked up too.
+    """
+    term = term.strip()
+    if not term:
+        return []
+    lowered = term.lower()
+    hex_term = lowered if _HEX.fullmatch(lowered) else None
+    keys = [term, payment_id_hash(term)]
+    arms = [
+        Purchase.objects.filter(ref=term).values("pk"),
+        Purchase.objects.filter(buyer__ref=term).values("pk"),
+        # The payment id lives on the key: its purchase, or the attempt recorded under it.
+        IdempotencyRecord.objects.filter(key__in=keys, purchase__isnull=False).values(
+            "purchase_id"
+        ),
+        PaymentAttempt.objects.filter(idempotency_record__key__in=keys).values("purchase_id"),
+    ]
+    if hex_term is not None:
+        arms += [
+            Purchase.objects.alias(payer_lower=Lower("payer"))
+            .filter(payer_lower=hex_term)
+            .values("pk"),
+            PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"),
+        ]
+    first, *rest = arms
+    # UNION (not OR over joins): each arm keeps its own index; no DISTINCT over the table.
+    return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])

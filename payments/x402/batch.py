@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, TypeVar
 
 import requests
@@ -178,6 +179,13 @@ def _quantity(value: Any) -> int:
     return int(value, 16) if isinstance(value, str) else value
 
 
+@lru_cache(maxsize=4096)
+def _checksummed(address: str) -> str:
+    # A keccak per call; a prefetch sees the same few addresses (token, relayer) thousands
+    # of times over.
+    return Web3.to_checksum_address(address)
+
+
 def _decode_block(raw: Any) -> BlockRef:
     return BlockRef(number=_quantity(raw["number"]), timestamp=_quantity(raw["timestamp"]))
 
@@ -189,7 +197,7 @@ def _decode_state(raw: Any) -> bool:
 
 def _decode_log(raw: Any) -> dict[str, Any]:
     return {
-        "address": Web3.to_checksum_address(raw["address"]),
+        "address": _checksummed(raw["address"]),
         "topics": [HexBytes(t).to_0x_hex() for t in raw["topics"]],
         "data": HexBytes(raw["data"]).to_0x_hex(),
         "logIndex": _quantity(raw["logIndex"]),
@@ -210,8 +218,8 @@ def _decode_receipt(raw: Any) -> dict[str, Any] | None:
         "transactionHash": HexBytes(raw["transactionHash"]).to_0x_hex(),
         "status": _quantity(raw["status"]),
         "blockNumber": _quantity(raw["blockNumber"]),
-        "from": Web3.to_checksum_address(raw["from"]),
-        "to": Web3.to_checksum_address(raw["to"]) if raw.get("to") else None,
+        "from": _checksummed(raw["from"]),
+        "to": _checksummed(raw["to"]) if raw.get("to") else None,
         "logs": [_decode_log(log) for log in raw["logs"]],
     }
 

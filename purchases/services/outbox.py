@@ -51,6 +51,12 @@ _INSERT = (
     "VALUES (%s, %s, %s, %s, %s, 0, '') ON CONFLICT DO NOTHING RETURNING id"
 )
 
+_INSERT_MANY = (
+    "INSERT INTO purchases_outboxmessage "
+    "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
+    "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id"
+)
+
 
 def outbox_stage(
     *, job: str, kwargs: dict[str, Any], dedup_key: str | None = None, now: datetime | None = None
@@ -86,6 +92,41 @@ def outbox_stage(
         partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs), robust=True
     )
     return message_id
+
+
+def outbox_stage_many(
+    *, job: str, messages: list[tuple[dict[str, Any], str]], now: datetime | None = None
+) -> list[int]:
+    """Stage many `job(**kwargs)` at once, each with its dedup key: one INSERT per
+    RELAY_BATCH, in the caller's transaction, due at once for the relay loop.
+
+    For batch jobs (reconciliation), where nobody waits on the answer: they are not sent
+    right after the commit, as `outbox_stage` does for a waiting request (a broker send
+    per message would cost the batch more than all its statements); the relay loop sends
+    them on its next run, in batches. `messages` holds (kwargs, dedup_key) pairs. Returns
+    the ids staged (a dedup key already waiting is skipped, as in `outbox_stage`). Raises
+    as `outbox_stage` does.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox_stage_many must run inside the transaction of the change")
+    if job not in settings.OUTBOX_JOBS:
+        raise ValueError(f"unknown outbox job {job!r}")
+    now = now_or(now)
+    created = _db_value("created_at", now)
+    available = _db_value("available_at", now)
+    staged: list[int] = []
+    for start in range(0, len(messages), RELAY_BATCH):
+        chunk = messages[start : start + RELAY_BATCH]
+        rows = ", ".join(["(%s, %s, %s, %s, %s, 0, '')"] * len(chunk))
+        params: list[Any] = []
+        for kwargs, dedup_key in chunk:
+            params += [job, _db_value("kwargs", kwargs), dedup_key, created, available]
+        # Only placeholders are formatted in; the values travel as parameters.
+        sql = _INSERT_MANY.format(rows=rows)
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            staged += [int(row[0]) for row in cursor.fetchall()]
+    return staged
 
 
 def _db_value(name: str, value: Any) -> Any:

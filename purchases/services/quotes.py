@@ -15,6 +15,7 @@ from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from payments.rails import QuoteTerms
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.offerings import offering_stock_release, offering_stock_take
@@ -174,3 +175,15 @@ def quotes_purge_expired_batch(*, expired_before: datetime, batch: int) -> tuple
         events, _ = PurchaseEvent.objects.filter(quote_id__in=ids, purchase__isnull=True).delete()
         quotes, _ = Quote.objects.filter(pk__in=ids).delete()  # PROTECT guards any purchase
     return quotes, events
+
+
+def quote_terms(*, quote: Quote) -> QuoteTerms:
+    """What the quote asks of the payer, as the rails take it."""
+    return QuoteTerms(
+        quote_id=quote.public_id,
+        network=quote.network,
+        asset=quote.asset,
+        amount=quote.price,
+        pay_to=quote.pay_to,
+        duplicate_window_seconds=int(quote.offering.duplicate_window.total_seconds()),
+    )

@@ -34,10 +34,11 @@ from purchases.services.job_runs import job_run
 from purchases.services.offerings import offering_stock_release
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement import (
+    SettlementToRecord,
     purchase_settle_attempt,
-    quote_terms,
     settlement_follow_up,
     settlement_record_outcome,
+    settlement_record_outcomes,
 )
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,8 @@ def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
             PaymentAttempt.objects.select_for_update(skip_locked=True)
             .filter(rail="x402", state__in=PENDING_STATES, broadcast_started_at__lte=grace_cutoff)
             .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
-            .select_related("purchase__quote__offering")
+            # No join: FOR UPDATE would lock the purchases too, and only a resubmission
+            # (rare) reads the quote, which it then loads.
             .order_by("network", "pk")[:limit]
         )
         PaymentAttempt.objects.filter(pk__in=[row.pk for row in rows]).update(
@@ -132,8 +134,9 @@ def _reconcile_network(
         _back_off_all(attempts, now, stats)
         return
     unchanged: dict[str, list[int]] = {}
+    settled: list[SettlementToRecord] = []  # confirmed or failed: recorded in bulk below
+    job = "pending_settlements"
     for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
-        job = "pending_settlements"
         with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
             outcome = settlement_lookup(
                 authorization=authorization,
@@ -144,14 +147,15 @@ def _reconcile_network(
             )
             outcome = settlement_follow_up(
                 attempt=attempt,
-                terms=quote_terms(quote=attempt.purchase.quote),
                 outcome=outcome,
                 now=now,
                 actor=Actor.system("reconciliation"),
             )
             if "resubmission" in outcome.evidence:
                 stats["resubmitted"] += 1
-            if _is_news(attempt, outcome):
+            if outcome.status != SettlementStatus.PENDING:
+                settled.append(SettlementToRecord(attempt.pk, attempt.purchase_id, outcome))
+            elif _is_news(attempt, outcome):
                 _apply(attempt, outcome, now, stats)
             else:
                 unchanged.setdefault(outcome.reason_code, []).append(attempt.pk)
@@ -165,8 +169,31 @@ def _reconcile_network(
         PaymentAttempt.objects.filter(pk__in=ids).update(
             next_check_at=now + RECHECK, unanswered_checks=0, reason_code=reason
         )
+    _record_settled(settled, now, stats)
     stats["rpc_round_trips"] += reader.round_trips
     reader.close()
+
+
+def _record_settled(settled: list[SettlementToRecord], now: datetime, stats: Counter[str]) -> None:
+    """Confirmed and failed outcomes in a few statements per chunk; what the bulk writer
+    leaves (a row it could not process, late money) goes one by one, each row isolated."""
+    left = settlement_record_outcomes(rows=settled, now=now)
+    left_ids = {id(row) for row in left}
+    for row in settled:
+        if id(row) not in left_ids:
+            stats[row.outcome.status.value] += 1
+    for row in left:
+        with row_isolated(
+            stats, "pending_settlements", "attempt", row.attempt_id, row.purchase_id, now
+        ):
+            settlement_record_outcome(
+                attempt_id=row.attempt_id,
+                purchase_id=row.purchase_id,
+                outcome=row.outcome,
+                now=now,
+            )
+            stats[row.outcome.status.value] += 1
+            stats["recorded_one_by_one"] += 1
 
 
 def _readable(
@@ -199,12 +226,8 @@ def _is_news(attempt: PaymentAttempt, outcome: SettlementOutcome) -> bool:
 def _apply(
     attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, stats: Counter[str]
 ) -> None:
-    if outcome.status != SettlementStatus.PENDING:
-        settlement_record_outcome(
-            attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
-        )
-        stats[outcome.status.value] += 1
-    elif outcome.reason_code == "chain_unavailable":
+    """A pending outcome with news: a chain outage, or a newly known transaction."""
+    if outcome.reason_code == "chain_unavailable":
         _back_off(attempt, now, stats)
     else:
         PaymentAttempt.objects.filter(pk=attempt.pk).update(

@@ -31,6 +31,7 @@ from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record
 from purchases.models import Escalation, Purchase, PurchaseEvent
+from purchases.services.quotes import quote_terms
 from purchases.services.remedies import escalation_open
 
 RESUBMITTED = "payment_attempt.resubmitted"
@@ -62,10 +63,10 @@ def payment_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
 def payment_resubmit_if_due(
     *,
     attempt: PaymentAttempt,
-    terms: QuoteTerms,
     outcome: SettlementOutcome,
     now: datetime,
     actor: Actor,
+    terms: QuoteTerms | None = None,
 ) -> SettlementOutcome:
     """Send the same signed payment again if the look-up `outcome` allows it.
 
@@ -86,7 +87,9 @@ def payment_resubmit_if_due(
     number = attempt.resubmissions + 1
     if not _claim(attempt, number, now):
         return outcome  # lost the race: another request or job made this try
-    fresh = PaymentAttempt.objects.get(pk=attempt.pk)
+    fresh = PaymentAttempt.objects.select_related("purchase__quote__offering").get(pk=attempt.pk)
+    # The quote's terms are read only now: most look-ups never resend.
+    terms = terms or quote_terms(quote=fresh.purchase.quote)
     answer = rail.resend(attempt=fresh, terms=terms, now=now)
     _record_try(fresh, described, number, limit, answer, actor)
     return replace(answer, evidence={**answer.evidence, "resubmission": number})

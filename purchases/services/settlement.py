@@ -9,39 +9,36 @@ outcome is recorded after, under the purchase's lock.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from core.actors import Actor
+from core.bulk import bulk_update_columns
 from core.clock import now_or
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
-from payments.services import payment_attempt_apply_outcome
-from purchases.events import event_record_change, events_batched, purchase_transition
-from purchases.models import Purchase, Quote
+from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
+from purchases.events import (
+    event_record_change,
+    events_batched,
+    events_of_one_row,
+    purchase_transition,
+)
+from purchases.models import Purchase
 from purchases.services.late_payments import settlement_unexpected
+from purchases.services.quotes import quote_terms
 from purchases.services.resubmit import payment_resubmit_if_due
-from purchases.services.sweeper import purchase_execution_stage
+from purchases.services.sweeper import purchase_execution_stage, purchase_executions_stage
 
+logger = logging.getLogger(__name__)
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
 TERMINAL_ATTEMPT_STATES = (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED)
-
-
-def quote_terms(*, quote: Quote) -> QuoteTerms:
-    """What the quote asks of the payer, as the rails take it."""
-    return QuoteTerms(
-        quote_id=quote.public_id,
-        network=quote.network,
-        asset=quote.asset,
-        amount=quote.price,
-        pay_to=quote.pay_to,
-        duplicate_window_seconds=int(quote.offering.duplicate_window.total_seconds()),
-    )
 
 
 @dataclass(frozen=True)
@@ -87,10 +84,10 @@ def purchase_settle_attempt(
 def settlement_follow_up(
     *,
     attempt: PaymentAttempt,
-    terms: QuoteTerms,
     outcome: SettlementOutcome,
     now: datetime,
     actor: Actor | None = None,
+    terms: QuoteTerms | None = None,
 ) -> SettlementOutcome:
     """Act on what a look-up found before recording it: send the same signed payment again
     if it never reached the money (bounded, see resubmit), and never believe a revert until
@@ -158,6 +155,127 @@ def settlement_record_outcome(
         if moved:
             purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE
     return purchase, attempt
+
+
+# One transaction per this many rows: its locks and statements, not one per row.
+RECORD_CHUNK = 500
+_PURCHASE_FIELDS = ("payment_state", "fulfillment_state", "paid_at", "reason_code", "updated_at")
+
+
+@dataclass(frozen=True)
+class SettlementToRecord:
+    attempt_id: int
+    purchase_id: int
+    outcome: SettlementOutcome
+
+
+def settlement_record_outcomes(
+    *, rows: list[SettlementToRecord], now: datetime
+) -> list[SettlementToRecord]:
+    """`settlement_record_outcome` for many rows, in statements per chunk rather than per row.
+
+    Each chunk is one transaction: lock its purchases, then its attempts (parent before
+    child, by pk), apply every outcome in memory with the same transitions, then write the
+    attempts, the purchases, the timeline and the staged executions in a few statements.
+    Returns the rows left for the one-row path: a row whose processing raised, an outcome
+    the one-row path handles itself (money landing on an attempt recorded as failed), and
+    every row of a chunk whose writes the database refused (then nothing of it is written).
+    """
+    left: list[SettlementToRecord] = []
+    for start in range(0, len(rows), RECORD_CHUNK):
+        chunk = rows[start : start + RECORD_CHUNK]
+        try:
+            left += _record_chunk(chunk, now)
+        except DatabaseError:
+            logger.exception("bulk recording of %d settlements refused; one by one", len(chunk))
+            left += chunk
+    return left
+
+
+def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[SettlementToRecord]:
+    actor = Actor.system("settlement")
+    left: list[SettlementToRecord] = []
+    with transaction.atomic(), events_batched():
+        purchases = {
+            p.pk: p
+            for p in Purchase.objects.select_for_update(of=("self",))
+            .select_related("offering")
+            .filter(pk__in=[row.purchase_id for row in chunk])
+            .order_by("pk")
+        }
+        attempts = {
+            a.pk: a
+            for a in PaymentAttempt.objects.select_for_update()
+            .filter(pk__in=[row.attempt_id for row in chunk])
+            .order_by("pk")
+        }
+        moved_attempts: dict[int, PaymentAttempt] = {}
+        moved_purchases: dict[int, Purchase] = {}
+        seen_purchases: set[int] = set()
+        to_execute: list[int] = []
+        for row in chunk:
+            attempt, purchase = attempts.get(row.attempt_id), purchases.get(row.purchase_id)
+            if attempt is None or purchase is None or attempt.purchase_id != purchase.pk:
+                left.append(row)
+                continue
+            if purchase.pk in seen_purchases or (
+                attempt.state == PaymentAttempt.State.FAILED
+                and row.outcome.status == SettlementStatus.CONFIRMED
+            ):
+                left.append(row)  # a second attempt of one purchase, or late money: one by one
+                continue
+            seen_purchases.add(purchase.pk)
+            try:
+                with events_of_one_row():
+                    attempt.purchase = purchase
+                    change = payment_attempt_apply_outcome(
+                        attempt=attempt, outcome=row.outcome, save=False
+                    )
+                    event_record_change(purchase=purchase, actor=actor, change=change)
+                    queued = False
+                    if change is not None and change.from_state != change.to_state:
+                        move = _payment_move(purchase, row.outcome, now)
+                        if move is not None:
+                            transition, arguments = move
+                            purchase_transition(
+                                purchase=purchase,
+                                transition=transition,
+                                actor=actor,
+                                arguments=arguments,
+                                evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
+                                save=False,
+                            )
+                        queued = _queue_if_due(purchase, actor)
+            except Exception:
+                logger.exception("settlement of attempt %s left to the one-row path", attempt.pk)
+                # Its in-memory changes are dropped with it: the one-row path reloads both.
+                left.append(row)
+                continue
+            if change is not None:
+                attempt.updated_at = now_or(None)
+                moved_attempts[attempt.pk] = attempt
+                if change.from_state != change.to_state:
+                    purchase.updated_at = attempt.updated_at
+                    moved_purchases[purchase.pk] = purchase
+                if queued:
+                    to_execute.append(purchase.pk)
+        bulk_update_columns(moved_attempts.values(), [*OUTCOME_FIELDS, "updated_at"])
+        bulk_update_columns(moved_purchases.values(), _PURCHASE_FIELDS)
+        purchase_executions_stage(purchase_ids=to_execute, now=now)
+    return left
+
+
+def _queue_if_due(purchase: Purchase, actor: Actor) -> bool:
+    """`purchase_queue_execution_if_due` without the writes; True when it queued."""
+    if (
+        purchase.fulfillment_state != RUN.NOT_STARTED
+        or not purchase.is_payment_sufficient_for_execution()
+    ):
+        return False
+    purchase_transition(
+        purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=False
+    )
+    return True
 
 
 def _payment_move(

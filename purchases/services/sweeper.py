@@ -19,7 +19,7 @@ from core.clock import now_or
 from fulfillment.models import ExecutionAttempt
 from purchases.models import Purchase
 from purchases.services.job_runs import job_run
-from purchases.services.outbox import outbox_stage
+from purchases.services.outbox import outbox_stage, outbox_stage_many
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,16 @@ def purchase_execution_stage(*, purchase_id: int, now: datetime | None = None) -
         dedup_key=f"purchase_execute:{purchase_id}",
         now=now,
     )
+
+
+def purchase_executions_stage(*, purchase_ids: list[int], now: datetime | None = None) -> None:
+    """`purchase_execution_stage` for many purchases: a few INSERTs, one relay after commit."""
+    if purchase_ids:
+        outbox_stage_many(
+            job="purchase_execute",
+            messages=[({"purchase_id": pk}, f"purchase_execute:{pk}") for pk in purchase_ids],
+            now=now,
+        )
 
 
 def purchases_sweep_stalled(*, now: datetime | None = None) -> Counter[str]:
