@@ -246,6 +246,49 @@ ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
 }
 
 
+# Whose move each of those codes leaves and the safe next step, for the runbook
+# (docs/runbook.md is generated from this; tests/test_docs.py keeps it so).
+FINANCE = Owner.FINANCE
+REASON_MOVES: dict[str, tuple[Owner, str]] = {
+    "execution_failed": (FINANCE, "Finance pays the refund back (prepaid: credited at once); "
+                         "with an escalation instead, support decides the remedy."),
+    "execution_outcome_unknown": (SUPPORT, "Reconcile execution now (asks the job service about "
+                                  "the saved job); refund only once the job is known not to "
+                                  "have run."),
+    "settlement_unresolved_reconciliation": (RECON, "Wait; re-check settlement now. Never ask "
+                                             "the buyer to sign again."),
+    "settlement_unresolved_support": (SUPPORT, "Re-check settlement now; look the tx hash up "
+                                      "on the explorer; resolve with what the chain shows."),
+    "settlement_resubmissions_exhausted": (SUPPORT, "Wait for the window to close (then it "
+                                           "fails provably); never re-sign."),
+    "reconciliation_row_failed": (SUPPORT, "Re-check settlement or reconcile execution now; "
+                                  "tell engineering if it fails again."),
+    "late_settlement": (FINANCE, "Finance pays it back and marks it paid with the reference; "
+                        "support tells the buyer."),
+    "duplicate_settlement": (FINANCE, "Finance pays the extra transfer back and marks it paid."),
+    "support_refund": (FINANCE, "Finance approves or declines the proposal."),
+    "support_compensation": (FINANCE, "Finance approves or declines the proposal."),
+    "staff_escalated": (SUPPORT, "The named owner acts by the deadline, then resolves with a "
+                        "reason code."),
+    "duplicate_answered": (NOBODY, "Nothing: the buyer was answered with this purchase."),
+    ErrorCode.QUOTE_ALREADY_PAID.value: (NOBODY, "Nothing: point the buyer at this purchase."),
+    ErrorCode.AUTHORIZATION_IN_USE.value: (BUYER, "The buyer looks this purchase up; never "
+                                           "re-sign blindly."),
+    ErrorCode.QUOTE_EXPIRED.value: (BUYER, "A new quote and a new authorization."),
+    ErrorCode.SPEND_CAP_EXCEEDED.value: (BUYER, "The buyer's owner raises the cap, or waits."),
+    ErrorCode.PAYMENT_FAILED.value: (BUYER, "Read the reason code; a new authorization if the "
+                                     "failure is proven."),
+    ErrorCode.PAYMENT_NOT_COMPLETE.value: (RECON, "Wait for settlement; the buyer asks again."),
+    ErrorCode.EXECUTION_FAILED.value: (SUPPORT, "See the execution's reason and the remedy "
+                                       "linked to it."),
+    ErrorCode.RESULT_EXPIRED.value: (NOBODY, "Point the buyer to the receipt; the result is "
+                                     "gone."),
+    ErrorCode.RETENTION_EXPIRED.value: (NOBODY, "Nothing: the receipt answered it."),
+    ErrorCode.PAYMENT_IN_FLIGHT.value: (BUYER, "The buyer waits Retry-After and retries with "
+                                        "the same payment id."),
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class EscalationFact:
     pk: int
@@ -463,6 +506,8 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         now_.deadline_at = first.deadline_at
         now_.notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
         now_.candidates.extend([Action.RESOLVE, Action.ASSIGN])
+    if now_.deadline_at is None:
+        now_.no_deadline()  # a source with nothing to read (no escalation open) is no deadline
     actions = tuple(a for a in dict.fromkeys(now_.candidates) if _is_safe(a, facts, now))
     reasons = {r.reason_code for r in facts.refunds if r.state != "declined"}
     return Case(
