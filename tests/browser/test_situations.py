@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from devtools.situations import SITUATIONS
-from tests.browser.conftest import BrowserWorld, screenshot
+from tests.browser.conftest import ROOT, BrowserWorld, screenshot
 
 # Timeline events as support reads them: (human label, reason code; "x*" = prefix).
 QUOTE = ("Quote accepted", "")
@@ -124,6 +124,18 @@ UTC_SECONDS = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 
 def test_the_table_covers_every_situation() -> None:
     assert set(EXPECTED) == set(SITUATIONS)
+
+
+def test_the_runbook_names_the_owner_this_table_asserts() -> None:
+    """docs/runbook.md's summary says whose move each situation ends as: the owner asserted
+    on the page here (the last owner named in its row)."""
+    runbook = (ROOT / "docs/runbook.md").read_text()
+    owners = ("buyer", "reconciliation", "support", "finance", "none")
+    for name, expected in EXPECTED.items():
+        row = next(line for line in runbook.splitlines() if f"](#{name})" in line)
+        move = row.split("|")[2]
+        named = [(move.rindex(o), o) for o in owners if o in move]
+        assert max(named)[1] == expected.owner, (name, move)
 
 
 def timeline(page: Any) -> list[tuple[str, str]]:
