@@ -60,7 +60,7 @@ from devtools.situation_steps import (
 from fulfillment.models import ExecutionAttempt, Result
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
-from purchases.models import Purchase
+from purchases.models import IdempotencyRecord, Purchase
 from purchases.services import reconcile
 from purchases.services.buyers import api_key_issue, buyer_create
 from purchases.services.sweeper import purchases_sweep_stalled
@@ -144,6 +144,9 @@ def two_authorizations_for_one_quote(stage: Stage) -> Played:
         if second.status_code not in (200, 202):
             raise SituationFailed(f"second payment: {second.status_code} {second.content!r}")
         attempt = attempt_for(first)
+        # The paid work finishes before the first authorization lands, so the case reads
+        # the same on every run: paid, done, and a duplicate owed back.
+        wait(lambda: fulfillment_state_of(ref_of(attempt)) == "succeeded", 60, "the work")
         broadcast_elsewhere(stage, first)
     reconcile.watch_failed_attempts()  # the beat job's pass, now; its alert follows from beat
     ref = ref_of(attempt)
@@ -235,13 +238,18 @@ def prepaid_balance_too_small(stage: Stage) -> Played:
         reference=f"demo-situation:{buyer.ref}",
     )
     short = Stage(**{**stage.__dict__, "agent_api_key": key, "http": requests.Session()})
-    refused = pay_prepaid(short, quote_open(short, REPORT, report_input()), payment_id("short"))
+    sent_id = payment_id("short")
+    refused = pay_prepaid(short, quote_open(short, REPORT, report_input()), sent_id)
     expect(refused, 402, "insufficient_funds")
     ref = refused.json().get("purchase")
     if ref:
         return played("balance-too-small", ref, stage, "402 insufficient_funds")
-    url = stage.base_url + reverse("admin:purchases_buyer_change", args=[buyer.pk])
-    return Played("balance-too-small", None, url, ["402 insufficient_funds; no purchase kept"])
+    # No purchase is kept: the case is the payment id the buyer sent (its idempotency
+    # record shows the stored refusal and the buyer's balance; docs/admin.md).
+    record = IdempotencyRecord.objects.get(key=sent_id, principal=buyer.ref)
+    url = stage.base_url + reverse("admin:purchases_idempotencyrecord_change", args=[record.pk])
+    notes = [f"402 insufficient_funds; no purchase kept; search the payment id {sent_id}"]
+    return Played("balance-too-small", None, url, notes)
 
 
 def result_after_retention(stage: Stage) -> Played:

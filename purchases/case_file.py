@@ -185,9 +185,16 @@ CASE_TABLE: tuple[Row, ...] = (
     R("failed", ANY, "authorization_used_elsewhere", FAILED_SAY + "The nonce was used by a "
       "transfer that did not pay us.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
-    R("failed", ANY, "facilitator_rejected:*", FAILED_SAY + "The facilitator proved the "
-      "payload can never settle.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+    # A facilitator's refusal proves nothing settled through it, not that the signed
+    # authorization cannot land: anyone holding it may broadcast it until its window closes.
+    R("failed", ANY, "facilitator_rejected:*", "The facilitator refused the payment: nothing "
+      "settled through it. The signed authorization can still land until its window closes; "
+      "a transfer then would be owed back.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
+    # Chosen by the remedy, whatever the purchase's own reason: money did move after all.
+    R("failed", ANY, "late_settlement", "The payment failed, then a transfer for it landed "
+      "anyway: the failure stands and that money goes back to the payer.", BUYER,
+      Deadline.FAILED_FINAL, (Action.ASSIGN,), Finality.FINAL_AT_DEADLINE),
     R("failed", "succeeded", ANY, "The result was delivered on verification, but settlement "
       "failed: the work is unpaid.", SUPPORT, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
@@ -195,6 +202,9 @@ CASE_TABLE: tuple[Row, ...] = (
       "unusable.", NOBODY, Deadline.NONE, (Action.ASSIGN,), Finality.FINAL),
     R("void", ANY, "authorizations_unusable", "Failed for good: every authorization it "
       "received is provably unusable (window closed or nonce used).", NOBODY, Deadline.NONE,
+      (Action.ASSIGN,), Finality.FINAL),
+    R("void", ANY, "late_settlement", "Failed for good, but a transfer for it landed after it "
+      "had failed: that money goes back to the payer.", NOBODY, Deadline.NONE,
       (Action.ASSIGN,), Finality.FINAL),
 )  # fmt: skip
 
@@ -234,6 +244,49 @@ ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
     "the receipt.",
     ErrorCode.PAYMENT_IN_FLIGHT: "A retry arrived while the first request still ran.",
 }
+
+
+# Whose move each of those codes leaves and the safe next step, for the runbook
+# (docs/runbook.md is generated from this; tests/test_docs.py keeps it so).
+FINANCE = Owner.FINANCE
+REASON_MOVES: dict[str, tuple[Owner, str]] = {
+    "execution_failed": (FINANCE, "Finance pays the refund back (prepaid: credited at once); "
+                         "with an escalation instead, support decides the remedy."),
+    "execution_outcome_unknown": (SUPPORT, "Reconcile execution now (asks the job service about "
+                                  "the saved job); refund only once the job is known not to "
+                                  "have run."),
+    "settlement_unresolved_reconciliation": (RECON, "Wait; re-check settlement now. Never ask "
+                                             "the buyer to sign again."),
+    "settlement_unresolved_support": (SUPPORT, "Re-check settlement now; look the tx hash up "
+                                      "on the explorer; resolve with what the chain shows."),
+    "settlement_resubmissions_exhausted": (SUPPORT, "Wait for the window to close (then it "
+                                           "fails provably); never re-sign."),
+    "reconciliation_row_failed": (SUPPORT, "Re-check settlement or reconcile execution now; "
+                                  "tell engineering if it fails again."),
+    "late_settlement": (FINANCE, "Finance pays it back and marks it paid with the reference; "
+                        "support tells the buyer."),
+    "duplicate_settlement": (FINANCE, "Finance pays the extra transfer back and marks it paid."),
+    "support_refund": (FINANCE, "Finance approves or declines the proposal."),
+    "support_compensation": (FINANCE, "Finance approves or declines the proposal."),
+    "staff_escalated": (SUPPORT, "The named owner acts by the deadline, then resolves with a "
+                        "reason code."),
+    "duplicate_answered": (NOBODY, "Nothing: the buyer was answered with this purchase."),
+    ErrorCode.QUOTE_ALREADY_PAID.value: (NOBODY, "Nothing: point the buyer at this purchase."),
+    ErrorCode.AUTHORIZATION_IN_USE.value: (BUYER, "The buyer looks this purchase up; never "
+                                           "re-sign blindly."),
+    ErrorCode.QUOTE_EXPIRED.value: (BUYER, "A new quote and a new authorization."),
+    ErrorCode.SPEND_CAP_EXCEEDED.value: (BUYER, "The buyer's owner raises the cap, or waits."),
+    ErrorCode.PAYMENT_FAILED.value: (BUYER, "Read the reason code; a new authorization if the "
+                                     "failure is proven."),
+    ErrorCode.PAYMENT_NOT_COMPLETE.value: (RECON, "Wait for settlement; the buyer asks again."),
+    ErrorCode.EXECUTION_FAILED.value: (SUPPORT, "See the execution's reason and the remedy "
+                                       "linked to it."),
+    ErrorCode.RESULT_EXPIRED.value: (NOBODY, "Point the buyer to the receipt; the result is "
+                                     "gone."),
+    ErrorCode.RETENTION_EXPIRED.value: (NOBODY, "Nothing: the receipt answered it."),
+    ErrorCode.PAYMENT_IN_FLIGHT.value: (BUYER, "The buyer waits Retry-After and retries with "
+                                        "the same payment id."),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -287,6 +340,9 @@ class Case:
     late_transfer: bool = False
     duplicate_transfer: bool = False
     notes: tuple[str, ...] = field(default=())
+    # When a state that is final at a deadline becomes final: the row's own deadline, kept
+    # when a remedy's owner replaces the deadline shown.
+    final_after_at: datetime | None = None
 
     @property
     def is_final(self) -> bool:
@@ -295,7 +351,7 @@ class Case:
     @property
     def changes_until(self) -> datetime | None:
         """Until when the state can still change, when that is known."""
-        return self.deadline_at if self.finality == Finality.FINAL_AT_DEADLINE else None
+        return self.final_after_at
 
 
 _INDEX = {(r.payment, r.fulfillment, r.reason): r for r in CASE_TABLE}
@@ -366,52 +422,106 @@ def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
     return True
 
 
-def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
-    """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
-    row = case_row(
+LATE = "late_settlement"
+DUPLICATE = "duplicate_settlement"
+
+
+def _row_for(facts: CaseFacts) -> Row:
+    """A late transfer rewrites the story of a failed purchase (money moved after all),
+    whatever reason the failure itself carried; otherwise the purchase's own reason."""
+    late = any(r.reason_code == LATE and r.state != "declined" for r in facts.refunds)
+    failed = facts.payment_state in ("failed", "void")
+    return case_row(
         payment=facts.payment_state,
         fulfillment=facts.fulfillment_state,
-        reason_code=facts.reason_code,
+        reason_code=LATE if late and failed else facts.reason_code,
     )
-    owner, deadline_source = row.owner, row.deadline
-    deadline_at = _deadline(row, facts)
-    notes: list[str] = []
-    candidates = list(row.actions)
+
+
+@dataclass
+class _Now:
+    """The case while the overlays are laid on it."""
+
+    owner: Owner
+    deadline_at: datetime | None
+    deadline_source: Deadline
+    notes: list[str]
+    candidates: list[Action]
+
+    def no_deadline(self) -> None:
+        self.deadline_at, self.deadline_source = None, Deadline.NONE
+
+
+def _transfer_notes(facts: CaseFacts, now_: _Now) -> None:
+    for reason, what in ((LATE, "after it had failed"), (DUPLICATE, "after it was paid")):
+        found = [r for r in facts.refunds if r.reason_code == reason and r.state != "declined"]
+        if found:
+            still_owed = any(r.state in ("proposed", "owed") for r in found)
+            outcome = "that money is owed back" if still_owed else "it was paid back"
+            now_.notes.append(f"A transfer for it landed {what}: {outcome}.")
+
+
+def _remedy_overlay(facts: CaseFacts, now_: _Now) -> None:
+    """Open refunds are finance's, with no deadline (one stays open until a person marks
+    it paid back); a payment refunded in full leaves support nothing to do."""
     proposed = [r for r in facts.refunds if r.state == "proposed"]
     owed = [r for r in facts.refunds if r.state == "owed"]
-    reasons = {r.reason_code for r in facts.refunds}
-    if "late_settlement" in reasons:
-        notes.append("A transfer for it landed after it had failed: that money is owed back.")
-    if "duplicate_settlement" in reasons:
-        notes.append("A second transfer landed for it after it was paid: that is owed back.")
+    paid_back = sum(r.amount for r in facts.refunds if r.state == "paid")
+    _transfer_notes(facts, now_)
     if owed:
-        owner = Owner.FINANCE
-        notes.append(f"{len(owed)} refund(s) owed to the payer: finance pays back.")
+        now_.notes.append(f"{len(owed)} refund(s) owed to the payer: finance pays back.")
     if proposed:
-        owner = Owner.FINANCE
-        notes.append(f"{len(proposed)} refund(s) proposed: not owed until finance approves.")
-        candidates.append(Action.APPROVE_REFUND)
-    if facts.result_delivered_at is not None and owner == Owner.BUYER:
-        owner = Owner.NONE  # the buyer has the result: nobody has a move to make
-        notes.append("The result was delivered to the buyer.")
+        now_.notes.append(f"{len(proposed)} refund(s) proposed: not owed until finance approves.")
+        now_.candidates.append(Action.APPROVE_REFUND)
+    if owed or proposed:
+        now_.owner = Owner.FINANCE
+        now_.no_deadline()
+    elif paid_back >= facts.amount > 0 and now_.owner == Owner.SUPPORT:
+        now_.owner = Owner.NONE
+        now_.notes.append("The payment was refunded in full.")
+
+
+def _result_overlay(facts: CaseFacts, now_: _Now, now: datetime) -> None:
+    expired = facts.result_expires_at is not None and facts.result_expires_at <= now
+    if now_.deadline_source == Deadline.RESULT_RETENTION and expired:
+        now_.no_deadline()  # nothing is left to fetch, so nothing to wait for
+        now_.notes.append("The result's retention has ended: only the receipt remains.")
+        if now_.owner == Owner.BUYER:
+            now_.owner = Owner.NONE
+    if facts.result_delivered_at is not None and now_.owner == Owner.BUYER:
+        now_.owner = Owner.NONE  # the buyer has the result: nobody has a move to make
+        now_.notes.append("The result was delivered to the buyer.")
+
+
+def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
+    """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
+    row = _row_for(facts)
+    row_deadline_at = _deadline(row, facts)
+    now_ = _Now(row.owner, row_deadline_at, row.deadline, [], list(row.actions))
+    _result_overlay(facts, now_, now)
+    _remedy_overlay(facts, now_)
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
-        owner, deadline_source = Owner(first.owner), Deadline.ESCALATION
-        deadline_at = first.deadline_at
-        notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
-        candidates.extend([Action.RESOLVE, Action.ASSIGN])
-    actions = tuple(a for a in dict.fromkeys(candidates) if _is_safe(a, facts, now))
+        now_.owner, now_.deadline_source = Owner(first.owner), Deadline.ESCALATION
+        now_.deadline_at = first.deadline_at
+        now_.notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
+        now_.candidates.extend([Action.RESOLVE, Action.ASSIGN])
+    if now_.deadline_at is None:
+        now_.no_deadline()  # a source with nothing to read (no escalation open) is no deadline
+    actions = tuple(a for a in dict.fromkeys(now_.candidates) if _is_safe(a, facts, now))
+    reasons = {r.reason_code for r in facts.refunds if r.state != "declined"}
     return Case(
         sentence=row.sentence,
-        owner=owner,
-        deadline_at=deadline_at,
-        deadline_source=deadline_source,
+        owner=now_.owner,
+        deadline_at=now_.deadline_at,
+        deadline_source=now_.deadline_source,
         finality=row.finality,
         actions=actions,
         row=row,
-        late_transfer="late_settlement" in reasons,
-        duplicate_transfer="duplicate_settlement" in reasons,
-        notes=tuple(notes),
+        late_transfer=LATE in reasons,
+        duplicate_transfer=DUPLICATE in reasons,
+        notes=tuple(now_.notes),
+        final_after_at=row_deadline_at if row.finality == Finality.FINAL_AT_DEADLINE else None,
     )
 
 

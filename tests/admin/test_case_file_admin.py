@@ -133,7 +133,7 @@ def test_now_box_strip_and_timeline_in_each_state(cases: Cases, support: Client)
         # purchase: (owner, current stage, a phrase of the sentence, actions offered)
         "done": ("buyer", "execute", "Paid and done", {"redeliver_result", "propose_refund"}),
         "pending": ("reconciliation", "settle", "mined", {"recheck_settlement", "assign"}),
-        "late": ("finance", "remedy", "provably failed", {"assign"}),
+        "late": ("finance", "remedy", "landed anyway", {"assign"}),
         "unknown": ("support", "remedy", "may or may not have run", {"resolve"}),
         "stalled": ("reconciliation", "execute", "queued", {"reconcile_execution"}),
     }

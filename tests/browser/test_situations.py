@@ -1,122 +1,164 @@
 """Support opens each of the twelve situations in the admin, in a real browser.
 
-The table below is what support must be able to read from the purchase page. The timeline
-events are asserted on today's page (in order, other events may sit between them). The "Now"
-box (owner, deadline, safe actions) is being built in parallel: its expectations are
-written here and checked as soon as the page carries `data-testid="now-box"`.
+`EXPECTED` is what support must read from the purchase page, by the domain
+(/work/shared/domain.md), not by what the page happens to show: the case file's Now box
+(`purchases/case_file.py`: whose move it is, where its deadline comes from, whether the
+state can still change, the actions safe for support now, words that must be said) and the
+timeline's events by their human labels, in order (other events may sit between them).
+Where the two disagreed the case file was fixed (tests/purchases/test_case_file.py).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from devtools.situations import SITUATIONS
-from tests.browser.conftest import BrowserWorld, screenshot
+from tests.browser.conftest import ROOT, BrowserWorld, screenshot
 
+# Timeline events as support reads them: (human label, reason code; "x*" = prefix).
+QUOTE = ("Quote accepted", "")
 SUCCEEDED = [
-    ("execution_attempt", "running", ""),
-    ("execution_attempt", "succeeded", ""),
-    ("purchase.fulfillment", "succeeded", ""),
+    ("Execution claimed by a worker", ""),
+    ("Execution succeeded", ""),
+    ("Work succeeded, result stored", ""),
 ]
 PREPAID_PAID = [
-    ("quote", "accepted", ""),
-    ("payment_attempt", "succeeded", ""),
-    ("purchase.payment", "paid", ""),
-    ("purchase.fulfillment", "queued", ""),
+    QUOTE,
+    ("Payment settled", ""),
+    ("Payment recorded as paid", ""),
+    ("Work queued", ""),
 ]
 X402_PENDING = [
-    ("quote", "accepted", ""),
-    ("payment_attempt", "recorded", ""),
-    ("purchase.payment", "paying", ""),
-    ("payment_attempt", "settlement_pending", "confirmation_timeout"),
-    ("purchase.payment", "settlement_pending", "confirmation_timeout"),
+    QUOTE,
+    ("Payment recorded", ""),
+    ("Payment started", ""),
+    ("Broadcast, awaiting confirmation", "confirmation_timeout"),
+    ("Settlement pending", "confirmation_timeout"),
 ]
 X402_REFUSED = [
-    ("quote", "accepted", ""),
-    ("payment_attempt", "recorded", ""),
-    ("payment_attempt", "failed", "facilitator_rejected:*"),
-    ("purchase.payment", "failed", "facilitator_rejected:*"),
+    QUOTE,
+    ("Payment recorded", ""),
+    ("Payment attempt failed", "facilitator_rejected:*"),
+    ("Payment failed", "facilitator_rejected:*"),
 ]
+X402_MINED = [("Payment settled", ""), ("Payment recorded as paid", ""), *SUCCEEDED]
+
+# What support may do on a settled, finished purchase whose result is still kept: send it
+# again, propose a goodwill refund (finance decides, nothing moves), or escalate.
+DONE = ("redeliver_result", "propose_refund", "assign")
 
 
 @dataclass(frozen=True)
 class Expected:
-    timeline: list[tuple[str, str, str]]  # (subject, to state, reason code; "x*" = prefix)
-    owner: str | None  # whose move it is: buyer, reconciliation, support, finance; None: final
-    has_deadline: bool
-    actions: tuple[str, ...]  # what support is offered on the page
+    timeline: list[tuple[str, str]]
+    owner: str  # whose move: buyer, reconciliation, support, finance, none
+    deadline: str  # where the deadline comes from (purchases.case_file.Deadline), "none"
+    finality: str  # final, final_at_deadline, open
+    actions: tuple[str, ...]  # exactly what support is offered
+    says: str  # words the Now box must say (sentence and notes)
     page: str = "purchase"
 
 
 EXPECTED: dict[str, Expected] = {
-    "dropped-connection": Expected(PREPAID_PAID + SUCCEEDED, None, False, ()),
-    "settlement-pending": Expected(
-        [*X402_PENDING, ("payment_attempt", "succeeded", ""), ("purchase.payment", "paid", ""),
-         *SUCCEEDED], None, False, ()),
+    # Prepaid, result stored but never fetched: the buyer's move, until retention ends.
+    "dropped-connection": Expected(PREPAID_PAID + SUCCEEDED, "buyer", "result_retention",
+                                   "final", DONE, "Paid and done"),
+    # x402 answers with the result once paid: delivered, nobody has a move.
+    "settlement-pending": Expected(X402_PENDING + X402_MINED, "none", "result_retention",
+                                   "final", DONE, "The result was delivered to the buyer."),
     "dropped-broadcast": Expected(
-        [*X402_PENDING, ("payment_attempt.resubmitted", "", "confirmation_timeout"),
-         ("payment_attempt", "succeeded", ""), ("purchase.payment", "paid", ""), *SUCCEEDED],
-        None, False, ()),
+        [*X402_PENDING, ("Same signed authorization submitted again", "confirmation_timeout"),
+         *X402_MINED], "none", "result_retention", "final", DONE,
+        "The result was delivered to the buyer."),
+    # The window closed with the nonce unused: the buyer pays again with a new
+    # authorization; the failure becomes final at its deadline; nothing is owed.
     "authorization-expired": Expected(
-        [*X402_PENDING, ("payment_attempt", "failed", "authorization_expired_unused"),
-         ("purchase.payment", "failed", "authorization_expired_unused")],
-        "buyer", False, ()),
+        [*X402_PENDING, ("Payment attempt failed", "authorization_expired_unused"),
+         ("Payment failed", "authorization_expired_unused")],
+        "buyer", "failed_final", "final_at_deadline", ("assign",), "nonce unused"),
+    # A duplicate transfer is owed back: finance's move, no deadline (open until marked paid);
+    # support may still redeliver, but not propose a second refund.
     "two-authorizations": Expected(
-        [*X402_REFUSED, ("payment_attempt", "recorded", ""), ("purchase.payment", "paying", ""),
-         ("purchase.payment", "paid", ""), *SUCCEEDED,
-         ("purchase.payment", "paid", "duplicate_settlement"),
-         ("refund", "owed", "duplicate_settlement")],
-        "finance", False, ()),
+        [*X402_REFUSED, ("Payment recorded", ""), ("Payment started", ""),
+         ("Payment recorded as paid", ""), *SUCCEEDED,
+         ("Duplicate transfer for a paid purchase", "duplicate_settlement"),
+         ("Refund owed", "duplicate_settlement")],
+        "finance", "none", "final", ("redeliver_result", "assign"),
+        "landed after it was paid: that money is owed back"),
+    # Refused, then the same authorization landed: the failure stands, the money is owed back.
     "late-transfer": Expected(
-        [*X402_REFUSED, ("purchase.payment", "failed", "late_settlement"),
-         ("refund", "owed", "late_settlement")],
-        "finance", False, ()),
+        [*X402_REFUSED, ("Late transfer landed after the purchase failed", "late_settlement"),
+         ("Refund owed", "late_settlement")],
+        "finance", "none", "final_at_deadline", ("assign",), "landed anyway"),
+    # Failed by policy and credited back at once: nothing is left for anyone to do.
     "execution-failed": Expected(
-        [*PREPAID_PAID, ("execution_attempt", "failed", "invalid_report_input"),
-         ("purchase.fulfillment", "failed", "invalid_report_input"),
-         ("refund", "owed", "execution_failed"), ("refund", "paid", "")],
-        None, False, ()),
+        [*PREPAID_PAID, ("Execution failed", "invalid_report_input"),
+         ("Work failed", "invalid_report_input"), ("Refund owed", "execution_failed"),
+         ("Refund paid back", "")],
+        "none", "none", "final", ("assign",), "The payment was refunded in full."),
+    # Taken over from the job ref, never rerun; the result waits for the buyer.
     "worker-killed": Expected(
-        [*PREPAID_PAID, ("execution_attempt", "running", ""),
-         ("execution_attempt", "running", "lease_expired_taken_over"),
-         ("execution_attempt", "succeeded", ""), ("purchase.fulfillment", "succeeded", "")],
-        None, False, ()),
+        [*PREPAID_PAID, ("Execution claimed by a worker", ""),
+         ("Worker died; execution taken over", "lease_expired_taken_over"),
+         ("Execution succeeded", ""), ("Work succeeded, result stored", "")],
+        "buyer", "result_retention", "final", DONE, "Paid and done"),
     "job-service-down": Expected(
-        [*PREPAID_PAID, ("execution_attempt", "running", "executor_retry"), *SUCCEEDED[1:]],
-        None, False, ()),
-    "payment-id-conflict": Expected(PREPAID_PAID + SUCCEEDED, None, False, ()),
-    "balance-too-small": Expected([], "buyer", False, (), page="buyer"),
-    "result-expired": Expected(PREPAID_PAID + SUCCEEDED, None, False, ()),
+        [*PREPAID_PAID, ("Executor error, retrying", "executor_retry"), *SUCCEEDED[1:]],
+        "buyer", "result_retention", "final", DONE, "Paid and done"),
+    # The original purchase, untouched by the conflicting request.
+    "payment-id-conflict": Expected(PREPAID_PAID + SUCCEEDED, "buyer", "result_retention",
+                                    "final", DONE, "Paid and done"),
+    # No purchase is kept: the payment id's record shows the refusal and the balance.
+    "balance-too-small": Expected([], "buyer", "none", "final", (), "insufficient_funds",
+                                  page="idempotency record"),
+    # Fetched, then kept past retention: only the receipt remains, nothing to redeliver.
+    "result-expired": Expected(PREPAID_PAID + SUCCEEDED, "none", "none", "final",
+                               ("propose_refund", "assign"), "only the receipt remains"),
 }  # fmt: skip
+UTC_SECONDS = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
 
 
 def test_the_table_covers_every_situation() -> None:
     assert set(EXPECTED) == set(SITUATIONS)
 
 
-def timeline(page: Any) -> list[tuple[str, str, str]]:
-    """The timeline inline's rows as (subject, to state, reason code), as support reads them."""
-    rows = page.locator("#events-group tbody tr.form-row")
+def test_the_runbook_names_the_owner_this_table_asserts() -> None:
+    """docs/runbook.md's summary says whose move each situation ends as: the owner asserted
+    on the page here (the last owner named in its row)."""
+    runbook = (ROOT / "docs/runbook.md").read_text()
+    owners = ("buyer", "reconciliation", "support", "finance", "none")
+    for name, expected in EXPECTED.items():
+        row = next(line for line in runbook.splitlines() if f"](#{name})" in line)
+        move = row.split("|")[2]
+        named = [(move.rindex(o), o) for o in owners if o in move]
+        assert max(named)[1] == expected.owner, (name, move)
+
+
+def timeline(page: Any) -> list[tuple[str, str]]:
+    """The case file's timeline as support reads it: (label, reason code) per event, in
+    order; every event is timed to the second in UTC."""
+    rows = page.locator('[data-testid="case-timeline"] [data-testid="case-event"]')
     found = []
     for index in range(rows.count()):
-        row = rows.nth(index)
-        cells = [row.locator(f"td.field-{name}").inner_text().strip()
-                 for name in ("subject", "to_state", "reason_code")]  # fmt: skip
-        found.append(tuple("" if cell == "-" else cell for cell in cells))
-    return found  # type: ignore[return-value]
+        cells = rows.nth(index).locator("td").all_inner_texts()
+        when, label, reason = cells[0].strip(), cells[1].strip(), cells[4].strip()
+        assert UTC_SECONDS.match(when), f"event time {when!r} is not UTC to the second"
+        found.append((label, reason))
+    return found
 
 
-def _matches(event: tuple[str, str, str], wanted: tuple[str, str, str]) -> bool:
+def _matches(event: tuple[str, str], wanted: tuple[str, str]) -> bool:
     return all(
         got.startswith(want[:-1]) if want.endswith("*") else got == want
         for got, want in zip(event, wanted, strict=True)
     )
 
 
-def assert_in_order(events: list[tuple[str, str, str]], wanted: list[tuple[str, str, str]]) -> None:
+def assert_in_order(events: list[tuple[str, str]], wanted: list[tuple[str, str]]) -> None:
     remaining = iter(events)
     for item in wanted:
         assert any(_matches(event, item) for event in remaining), (
@@ -124,19 +166,43 @@ def assert_in_order(events: list[tuple[str, str, str]], wanted: list[tuple[str, 
         )
 
 
+def now_box(page: Any) -> dict[str, Any]:
+    """What the case file's Now box says, read off the page."""
+    box = page.locator('[data-testid="case-now"]')
+    assert box.count() == 1, "every purchase page opens with the case file's Now box"
+    offered = box.locator('[data-testid^="case-action-"]')
+    deadline = box.locator('[data-testid="case-deadline"]')
+    return {
+        "owner": box.locator('[data-testid="case-owner"]').get_attribute("data-owner"),
+        "deadline": deadline.get_attribute("data-deadline-source"),
+        "deadline_text": deadline.inner_text().strip(),
+        "finality": box.locator('[data-testid="case-finality"]').get_attribute("data-finality"),
+        "actions": {
+            (offered.nth(i).get_attribute("data-testid") or "").removeprefix("case-action-")
+            for i in range(offered.count())
+        },
+        "no_actions": box.locator('[data-testid="case-no-actions"]').count() == 1,
+        "text": box.inner_text(),
+    }
+
+
 def assert_now_box(page: Any, expected: Expected) -> None:
-    """The Now box, once the page has one (the lead tightens this after the merge)."""
-    box = page.locator('[data-testid="now-box"]')
-    if box.count() == 0:
-        return
-    owner = box.locator('[data-testid="now-owner"]')
-    if expected.owner is not None:
-        assert expected.owner in owner.inner_text().lower()
-    deadline = box.locator('[data-testid="now-deadline"]')
-    assert (deadline.count() > 0) == expected.has_deadline
-    offered = box.locator('[data-testid^="now-action-"]')
-    names = {offered.nth(i).get_attribute("data-testid") for i in range(offered.count())}
-    assert names == {f"now-action-{action}" for action in expected.actions}
+    seen = now_box(page)
+    assert (seen["owner"], seen["deadline"], seen["finality"]) == (
+        expected.owner,
+        expected.deadline,
+        expected.finality,
+    ), seen
+    assert seen["actions"] == set(expected.actions), seen
+    assert seen["no_actions"] == (not expected.actions)
+    # A deadline is shown in UTC to the second with how far away it is, or as none.
+    if expected.deadline == "none":
+        assert seen["deadline_text"] == "none"
+    else:
+        assert re.match(
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((in|overdue by) ", seen["deadline_text"]
+        )
+    assert expected.says in seen["text"], seen["text"]
 
 
 @pytest.mark.parametrize("name", list(SITUATIONS))
@@ -151,8 +217,12 @@ def test_support_reads_the_situation_from_the_admin(
     if expected.page == "purchase":
         assert played.purchase_ref is not None
         assert played.purchase_ref in page.title()
+        assert_now_box(page, expected)
         assert_in_order(timeline(page), expected.timeline)
     else:
-        assert "View buyer" in page.title()  # no purchase is kept for a refused prepaid try
-    assert_now_box(page, expected)
+        # No purchase is kept for a refused prepaid try: the payment id's record is the case.
+        assert f"View {expected.page}" in page.title()
+        content = page.locator("#content").inner_text()
+        assert expected.says in content
+        assert "0.100000" in content  # the buyer's balance explains the refusal
     screenshot(page, name)

@@ -84,8 +84,10 @@ def test_every_row_gives_its_sentence_owner_deadline_and_finality(row: Row) -> N
     assert case.row == row
     assert case.sentence == row.sentence
     assert case.owner == row.owner
-    assert case.deadline_source == row.deadline
-    assert case.deadline_at == _expected_deadline(row, facts)
+    deadline_at = _expected_deadline(row, facts)
+    assert case.deadline_at == deadline_at
+    # A source with nothing to read (no escalation open yet) is shown as no deadline.
+    assert case.deadline_source == (row.deadline if deadline_at else Deadline.NONE)
     assert case.finality == row.finality
     # Only actions the row offers, and only those safe now.
     assert set(case.actions) <= set(row.actions)
@@ -163,6 +165,66 @@ def test_late_and_duplicate_transfers_show_in_the_header() -> None:
         now=NOW,
     )
     assert duplicate.duplicate_transfer and not duplicate.late_transfer
+
+
+def test_a_late_transfer_on_a_refused_payment_says_money_moved() -> None:
+    refused = case_row(
+        payment="failed", fulfillment="not_started", reason_code="facilitator_rejected:x"
+    )
+    assert "can still land until its window closes" in refused.sentence  # not "can never"
+    owed = RefundFact(1, "owed", "late_settlement", 250_000)
+    facts = _facts(refused, reason_code="facilitator_rejected:invalid_signature", refunds=(owed,))
+    case = purchase_case(facts, now=NOW)
+    assert case.row.reason == "late_settlement"
+    assert "no money moved" not in case.sentence and "landed anyway" in case.sentence
+    # Finance owns it with no deadline; the failure still becomes final when it would.
+    assert (case.owner, case.deadline_at, case.deadline_source) == (
+        Owner.FINANCE,
+        None,
+        Deadline.NONE,
+    )
+    assert case.changes_until == facts.updated_at + facts.failed_final_after
+    assert case.actions == (Action.ASSIGN,)
+    paid_back = purchase_case(replace(facts, refunds=(replace(owed, state="paid"),)), now=NOW)
+    assert paid_back.owner == Owner.BUYER  # it may pay again; nothing is owed any more
+    assert "A transfer for it landed after it had failed: it was paid back." in paid_back.notes
+
+
+def test_a_duplicate_transfer_is_finances_without_the_buyers_deadline() -> None:
+    owed = RefundFact(2, "owed", "duplicate_settlement", 250_000)
+    case = purchase_case(_facts(PAID_DONE, refunds=(owed,)), now=NOW)
+    assert (case.owner, case.deadline_at, case.deadline_source) == (
+        Owner.FINANCE,
+        None,
+        Deadline.NONE,
+    )
+    assert case.actions == (Action.REDELIVER_RESULT, Action.ASSIGN)  # no second proposal
+    assert case.is_final  # the purchase is settled; only the remedy is open
+
+
+def test_failed_work_refunded_in_full_leaves_nobody_a_move() -> None:
+    failed = case_row(payment="paid", fulfillment="failed", reason_code="job_failed")
+    refunded = (RefundFact(1, "paid", "execution_failed", 250_000),)
+    case = purchase_case(_facts(failed, refunds=refunded), now=NOW)
+    assert (case.owner, case.deadline_at, case.deadline_source) == (Owner.NONE, None, Deadline.NONE)
+    assert case.actions == (Action.ASSIGN,)
+    assert "The payment was refunded in full." in case.notes
+    partly = (RefundFact(1, "paid", "support_compensation", 100_000),)
+    assert purchase_case(_facts(failed, refunds=partly), now=NOW).owner == Owner.SUPPORT
+
+
+def test_a_result_past_retention_has_no_deadline_left() -> None:
+    gone = _facts(PAID_DONE, result_expires_at=NOW - timedelta(seconds=1), result_delivered_at=NOW)
+    case = purchase_case(gone, now=NOW)
+    assert (case.owner, case.deadline_at, case.deadline_source) == (
+        Owner.NONE,
+        None,
+        Deadline.NONE,
+    )
+    assert "only the receipt remains" in " ".join(case.notes)
+    assert case.actions == (Action.PROPOSE_REFUND, Action.ASSIGN)  # nothing to redeliver
+    never_fetched = purchase_case(replace(gone, result_delivered_at=None), now=NOW)
+    assert never_fetched.owner == Owner.NONE  # the buyer can no longer fetch it
 
 
 def test_actions_are_offered_only_when_safe() -> None:
