@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
@@ -67,6 +67,38 @@ def event_record(
     else:
         batch.append(event)
     return event
+
+
+def event_note(**event: Any) -> PurchaseEvent:
+    """Append one event about something observed outside any flow (a fetch, a refused
+    request, an alert): in its own short transaction, or the caller's if one is open."""
+    with transaction.atomic():
+        return event_record(**event)
+
+
+def event_table_sql() -> tuple[str, str]:
+    """The timeline's table and its insert columns, quoted, for statements that fold an
+    event INSERT into another one (a data-modifying CTE): `(table, "col, col, ...")`, the
+    columns in the order purchase_id, quote_id, subject, from_state, to_state, actor_type,
+    actor, reason_code, evidence, created_at."""
+    meta = PurchaseEvent._meta
+    quote = connection.ops.quote_name
+    columns = [meta.get_field(name).column for name in _INSERT_FIELDS]
+    return quote(meta.db_table), ", ".join(quote(column) for column in columns)
+
+
+_INSERT_FIELDS = (
+    "purchase",
+    "quote",
+    "subject",
+    "from_state",
+    "to_state",
+    "actor_type",
+    "actor",
+    "reason_code",
+    "evidence",
+    "created_at",
+)
 
 
 def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:
