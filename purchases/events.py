@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
@@ -81,10 +81,15 @@ def event_table_sql() -> tuple[str, str]:
     event INSERT into another one (a data-modifying CTE): `(table, "col, col, ...")`, the
     columns in the order purchase_id, quote_id, subject, from_state, to_state, actor_type,
     actor, reason_code, evidence, created_at."""
-    meta = PurchaseEvent._meta
-    quote = connection.ops.quote_name
-    columns = [meta.get_field(name).column for name in _INSERT_FIELDS]
-    return quote(meta.db_table), ", ".join(quote(column) for column in columns)
+    table = connection.ops.quote_name(PurchaseEvent._meta.db_table)
+    return table, ", ".join(db_column(PurchaseEvent, name) for name in _INSERT_FIELDS)
+
+
+def db_column(model: type[models.Model], field_name: str) -> str:
+    """A model field's column, quoted for raw SQL."""
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, models.Field)
+    return connection.ops.quote_name(str(field.column))
 
 
 _INSERT_FIELDS = (

@@ -18,7 +18,7 @@ from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases import event_subjects as subjects
-from purchases.events import event_note, event_table_sql
+from purchases.events import db_column, event_note, event_table_sql
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 
@@ -101,7 +101,7 @@ def purchase_result_deliver(
         raise DomainError(
             ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
         )
-    _delivery_record(purchase, result, public_id, channel, now)
+    _delivery_record(purchase, result, str(public_id), channel, now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
 
@@ -124,13 +124,11 @@ SELECT %(purchase)s, NULL,
 def _delivery_record(
     purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
 ) -> None:
-    meta = Result._meta
-    quote = connection.ops.quote_name
     events, event_columns = event_table_sql()
     sql = _DELIVERY_SQL.format(
-        results=quote(meta.db_table),
-        first_delivered_at=quote(meta.get_field("first_delivered_at").column),
-        pk=quote(meta.pk.column),
+        results=connection.ops.quote_name(Result._meta.db_table),
+        first_delivered_at=db_column(Result, "first_delivered_at"),
+        pk=db_column(Result, "id"),
         events=events,
         event_columns=event_columns,
     )
@@ -143,7 +141,7 @@ def _delivery_record(
         "receipt": receipt_public_id,
         "first_delivered_at": first.isoformat() if first else now.isoformat(),
     }
-    params = {
+    params: dict[str, Any] = {
         "now": now,
         "result": result.pk,
         "purchase": purchase.pk,

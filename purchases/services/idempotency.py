@@ -31,7 +31,7 @@ from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
-from purchases.events import event_record, event_table_sql
+from purchases.events import db_column, event_record, event_table_sql
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
@@ -193,14 +193,14 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
-        return quote(meta.get_field(name).column)
+        return db_column(IdempotencyRecord, name)
 
     events, event_columns = event_table_sql()
     sql = _KNOWN_NOTED_SQL.format(
         records=quote(meta.db_table),
         purchases=quote(purchase_meta.db_table),
-        ref=quote(purchase_meta.get_field("ref").column),
-        pk=quote(meta.pk.column),
+        ref=db_column(Purchase, "ref"),
+        pk=db_column(IdempotencyRecord, "id"),
         purchase=column("purchase"),
         scope=column("scope"),
         key=column("key"),
@@ -233,7 +233,9 @@ def _purchase_ref(record: IdempotencyRecord) -> str | None:
     if not record.purchase_id:
         return None
     noted = getattr(record, "purchase_ref", None)
-    return str(noted) if noted else record.purchase.ref
+    if noted:
+        return str(noted)
+    return record.purchase.ref if record.purchase else None
 
 
 def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:

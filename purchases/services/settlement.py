@@ -25,6 +25,11 @@ from purchases.events import event_record_change, events_batched, purchase_trans
 from purchases.models import Purchase, Quote
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.resubmit import payment_resubmit_if_due
+from purchases.services.settlement_events import (
+    payment_broadcast_record,
+    settlement_notes_take,
+    settler_answers_record,
+)
 from purchases.services.sweeper import purchase_execution_stage
 
 PAY = Purchase.PaymentState
@@ -115,6 +120,7 @@ def settlement_record_outcome(
     """Lock purchase then attempt, apply the answer to both, queue the work if due.
     Returns both as recorded."""
     actor = Actor.system("settlement")
+    outcome, is_first_broadcast, answers = settlement_notes_take(outcome)
     with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
@@ -123,6 +129,8 @@ def settlement_record_outcome(
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
         attempt.purchase = purchase
+        if is_first_broadcast:
+            _first_broadcast_record(purchase, attempt, outcome, answers, actor)
         if (
             attempt.state == PaymentAttempt.State.FAILED
             and outcome.status == SettlementStatus.CONFIRMED
@@ -158,6 +166,21 @@ def settlement_record_outcome(
         if moved:
             purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE
     return purchase, attempt
+
+
+def _first_broadcast_record(
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    outcome: SettlementOutcome,
+    answers: list[dict[str, Any]],
+    actor: Actor,
+) -> None:
+    """The first broadcast and what the facilitator answered to it, in the recording batch
+    (no statement of their own). Resubmissions are recorded by `resubmit`."""
+    payment_broadcast_record(purchase=purchase, attempt=attempt, outcome=outcome, actor=actor)
+    settler_answers_record(
+        purchase=purchase, attempt=attempt, answers=answers, submission=0, actor=actor
+    )
 
 
 def _payment_move(

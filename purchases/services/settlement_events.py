@@ -1,0 +1,110 @@
+"""What one authorization's way to the money puts on the timeline: its first broadcast, each
+drop a look-up finds, and what the settler's counterpart (a facilitator) answered.
+
+Every event names the attempt, the submission (0: the first broadcast, n: the n-th
+resubmission) and the authorization's payer and nonce, so support can follow one signed
+payment through every send. The rail is never named: it describes itself (`describe`) and
+marks its outcomes (`FIRST_BROADCAST`, `SETTLER_ANSWERS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from core.actors import Actor
+from payments.models import PaymentAttempt
+from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
+from purchases import event_subjects as subjects
+from purchases.events import event_record
+from purchases.models import Purchase, PurchaseEvent
+
+
+def settlement_notes_take(
+    outcome: SettlementOutcome,
+) -> tuple[SettlementOutcome, bool, list[dict[str, Any]]]:
+    """Split an outcome into what the attempt records and what only the timeline shows:
+    (outcome without the marks, was it the first broadcast, the settler's answers)."""
+    evidence = dict(outcome.evidence)
+    is_first = bool(evidence.pop(FIRST_BROADCAST, False))
+    answers = list(evidence.pop(SETTLER_ANSWERS, None) or [])
+    return replace(outcome, evidence=evidence), is_first, answers
+
+
+def payment_broadcast_record(
+    *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
+) -> None:
+    """The first broadcast, with how it went. Inside the caller's locked transaction."""
+    started = attempt.broadcast_started_at
+    event_record(
+        subject=subjects.PAYMENT_BROADCAST,
+        purchase=purchase,
+        actor=actor,
+        reason_code=outcome.reason_code,
+        evidence={
+            "attempt": attempt.pk,
+            "submission": 0,
+            **rail_for(attempt.rail).describe(attempt=attempt),
+            "tx_hash": outcome.tx_hash or attempt.tx_hash or None,
+            "relayer_nonce": attempt.relayer_nonce,
+            "sent_at": started.isoformat() if started else None,
+            "status": outcome.status.value,
+        },
+    )
+
+
+def settler_answers_record(
+    *,
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    answers: list[dict[str, Any]],
+    submission: int,
+    actor: Actor,
+) -> None:
+    """One event per answer (verify, settle) of the submission. Inside the caller's transaction."""
+    for answer in answers:
+        event_record(
+            subject=subjects.FACILITATOR_ANSWERED,
+            purchase=purchase,
+            actor=actor,
+            reason_code=str(answer.get("stage", "")),
+            evidence={"attempt": attempt.pk, "submission": submission, **answer},
+        )
+
+
+def payment_drop_record(
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, actor: Actor
+) -> None:
+    """A look-up found the last submission unknown to the chain, nonce unused: noted once per
+    submission (look-ups repeat while the next try waits its backoff). Its own short
+    transaction, under the purchase's lock. Call with no other transaction open."""
+    submission = attempt.resubmissions
+    with transaction.atomic():
+        purchase = Purchase.objects.select_for_update().get(pk=attempt.purchase_id)
+        if PurchaseEvent.objects.filter(
+            purchase=purchase,
+            subject=subjects.PAYMENT_DROPPED,
+            evidence__attempt=attempt.pk,
+            evidence__submission=submission,
+        ).exists():
+            return
+        last_sent = attempt.resubmitted_at or attempt.broadcast_started_at
+        event_record(
+            subject=subjects.PAYMENT_DROPPED,
+            purchase=purchase,
+            actor=actor,
+            reason_code=outcome.reason_code,
+            evidence={
+                "attempt": attempt.pk,
+                "submission": submission,
+                **rail_for(attempt.rail).describe(attempt=attempt),
+                "tx_hash": attempt.tx_hash or None,
+                "nonce_state": "unused",
+                "tx_known": bool(outcome.evidence.get("tx_known")),
+                "last_sent_at": last_sent.isoformat() if last_sent else None,
+                "looked_up_at": now.isoformat(),
+            },
+        )
