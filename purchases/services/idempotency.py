@@ -153,7 +153,7 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
 _KNOWN_NOTED_SQL = """
 WITH known AS (
     SELECT r.*, p.{ref} AS purchase_ref
-    FROM {records} r LEFT JOIN {purchases} p ON p.{pk} = r.{purchase}
+    FROM {records} r LEFT JOIN {purchases} p ON p.{purchase_pk} = r.{purchase}
     WHERE r.{scope} = %(scope)s AND r.{key} IN (%(key)s, %(hashed)s)
 ), noted AS (
     INSERT INTO {events} ({event_columns})
@@ -189,7 +189,6 @@ SELECT * FROM known
 def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
     """The key's rows (plain and compacted), each with `purchase_ref`, read in one statement
     that also notes the request on the key's purchase: a replay costs no extra statement."""
-    meta, purchase_meta = IdempotencyRecord._meta, Purchase._meta
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -197,10 +196,11 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
 
     events, event_columns = event_table_sql()
     sql = _KNOWN_NOTED_SQL.format(
-        records=quote(meta.db_table),
-        purchases=quote(purchase_meta.db_table),
+        records=quote(IdempotencyRecord._meta.db_table),
+        purchases=quote(Purchase._meta.db_table),
         ref=db_column(Purchase, "ref"),
-        pk=db_column(IdempotencyRecord, "id"),
+        purchase_pk=db_column(Purchase, "id"),
+        pk=column("id"),
         purchase=column("purchase"),
         scope=column("scope"),
         key=column("key"),
