@@ -24,6 +24,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.urls import reverse
+from django.utils import timezone
 from prometheus_client import Counter
 
 from core.actors import AGENT, Actor
@@ -174,7 +175,7 @@ WITH known AS (
             'answered_at', k.{completed_at},
             'answer_status', k.{status}
         ),
-        %(now)s
+        %(created_at)s
     FROM known k
     WHERE k.{purchase} IS NOT NULL AND (
         (k.{key} = %(key)s AND k.{state} = %(completed)s)
@@ -223,7 +224,7 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
         "expired": subjects.PAYMENT_ID_RETENTION_EXPIRED,
         "actor_type": AGENT,
         "completed": IdempotencyRecord.State.COMPLETED,
-        "now": request.now,
+        "created_at": timezone.now(),  # as every event: when written
     }
     return list(IdempotencyRecord.objects.raw(sql, params))
 

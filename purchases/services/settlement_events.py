@@ -9,17 +9,19 @@ marks its outcomes (`FIRST_BROADCAST`, `SETTLER_ANSWERS`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection
+from django.utils import timezone
 
 from core.actors import Actor
 from payments.models import PaymentAttempt
 from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
 from purchases import event_subjects as subjects
-from purchases.events import event_record
+from purchases.events import db_column, event_record, event_table_sql
 from purchases.models import Purchase, PurchaseEvent
 
 
@@ -75,36 +77,55 @@ def settler_answers_record(
         )
 
 
+# Noted once per (attempt, submission): the look-ups that find the same drop while the next
+# try waits its backoff write nothing. One statement, no lock: at a 10 000-row backlog a
+# locked transaction per row would cost minutes (two racing look-ups may both note it).
+_DROP_SQL = """
+INSERT INTO {events} ({event_columns})
+SELECT %(purchase)s, NULL, %(subject)s, '', '', %(actor_type)s, %(actor)s, %(reason)s,
+    %(evidence)s::jsonb, %(created_at)s
+WHERE NOT EXISTS (
+    SELECT 1 FROM {events}
+    WHERE {purchase} = %(purchase)s AND {subject} = %(subject)s
+        AND {evidence} @> %(once)s::jsonb
+)
+"""
+
+
 def payment_drop_record(
     *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, actor: Actor
 ) -> None:
     """A look-up found the last submission unknown to the chain, nonce unused: noted once per
-    submission (look-ups repeat while the next try waits its backoff). Its own short
-    transaction, under the purchase's lock. Call with no other transaction open."""
+    submission (0: the first broadcast). Call with no transaction open (its own statement)."""
     submission = attempt.resubmissions
-    with transaction.atomic():
-        purchase = Purchase.objects.select_for_update().get(pk=attempt.purchase_id)
-        if PurchaseEvent.objects.filter(
-            purchase=purchase,
-            subject=subjects.PAYMENT_DROPPED,
-            evidence__attempt=attempt.pk,
-            evidence__submission=submission,
-        ).exists():
-            return
-        last_sent = attempt.resubmitted_at or attempt.broadcast_started_at
-        event_record(
-            subject=subjects.PAYMENT_DROPPED,
-            purchase=purchase,
-            actor=actor,
-            reason_code=outcome.reason_code,
-            evidence={
-                "attempt": attempt.pk,
-                "submission": submission,
-                **rail_for(attempt.rail).describe(attempt=attempt),
-                "tx_hash": attempt.tx_hash or None,
-                "nonce_state": "unused",
-                "tx_known": bool(outcome.evidence.get("tx_known")),
-                "last_sent_at": last_sent.isoformat() if last_sent else None,
-                "looked_up_at": now.isoformat(),
-            },
-        )
+    last_sent = attempt.resubmitted_at or attempt.broadcast_started_at
+    once = {"attempt": attempt.pk, "submission": submission}
+    evidence = {
+        **once,
+        **rail_for(attempt.rail).describe(attempt=attempt),
+        "tx_hash": attempt.tx_hash or None,
+        "nonce_state": "unused",
+        "tx_known": bool(outcome.evidence.get("tx_known")),
+        "last_sent_at": last_sent.isoformat() if last_sent else None,
+        "looked_up_at": now.isoformat(),
+    }
+    events, event_columns = event_table_sql()
+    sql = _DROP_SQL.format(
+        events=events,
+        event_columns=event_columns,
+        purchase=db_column(PurchaseEvent, "purchase"),
+        subject=db_column(PurchaseEvent, "subject"),
+        evidence=db_column(PurchaseEvent, "evidence"),
+    )
+    params: dict[str, Any] = {
+        "purchase": attempt.purchase_id,
+        "subject": subjects.PAYMENT_DROPPED,
+        "actor_type": actor.type,
+        "actor": actor.name,
+        "reason": outcome.reason_code,
+        "evidence": json.dumps(evidence),
+        "once": json.dumps(once),
+        "created_at": timezone.now(),  # as every event: when written (`now` may be injected)
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
