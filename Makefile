@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 NODE_STAMP := node_modules/.installed-$(shell cat package.json package-lock.json 2>/dev/null | sha256sum | cut -c1-12)
 
-.PHONY: install demo serve test lint typecheck pytest clean
+.PHONY: install demo serve test lint typecheck pytest bench clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ $(NODE_STAMP): package.json package-lock.json
 
 install: $(STAMP) $(NODE_STAMP)
 
+# The browser tests (tests/browser) drive Debian's chromium; playwright never downloads one.
+# CI runs as root on a fresh Debian machine, where apt works.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
 demo: install
 	$(BIN)/python scripts/demo.py
 
@@ -30,6 +37,13 @@ demo: install
 ROLES ?=
 serve: install
 	$(BIN)/python scripts/serve.py $(ROLES)
+
+# One table of every benchmark figure, each a ratio against an anchor measured in the same
+# run (docs/benchmarks.md). Needs DATABASE_URL (PostgreSQL: its server gets a tollbooth_bench
+# database) and REDIS_URL. BENCH_SCALE=smoke: tiny and once, as CI runs it.
+BENCH_SCALE ?= full
+bench: install
+	$(BIN)/python bench/run.py --scale $(BENCH_SCALE) $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -42,7 +56,7 @@ typecheck: install
 # Twice: the whole suite (on PostgreSQL when DATABASE_URL says so), then the races that must
 # also hold on the embedded default, on a file SQLite database as `make demo` uses.
 SQLITE_TEST_URL := sqlite:///$(CURDIR)/var/concurrency.sqlite3
-pytest: install
+pytest: install $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	mkdir -p var
 	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m sqlite_concurrency $(PYTEST_ARGS)

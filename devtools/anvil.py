@@ -76,7 +76,52 @@ def new_mnemonic() -> str:
     return mnemonic
 
 
-class AnvilNode:
+class AnvilRpc:
+    """Control of an anvil node by its RPC URL: the one a test started, or the demo's chain
+    (read from var/demo-chain.json) driven from another process."""
+
+    def __init__(self, rpc_url: str, chain_id: int = 31337) -> None:
+        self.rpc_url = rpc_url
+        self.chain_id = chain_id
+        self._session = requests.Session()
+        self._rpc_ids = itertools.count(1)
+
+    # --- talking to it -------------------------------------------------------------------
+
+    def w3(self) -> Web3:
+        """A new Web3 client for this node."""
+        return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
+
+    def rpc(self, method: str, params: Sequence[Any] = ()) -> Any:
+        """Raw JSON-RPC call (anvil_*, evm_* methods that web3 has no wrapper for)."""
+        body = {"jsonrpc": "2.0", "id": next(self._rpc_ids), "method": method,
+                "params": list(params)}  # fmt: skip
+        reply = self._session.post(self.rpc_url, json=body, timeout=30).json()
+        if "error" in reply:
+            raise AnvilError(f"{method}: {reply['error']}")
+        return reply.get("result")
+
+    def mine(self, blocks: int = 1) -> None:
+        for _ in range(blocks):
+            self.rpc("evm_mine")
+
+    def set_automine(self, enabled: bool) -> None:
+        self.rpc("evm_setAutomine", [enabled])
+
+    def drop_transaction(self, tx_hash: str) -> None:
+        """Remove a pending transaction from the pool, as if the network had lost it."""
+        self.rpc("anvil_dropTransaction", [tx_hash])
+
+    def increase_time(self, seconds: int) -> None:
+        """Move the clock of the next block forward (for validBefore / validAfter)."""
+        self.rpc("evm_increaseTime", [seconds])
+
+    def set_next_block_timestamp(self, timestamp: int) -> None:
+        """The next block (only) carries this time; later ones follow the wall clock again."""
+        self.rpc("evm_setNextBlockTimestamp", [timestamp])
+
+
+class AnvilNode(AnvilRpc):
     """A running anvil process. Use as a context manager, or call stop() yourself."""
 
     def __init__(
@@ -180,33 +225,3 @@ class AnvilNode:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-    # --- talking to it -------------------------------------------------------------------
-
-    def w3(self) -> Web3:
-        """A new Web3 client for this node."""
-        return Web3(Web3.HTTPProvider(self.rpc_url, request_kwargs={"timeout": 30}))
-
-    def rpc(self, method: str, params: Sequence[Any] = ()) -> Any:
-        """Raw JSON-RPC call (anvil_*, evm_* methods that web3 has no wrapper for)."""
-        body = {"jsonrpc": "2.0", "id": next(self._rpc_ids), "method": method,
-                "params": list(params)}  # fmt: skip
-        reply = self._session.post(self.rpc_url, json=body, timeout=30).json()
-        if "error" in reply:
-            raise AnvilError(f"{method}: {reply['error']}")
-        return reply.get("result")
-
-    def mine(self, blocks: int = 1) -> None:
-        for _ in range(blocks):
-            self.rpc("evm_mine")
-
-    def set_automine(self, enabled: bool) -> None:
-        self.rpc("evm_setAutomine", [enabled])
-
-    def drop_transaction(self, tx_hash: str) -> None:
-        """Remove a pending transaction from the pool, as if the network had lost it."""
-        self.rpc("anvil_dropTransaction", [tx_hash])
-
-    def increase_time(self, seconds: int) -> None:
-        """Move the clock of the next block forward (for validBefore / validAfter)."""
-        self.rpc("evm_increaseTime", [seconds])

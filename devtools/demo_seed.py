@@ -21,6 +21,7 @@ from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
 from purchases.services.buyers import api_key_issue, buyer_create
+from purchases.services.offerings import offering_update
 
 DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
 DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"
@@ -65,6 +66,17 @@ OFFERINGS: list[dict[str, Any]] = [
         "input_schema": REPORT_INPUT_SCHEMA,
     },
 ]
+
+
+def _offering_ensure(spec: dict[str, Any], *, asset: str, network: str, pay_to: str) -> None:
+    """Create the offering once; later runs keep what staff edited in the admin (price,
+    stock, retention...) and move only where it is paid: each run deploys a new token."""
+    chain_facts = {"asset": asset, "network": network, "pay_to": pay_to}
+    existing = Offering.objects.filter(slug=spec["slug"]).first()
+    if existing is None:
+        Offering.objects.create(**spec, **chain_facts, result_retention=timedelta(days=7))
+    else:
+        offering_update(offering_id=existing.pk, changes=chain_facts)
 
 
 def _credentials_path() -> Path:
@@ -117,16 +129,7 @@ def demo_seed(
     path = _credentials_path()
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for spec in OFFERINGS:
-        Offering.objects.update_or_create(
-            slug=spec["slug"],
-            defaults={
-                **spec,
-                "asset": asset,
-                "network": network,
-                "pay_to": pay_to,
-                "result_retention": timedelta(days=7),
-            },
-        )
+        _offering_ensure(spec, asset=asset, network=network, pay_to=pay_to)
     wallets = wallets or {}
     agents = [
         _agent(name, funds, asset, saved, wallets.get(name))

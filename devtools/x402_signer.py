@@ -21,8 +21,10 @@ def payment_signature_for(
     payment_id: str,
     *,
     chain_id: int,
+    valid_before: int | None = None,
 ) -> str:
-    """Sign the first `accepts` entry and echo the payment-identifier extension with our id."""
+    """Sign the first `accepts` entry and echo the payment-identifier extension with our id.
+    `valid_before` shortens the window (the demo's closed-window situation)."""
     required = decode_payment_required_header(required_header)
     if not isinstance(required, PaymentRequired):
         raise ValueError("only x402 v2 PAYMENT-REQUIRED is supported")
@@ -38,7 +40,7 @@ def payment_signature_for(
         value=int(requirement.amount),
         valid_after=0,
         # Valid exactly as long as the seller asked: long enough to settle, no longer.
-        valid_before=int(time.time()) + requirement.max_timeout_seconds,
+        valid_before=valid_before or int(time.time()) + requirement.max_timeout_seconds,
     )
     payload = PaymentPayload(
         x402_version=2,

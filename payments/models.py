@@ -174,8 +174,11 @@ class Refund(ConcurrentTransitionMixin, models.Model):
         PAY_BACK = "pay_back", "Owed back to the payer (finance pays it)"
 
     class State(models.TextChoices):
+        # Proposed by support: not owed until finance approves it.
+        PROPOSED = "proposed"
         OWED = "owed"
         PAID = "paid"
+        DECLINED = "declined"
 
     purchase = models.ForeignKey(
         "purchases.Purchase", on_delete=models.PROTECT, related_name="refunds"
@@ -195,6 +198,11 @@ class Refund(ConcurrentTransitionMixin, models.Model):
     paid_reference = models.CharField(max_length=200, blank=True)
     paid_by = models.CharField(max_length=150, blank=True)
     paid_at = models.DateTimeField(null=True, blank=True)
+    # A staff proposal (refund or compensation) and finance's decision on it.
+    note = models.TextField(blank=True)
+    proposed_by = models.CharField(max_length=150, blank=True)
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
     # Set once people were told. A sender claims the alert first (so two never both send
     # it); a claim older than the alert lease is a crashed sender's, and is sent again.
     alert_claimed_at = models.DateTimeField(null=True, blank=True)
@@ -208,6 +216,17 @@ class Refund(ConcurrentTransitionMixin, models.Model):
                 fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"
             ),
         ]
+        permissions = [("approve_refund", "Can approve or decline a proposed refund")]
+
+    @transition(field=state, source=State.PROPOSED, target=State.OWED)
+    def approve(self, *, by: str, at: Any) -> None:
+        self.decided_by = by
+        self.decided_at = at
+
+    @transition(field=state, source=State.PROPOSED, target=State.DECLINED)
+    def decline(self, *, by: str, at: Any) -> None:
+        self.decided_by = by
+        self.decided_at = at
 
     @transition(field=state, source=State.OWED, target=State.PAID)
     def mark_paid(self, *, reference: str, by: str, at: Any) -> None:

@@ -25,16 +25,19 @@ def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | N
     )
 
 
-def payment_reference_of_purchase() -> Subquery:
-    """For annotating a purchase query (`OuterRef("pk")`): the transaction reference of its
-    settled attempt (the first), else of its live one (the latest). One query, not two."""
+def payment_evidence_of_purchase() -> dict[str, Subquery]:
+    """For annotating a purchase query (`OuterRef("pk")`): the transaction reference and the
+    network of its settled attempt (the first), else of its live one (the latest). One
+    query, not two: `payment_reference`, `payment_network`."""
     is_settled = Q(state=PaymentAttempt.State.SUCCEEDED)
-    attempts = (
-        PaymentAttempt.objects.filter(purchase_id=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES)
-        .order_by(
-            Case(When(is_settled, then=Value(0)), default=Value(1)),
-            Case(When(is_settled, then=F("pk")), default=-F("pk")),
-        )
-        .values(reference=Coalesce(NullIf("tx_hash", Value("")), "settlement_reference"))
+    attempts = PaymentAttempt.objects.filter(
+        purchase_id=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES
+    ).order_by(
+        Case(When(is_settled, then=Value(0)), default=Value(1)),
+        Case(When(is_settled, then=F("pk")), default=-F("pk")),
     )
-    return Subquery(attempts[:1])
+    reference = Coalesce(NullIf("tx_hash", Value("")), "settlement_reference")
+    return {
+        "payment_reference": Subquery(attempts.values(reference=reference)[:1]),
+        "payment_network": Subquery(attempts.values("network")[:1]),
+    }

@@ -20,6 +20,7 @@ from payments.models import (
     LedgerBalance,
     LedgerEntry,
     PaymentAttempt,
+    Rail,
     Refund,
 )
 from payments.x402.types import SettlementOutcome, SettlementStatus
@@ -162,6 +163,88 @@ def refund_mark_paid(
         evidence={"refund": refund.pk, "reference": reference},
     )
     return refund, change
+
+
+def refund_propose(
+    *,
+    attempt: PaymentAttempt,
+    amount: int,
+    reason_code: str,
+    proposed_by: str,
+    note: str,
+) -> tuple[Refund, Change | None]:
+    """A staff proposal to return money (the whole payment, or a compensation up to it).
+
+    Nothing is owed and nothing is credited until finance approves (`refund_approve`).
+    Idempotent per (payment, reason): a second proposal returns the first and no change.
+    Raises ValueError for an amount outside 1..the payment's amount.
+    """
+    if not 0 < amount <= attempt.amount:
+        raise ValueError(f"the amount must be between 1 and {attempt.amount} atomic units")
+    existing = Refund.objects.filter(payment_attempt=attempt, reason_code=reason_code).first()
+    if existing:
+        return existing, None
+    refund = Refund.objects.create(
+        purchase_id=attempt.purchase_id,
+        payment_attempt=attempt,
+        method=Refund.Method.LEDGER_CREDIT
+        if attempt.rail == Rail.PREPAID
+        else Refund.Method.PAY_BACK,
+        amount=amount,
+        asset=attempt.asset,
+        network=attempt.network,
+        payer=attempt.payer,
+        reason_code=reason_code,
+        transaction=attempt.tx_hash or "",
+        state=Refund.State.PROPOSED,
+        note=note,
+        proposed_by=proposed_by,
+    )
+    change = Change(
+        subject="refund",
+        to_state=refund.state,
+        reason_code=reason_code,
+        evidence={"refund": refund.pk, "amount": str(amount), "note": note},
+    )
+    return refund, change
+
+
+def refund_decide(
+    *, refund_id: int, approve: bool, by: str, buyer_id: int | None, now: datetime
+) -> tuple[Refund, list[Change]]:
+    """Finance's decision on a proposed refund: approved, it is owed (prepaid: credited to
+    the balance and paid at once); declined, nothing moves. A decided refund is returned
+    unchanged with no changes."""
+    with transaction.atomic():
+        refund = Refund.objects.select_for_update().get(pk=refund_id)
+        if refund.state != Refund.State.PROPOSED:
+            return refund, []
+        (refund.approve if approve else refund.decline)(by=by, at=now)
+        refund.save(update_fields=["state", "decided_by", "decided_at"])
+        changes = [
+            Change(
+                subject="refund",
+                from_state=Refund.State.PROPOSED,
+                to_state=refund.state,
+                reason_code=refund.reason_code,
+                evidence={"refund": refund.pk, "amount": str(refund.amount)},
+            )
+        ]
+        if approve and refund.method == Refund.Method.LEDGER_CREDIT and buyer_id is not None:
+            entry = ledger_credit(
+                buyer_id=buyer_id,
+                asset=refund.asset,
+                amount=refund.amount,
+                kind=LedgerEntry.Kind.REFUND_CREDIT,
+                reference=f"refund:{refund.pk}",
+                purchase_id=refund.purchase_id,
+                memo=refund.reason_code,
+            )
+            refund, paid = refund_mark_paid(
+                refund_id=refund.pk, reference=entry.reference, by=by, now=now
+            )
+            changes.extend([paid] if paid else [])
+    return refund, changes
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,14 @@ from core.actors import Actor
 from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
 
+# The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
+PURCHASE_TRANSITION_SUBJECTS = {
+    "payment_state": "purchase.payment",
+    "fulfillment_state": "purchase.fulfillment",
+}
+# Plain fields a Purchase transition may assign besides its state.
+_TRANSITION_FIELDS = ("reason_code", "paid_at")
+
 # Events of one flow, written in one INSERT when the flow ends (inside its transaction).
 _batch: ContextVar[list[PurchaseEvent] | None] = ContextVar("purchase_events_batch", default=None)
 
@@ -143,17 +151,22 @@ def purchase_transition(
             f"{getattr(purchase, field.name)}"
         )
     previous = getattr(purchase, field.name)
+    before = {name: getattr(purchase, name) for name in _TRANSITION_FIELDS}
     transition(**(arguments or {}))
-    moved = [field.name, *update_fields]
+    # Whatever the transition assigned is saved, asked for or not: a reason code set (or
+    # cleared) in memory and not written would leave the old state's reason on the row.
+    changed = [name for name in _TRANSITION_FIELDS if getattr(purchase, name) != before[name]]
+    fields = dict.fromkeys([field.name, *update_fields, *changed])
+    moved = list(fields)
     if save:
         purchase.save(update_fields=[*moved, "updated_at"])
     event_record(
-        subject=f"purchase.{field.name.removesuffix('_state')}",
+        subject=PURCHASE_TRANSITION_SUBJECTS[field.name],
         purchase=purchase,
         actor=actor,
         from_state=previous,
         to_state=getattr(purchase, field.name),
-        reason_code=purchase.reason_code if "reason_code" in update_fields else "",
+        reason_code=purchase.reason_code if "reason_code" in fields else "",
         evidence=evidence,
     )
     return moved

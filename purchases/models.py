@@ -236,6 +236,11 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["payment_state", "updated_at"]),
             models.Index(fields=["fulfillment_state", "updated_at"]),
         ]
+        permissions = [
+            # Support's case actions (re-check, reconcile, redeliver, propose a refund) ride
+            # on this; each still runs only when the purchase's state makes it safe.
+            ("act_on_purchase", "Can run support actions on a purchase"),
+        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.ref:
@@ -374,6 +379,13 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolved_by = models.CharField(max_length=150, blank=True)
     resolution = models.TextField(blank=True)
+    # Why it was closed, from a fixed list (purchases.case_file.RESOLUTION_CODES), so closed
+    # cases can be counted; `resolution` keeps the words.
+    resolution_code = models.CharField(max_length=64, blank=True)
+    # The last staff hand-over: who assigned the current owner and deadline, and why.
+    note = models.TextField(blank=True)
+    assigned_by = models.CharField(max_length=150, blank=True)
+    assigned_at = models.DateTimeField(null=True, blank=True)
     # Told to a person once (see purchases/services/alerts.py): claimed, then delivered.
     alert_claimed_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)
@@ -389,10 +401,11 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
         ]
 
     @transition(field=state, source=State.OPEN, target=State.RESOLVED)
-    def resolve(self, *, by: str, resolution: str, at: Any) -> None:
+    def resolve(self, *, by: str, resolution: str, at: Any, code: str = "") -> None:
         self.resolved_by = by
         self.resolution = resolution
         self.resolved_at = at
+        self.resolution_code = code
 
     def __str__(self) -> str:
         return f"{self.purchase.ref}: {self.reason_code} -> {self.owner}"

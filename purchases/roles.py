@@ -17,9 +17,13 @@ FINANCE_PERMISSIONS = (
     # A refund is explained from its purchase's timeline and the payment it returns.
     ("purchases", "view_purchaseevent"),
     ("payments", "view_paymentattempt"),
+    ("payments", "approve_refund"),  # a refund support proposes is owed only once approved
 )
 
-SUPPORT_EXTRA_PERMISSIONS = (("purchases", "change_escalation"),)  # "Resolve" rides on this
+SUPPORT_EXTRA_PERMISSIONS = (
+    ("purchases", "change_escalation"),  # "Resolve" and "Assign or escalate" ride on this
+    ("purchases", "act_on_purchase"),  # re-check, reconcile, redeliver, propose a refund
+)
 
 
 def _permissions(pairs: tuple[tuple[str, str], ...]) -> list[Permission]:

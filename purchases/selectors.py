@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.db.models.functions import TruncDate
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
 
@@ -12,7 +16,8 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from payments import selectors as payment_selectors
 from payments.models import PaymentAttempt, Refund
-from purchases.models import Buyer, Escalation, Purchase, Quote
+from purchases.case_file import CaseFacts, EscalationFact, RefundFact
+from purchases.models import Buyer, Escalation, Offering, Purchase, Quote
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -83,7 +88,12 @@ def _delivery_state(purchase: Purchase, now: datetime) -> str:
 
 
 def _remedy(purchase: Purchase) -> dict[str, Any]:
-    refunds = payment_selectors.refunds_for_purchase(purchase_id=purchase.pk)
+    # A staff proposal is nothing to the buyer until finance approves it.
+    refunds = [
+        r
+        for r in payment_selectors.refunds_for_purchase(purchase_id=purchase.pk)
+        if r.state in (Refund.State.OWED, Refund.State.PAID)
+    ]
     escalations = list(purchase.escalations.order_by("pk"))
     open_escalations = [e for e in escalations if e.state == Escalation.State.OPEN]
     if open_escalations:
@@ -212,4 +222,132 @@ def quote_representation(*, quote: Quote) -> dict[str, Any]:
         "state": quote.state,
         "expires_at": quote.expires_at.isoformat(),
         "links": {"purchase": reverse("api:quote-purchase", kwargs={"public_id": quote.public_id})},
+    }
+
+
+def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
+    """What the case file's "Now" is derived from (purchases.case_file.purchase_case)."""
+    attempts = list(purchase.payment_attempts.order_by("pk"))
+    pending = [
+        a
+        for a in attempts
+        if a.state in (PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
+    ]
+    # A fresh attempt not yet broadcast belongs to the paying request for the grace period;
+    # after it (or once broadcast) a look-up from anywhere is safe.
+    grace_cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
+    look_up_safe = [a for a in pending if a.broadcast_started_at or a.created_at <= grace_cutoff]
+    windows = [a.valid_before_at for a in attempts if a.valid_before_at]
+    live_execution = purchase.execution_attempts.filter(state="running").first()
+    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
+    open_escalations = purchase.escalations.filter(state=Escalation.State.OPEN).order_by("pk")
+    # While a settlement is pending, reconciliation keeps the attempt's reason current (the
+    # purchase's is the one it was parked with): the case reads the fresher one.
+    reason_code = (pending[-1].reason_code if pending else "") or purchase.reason_code
+    return CaseFacts(
+        payment_state=str(purchase.payment_state),
+        fulfillment_state=str(purchase.fulfillment_state),
+        reason_code=reason_code,
+        rail=purchase.rail,
+        amount=purchase.amount,
+        updated_at=purchase.updated_at,
+        quote_expires_at=purchase.quote.expires_at,
+        failed_final_after=settings.TOLLBOOTH["FAILED_FINAL_AFTER"],
+        sweep_grace=settings.TOLLBOOTH["SWEEP_GRACE"],
+        has_pending_attempt=bool(look_up_safe),
+        next_check_at=pending[-1].next_check_at if pending else None,
+        valid_before_at=max(windows) if windows else None,
+        lease_expires_at=live_execution.lease_expires_at if live_execution else None,
+        result_expires_at=result.expires_at if result else None,
+        result_delivered_at=result.first_delivered_at if result else None,
+        escalations=tuple(
+            EscalationFact(e.pk, e.owner, e.reason_code, e.deadline_at) for e in open_escalations
+        ),
+        refunds=tuple(
+            RefundFact(r.pk, r.state, r.reason_code, r.amount)
+            for r in payment_selectors.refunds_for_purchase(purchase_id=purchase.pk)
+        ),
+    )
+
+
+# --- the back-office dashboard ------------------------------------------------------------
+OUTCOMES = ("done", "in_progress", "payment_failed", "work_failed", "work_unknown")
+
+
+def purchase_outcome(*, payment_state: str, fulfillment_state: str) -> str:
+    """One word per purchase for the dashboard chart."""
+    if payment_state in (PAY.FAILED, PAY.VOID):
+        return "payment_failed"
+    if fulfillment_state == RUN.FAILED:
+        return "work_failed"
+    if fulfillment_state == RUN.UNKNOWN:
+        return "work_unknown"
+    if payment_state == PAY.PAID and fulfillment_state == RUN.SUCCEEDED:
+        return "done"
+    return "in_progress"
+
+
+def dashboard_figures(*, now: datetime, days: int = 14) -> dict[str, Any]:
+    """What support and finance look at first: the oldest pending settlement, unknown
+    executions, refunds owed per asset, overdue escalations, purchases by outcome per day."""
+    pending = (
+        PaymentAttempt.objects.filter(
+            state__in=(PaymentAttempt.State.RECORDED, PaymentAttempt.State.SETTLEMENT_PENDING)
+        )
+        .select_related("purchase")
+        .order_by("created_at", "pk")
+    )
+    owed = (
+        Refund.objects.filter(state=Refund.State.OWED)
+        .values("asset")
+        .annotate(total=Sum("amount"), count=Count("pk"))
+        .order_by("asset")
+    )
+    units = {o.asset: (o.asset_symbol, o.asset_decimals) for o in Offering.objects.all()}
+    overdue = (
+        Escalation.objects.filter(state=Escalation.State.OPEN, deadline_at__lt=now)
+        .select_related("purchase")
+        .order_by("deadline_at", "pk")
+    )
+    since = (now - timedelta(days=days - 1)).date()
+    per_day = (
+        Purchase.objects.filter(created_at__date__gte=since)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "payment_state", "fulfillment_state")
+        .annotate(count=Count("pk"))
+    )
+    chart: dict[Any, dict[str, int]] = {
+        since + timedelta(days=i): dict.fromkeys(OUTCOMES, 0) for i in range(days)
+    }
+    for row in per_day:
+        outcome = purchase_outcome(
+            payment_state=row["payment_state"], fulfillment_state=row["fulfillment_state"]
+        )
+        chart.setdefault(row["day"], dict.fromkeys(OUTCOMES, 0))[outcome] += row["count"]
+    return {
+        "oldest_pending": pending.first(),
+        "pending_count": pending.count(),
+        "unknown_executions": list(
+            Purchase.objects.filter(fulfillment_state=RUN.UNKNOWN).order_by("updated_at")[:20]
+        ),
+        "unknown_count": Purchase.objects.filter(fulfillment_state=RUN.UNKNOWN).count(),
+        "refunds_owed": [
+            {
+                "asset": row["asset"],
+                "symbol": units.get(row["asset"], ("", 6))[0],
+                "amount": Decimal(row["total"]).scaleb(-units.get(row["asset"], ("", 6))[1]),
+                "atomic": row["total"],
+                "count": row["count"],
+            }
+            for row in owed
+        ],
+        # Proposed by support, waiting for finance's decision on the purchase page.
+        "refunds_proposed": list(
+            Refund.objects.filter(state=Refund.State.PROPOSED)
+            .select_related("purchase")
+            .order_by("created_at", "pk")[:20]
+        ),
+        "overdue_escalations": list(overdue[:20]),
+        "overdue_count": overdue.count(),
+        "chart": sorted(chart.items()),
     }

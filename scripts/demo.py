@@ -2,6 +2,11 @@
 API + admin (under gunicorn, as production does), a Celery worker with beat and the external
 job service, all on embedded defaults. Ctrl-C stops every process it started.
 
+A process that dies is announced in one line and restarted (devtools/supervisor.py), unless
+DEMO_RESTART=never. On the running demo, from another terminal:
+    demo.py status | kill NAME | stop NAME | start NAME     (NAME: web, worker, jobservice)
+`kill` crashes it (SIGKILL) to rehearse a restart; `stop` keeps it down until `start`.
+
 The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
 and every paid URL are printed and written to var/demo-chain.json, so any x402 client
 can try it at once. With X402_FACILITATOR_URL set, settlement goes through it.
@@ -30,7 +35,15 @@ VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
 BUYER_FUNDS = 100 * 10**6  # 100 test USDC per demo wallet
+DEMO_ALERTS_TO = "Demo support:support@demo.invalid"
 sys.path.insert(0, str(ROOT))
+
+from devtools.supervisor import (  # noqa: E402 -- needs ROOT on the path
+    ProcessSpec,
+    Supervisor,
+    control_main,
+    restart_policy_from_env,
+)
 
 
 def manage(*args: str, capture: bool = False) -> str:
@@ -38,28 +51,6 @@ def manage(*args: str, capture: bool = False) -> str:
         [PYTHON, "manage.py", *args], cwd=ROOT, check=True, text=True, capture_output=capture
     )
     return result.stdout if capture else ""
-
-
-def spawn(name: str, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = (VAR / "logs" / f"{name}.log").open("ab")
-    # Own process group, so stopping it also stops whatever it forked (celery pool, beat).
-    return subprocess.Popen(
-        args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-
-
-def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
-    for process in processes.values():
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for name, process in processes.items():
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            print(f"  {name} did not stop in time; killing it")
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def start_chain() -> tuple[Any, dict[str, Any]]:
@@ -126,17 +117,24 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
     print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
     print(f"           {PYTHON} scripts/demo_agent.py --x402 {base}   (x402 on the local chain)")
+    print(f"  Alerts         mail to DJANGO_ADMINS, printed in {VAR / 'logs'}/worker.log (console")
+    print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
+    print("                 TOLLBOOTH_ALERT_WEBHOOK_URL adds a webhook")
+    restart = "restarted" if restart_policy_from_env() else "left down (DEMO_RESTART=never)"
+    print(f"  Processes      web, worker, jobservice: one that dies is {restart}")
+    print(f"                 {PYTHON} scripts/demo.py status | kill NAME | stop NAME | start NAME")
+    print(f"  Situations     {PYTHON} manage.py demo_situation --list  (rehearse a failure)")
     print("  Ctrl-C stops everything.\n", flush=True)
 
 
-def wait_ready(base: str, web: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def wait_ready(base: str, timeout: float = 60.0) -> None:
     """Print the URLs once they answer: gunicorn takes a moment to boot its workers."""
     import urllib.error
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and web.poll() is None:
+    while time.monotonic() < deadline:
         try:
             with opener.open(f"{base}/readyz", timeout=5) as answer:
                 if answer.status == 200:
@@ -155,6 +153,9 @@ def main() -> int:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JOB_SERVICE_URL": f"http://127.0.0.1:{JOB_PORT}", "PYTHONUNBUFFERED": "1"}
+    # Alerts need a person to reach: the demo's mail backend is the console, so refund-owed
+    # and escalation alerts print to var/logs/worker.log (set DJANGO_ADMINS to change who).
+    env.setdefault("DJANGO_ADMINS", DEMO_ALERTS_TO)
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
     print("Starting the local chain and deploying the test USDC ...", flush=True)
@@ -182,67 +183,51 @@ def main() -> int:
         )
     )
     base = f"http://{HOST}:{PORT}"
+    chain["base_url"] = base
+    chain["job_service_url"] = env["JOB_SERVICE_URL"]
     chain["paid_urls"] = {slug: f"{base}/x402/{slug}" for slug in seed["offerings"]}
     CHAIN_FILE.write_text(json.dumps(chain, indent=2))
     CHAIN_FILE.chmod(0o600)
-    processes = {
-        "jobservice": spawn(
-            "jobservice",
-            [
-                PYTHON,
-                "-m",
-                "jobservice.server",
-                "--port",
-                str(JOB_PORT),
-                "--db",
-                str(VAR / "jobservice.sqlite3"),
-            ],
-            env,
-        ),
-        "worker": spawn(
-            "worker",
-            [
-                PYTHON,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "--beat",
-                "--pool",
-                "threads",
-                "--concurrency",
-                "2",
-                "--loglevel",
-                "INFO",
-            ],
-            env,
-        ),
-        # The production server (config/gunicorn.py), on the demo's settings and port.
-        "web": spawn(
-            "web",
-            [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn"],
-            {**env, "GUNICORN_BIND": f"{HOST}:{PORT}", "GUNICORN_WORKERS": "2"},
-        ),
-    }
+    supervisor = Supervisor(
+        process_specs(env), var_dir=VAR, restart=restart_policy_from_env(), say=print_now
+    )
     signal.signal(signal.SIGTERM, _interrupt)
-    wait_ready(base, processes["web"])
-    banner(seed, chain, base)
+    supervisor.start_all()
     try:
-        while True:
-            for name, process in processes.items():
-                if process.poll() is not None:
-                    print(f"{name} exited with {process.returncode}; see {VAR / 'logs' / name}.log")
-                    return 1
-            time.sleep(0.5)
+        wait_ready(base)
+        banner(seed, chain, base)
+        supervisor.run(should_stop=lambda: False)
     except KeyboardInterrupt:
         print("\nStopping ...", flush=True)
-        return 0
     finally:
-        stop_all(processes)
+        supervisor.stop_all()
         node.stop()
         print("Stopped.", flush=True)
+    return 0
+
+
+def print_now(line: str) -> None:
+    print(line, flush=True)
+
+
+def process_specs(env: dict[str, str]) -> list[ProcessSpec]:
+    """The three long-running processes of the demo, each restarted if it dies."""
+    job_service = [PYTHON, "-m", "jobservice.server", "--port", str(JOB_PORT),
+                   "--db", str(VAR / "jobservice.sqlite3")]  # fmt: skip
+    worker = [PYTHON, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "threads",
+              "--concurrency", "2", "--loglevel", "INFO"]  # fmt: skip
+    # The production server (config/gunicorn.py), on the demo's settings and port.
+    web_env = {**env, "GUNICORN_BIND": f"{HOST}:{PORT}", "GUNICORN_WORKERS": "2"}
+    return [
+        ProcessSpec("jobservice", job_service, env, ROOT),
+        ProcessSpec("worker", worker, env, ROOT),
+        ProcessSpec(
+            "web", [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn"], web_env, ROOT
+        ),
+    ]
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1:  # status | stop NAME | start NAME | kill NAME, on the running demo
+        sys.exit(control_main(VAR, sys.argv[1:]))
     sys.exit(main())

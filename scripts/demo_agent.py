@@ -3,6 +3,9 @@
 It writes its payment id (and, for x402, the signed payment) to disk before sending,
 retries with the same id, and looks the purchase up instead of paying again.
 Usage: demo_agent.py [--x402] [BASE_URL]
+It prints the purchase ref (what support looks up in the admin) and the receipt. It reads
+the demo's credentials and chain details from $TOLLBOOTH_VAR_DIR (default ./var), as
+`make demo` writes them.
 """
 
 from __future__ import annotations
@@ -13,17 +16,28 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urljoin
 
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
-BASE = ARGS[0] if ARGS else "http://127.0.0.1:8000"
 USE_X402 = "--x402" in sys.argv
 # The demo's files, wherever `make demo` put them (it honours TOLLBOOTH_VAR_DIR too).
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR") or ROOT / "var")
 CHAIN = VAR / "demo-chain.json"
+
+
+def _default_base() -> str:
+    """Where the running demo listens: its chain file says (DEMO_HOST / DEMO_PORT)."""
+    if CHAIN.exists():
+        return str(json.loads(CHAIN.read_text()).get("base_url") or "http://127.0.0.1:8000")
+    host, port = os.environ.get("DEMO_HOST", "127.0.0.1"), os.environ.get("DEMO_PORT", "8000")
+    return f"http://{host}:{port}"
+
+
+BASE = ARGS[0] if ARGS else _default_base()
 REPORT_INPUT = {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"}
 CREDENTIALS = VAR / "demo-credentials.json"
 JOURNAL = VAR / "demo-agent-journal.json"
@@ -62,6 +76,11 @@ def buy_over_x402() -> int:
         settle = decode_payment_response_header(response.headers["PAYMENT-RESPONSE"])
         print("settlement", settle.success, settle.transaction, settle.network)
     print(json.dumps(response.json(), indent=2)[:600])
+    receipt_link = response.links.get("receipt", {}).get("url")
+    if receipt_link:  # the receipt names the purchase: what to quote to support
+        receipt = requests.get(urljoin(url, receipt_link), timeout=10).json()
+        print("purchase", receipt["purchase"])
+        print("receipt", json.dumps(receipt, indent=2))
     return 0 if response.status_code == 200 else 1
 
 
@@ -91,7 +110,7 @@ def main() -> int:
         time.sleep(int(response.headers.get("Retry-After", "1")))
     body = response.json()
     print("purchase", response.status_code, body.get("purchase"), body.get("code", ""))
-    if response.status_code != 201:
+    if response.status_code not in (200, 201):  # 200: the stored answer of an earlier try
         return 1
     result_url = f"{BASE}{body['links']['result']}"
     for _ in range(60):

@@ -144,6 +144,8 @@ AUTH_PASSWORD_VALIDATORS = [
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Admin times to the second with their zone (config/formats/en/formats.py).
+FORMAT_MODULE_PATH = ["config.formats"]
 USE_I18N = True
 USE_TZ = True
 
@@ -325,6 +327,7 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_LOCAL_CONFIRMATION_TIMEOUT", default=5.0),
         "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+        "explorer_tx_url": "",  # a local chain has no explorer
     },
     "eip155:84532": {  # Base Sepolia
         "chain_id": 84532,
@@ -338,6 +341,7 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_SEPOLIA_CONFIRMATION_TIMEOUT", default=30.0),
         "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+        "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
     },
     "eip155:8453": {  # Base mainnet
         "chain_id": 8453,
@@ -351,6 +355,7 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_CONFIRMATION_TIMEOUT", default=60.0),
         "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+        "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)

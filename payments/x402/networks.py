@@ -32,4 +32,14 @@ def network_config(caip2: str) -> NetworkConfig:
         ),
         relayer_private_key=raw.get("relayer_private_key", ""),
         max_timeout_seconds=int(raw.get("max_timeout_seconds", 300)),
+        explorer_tx_url=raw.get("explorer_tx_url", ""),
     )
+
+
+def explorer_tx_url(*, network: str, tx_hash: str | None) -> str | None:
+    """The block explorer's page for a transaction, or None (no hash, a local chain, or a
+    network we do not settle on)."""
+    template = settings.X402_NETWORKS.get(network, {}).get("explorer_tx_url", "")
+    if not tx_hash or not template:
+        return None
+    return str(template).replace("{tx_hash}", tx_hash)

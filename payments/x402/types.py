@@ -24,6 +24,8 @@ class NetworkConfig:
     facilitator_timeout: float = 10.0
     relayer_private_key: str = field(default="", repr=False)
     max_timeout_seconds: int = 300  # advertised in PAYMENT-REQUIRED
+    # Where a person looks a transaction up ("{tx_hash}" is replaced); "" for a local chain.
+    explorer_tx_url: str = ""
 
 
 @dataclass(frozen=True)

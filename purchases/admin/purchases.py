@@ -6,6 +6,7 @@ editable here (FSM fields are protected and the evidence admins are view-only).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django import forms
@@ -22,7 +23,18 @@ from django.utils import timezone
 from core.admin import ReadOnlyInline, ReadOnlyModelAdmin, amount_human
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
-from payments.models import PaymentAttempt, Refund
+from payments.models import LedgerBalance, PaymentAttempt, Refund
+from purchases.admin.case_actions import case_action_view
+from purchases.admin.case_file import case_context
+from purchases.admin.dashboard import dashboard_view
+from purchases.admin.filters import (
+    BuyerFilter,
+    OpenEscalationFilter,
+    PayerWalletFilter,
+    RefundOwedFilter,
+    StuckFilter,
+)
+from purchases.case_file import RESOLUTION_CODES
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -32,7 +44,6 @@ from purchases.models import (
     JobRun,
     Offering,
     Purchase,
-    PurchaseEvent,
     Quote,
 )
 from purchases.services.buyers import (
@@ -43,6 +54,7 @@ from purchases.services.buyers import (
 )
 from purchases.services.offerings import offering_update
 from purchases.services.remedies import escalation_resolve
+from purchases.timeline import utc_seconds
 
 admin.site.site_header = "Tollbooth back office"
 admin.site.site_title = "Tollbooth back office"
@@ -50,24 +62,6 @@ admin.site.index_title = "Purchases, escalations and refunds"
 
 
 # --- purchase: the timeline and every record hanging under it ----------------------------
-class PurchaseEventInline(ReadOnlyInline):
-    model = PurchaseEvent
-    fk_name = "purchase"
-    verbose_name_plural = "timeline"
-    show_change_link = False
-    ordering = ("created_at", "pk")
-    fields = (
-        "created_at",
-        "subject",
-        "from_state",
-        "to_state",
-        "actor_type",
-        "actor",
-        "reason_code",
-        "evidence",
-    )
-
-
 class PaymentAttemptInline(ReadOnlyInline):
     model = PaymentAttempt
     ordering = ("pk",)
@@ -81,7 +75,18 @@ class PaymentAttemptInline(ReadOnlyInline):
         "tx_hash",
         "settlement_reference",
         "reason_code",
+        "transfer_note",
     )
+    readonly_fields = ("transfer_note",)
+
+    @admin.display(description="late or duplicate transfer")
+    def transfer_note(self, obj: PaymentAttempt) -> str:
+        # Said on the attempt row too, not only in the header: this transfer is owed back.
+        reasons = {r.reason_code: r.state for r in obj.refunds.all()}
+        for reason, words in (("duplicate_settlement", "duplicate"), ("late_settlement", "late")):
+            if reason in reasons:
+                return f"{words} transfer: refund {reasons[reason]}"
+        return "-"
 
 
 class ExecutionAttemptInline(ReadOnlyInline):
@@ -124,29 +129,41 @@ class EscalationInline(ReadOnlyInline):
         "state",
         "deadline_at",
         "resolved_by",
+        "resolution_code",
         "resolution",
+        "note",
     )
 
 
 @admin.register(Purchase)
 class PurchaseAdmin(ReadOnlyModelAdmin):
+    # Narrow on purpose: the state columns must stay visible at 1366 px.
     list_display = (
         "ref",
         "offering",
-        "buyer",
-        "amount",
-        "rail",
+        "amount_human",
         "payment_state",
         "fulfillment_state",
         "reason_code",
         "created_at",
     )
-    list_filter = ("payment_state", "fulfillment_state", "rail", "offering")
+    list_filter = (
+        "payment_state",
+        "fulfillment_state",
+        OpenEscalationFilter,
+        RefundOwedFilter,
+        StuckFilter,
+        BuyerFilter,
+        PayerWalletFilter,
+        "rail",
+        "offering",
+    )
     list_select_related = ("offering", "buyer")
     # "=" is an exact, case-insensitive match: wallets arrive both checksummed and lower-case.
     search_fields = ("=ref", "=buyer__ref", "=payer", "=payment_attempts__tx_hash")
     search_help_text = "Purchase ref, buyer ref, payer wallet or transaction hash."
     date_hierarchy = "created_at"
+    change_form_template = "admin/purchases/purchase/change_form.html"
     readonly_fields = (
         "amount_human",
         "result_sha256",
@@ -176,13 +193,41 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         ),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
+    # The timeline is rendered by the case file (human labels, UTC seconds), not an inline.
     inlines = (
-        PurchaseEventInline,
         PaymentAttemptInline,
         ExecutionAttemptInline,
         RefundInline,
         EscalationInline,
     )
+
+    def get_urls(self) -> list[URLPattern]:
+        extra = [
+            path(
+                "dashboard/",
+                self.admin_site.admin_view(partial(dashboard_view, self)),
+                name="purchases_purchase_dashboard",
+            ),
+            path(
+                "<path:object_id>/case/<str:action_name>/",
+                self.admin_site.admin_view(partial(case_action_view, self)),
+                name="purchases_purchase_case_action",
+            ),
+        ]
+        return [*extra, *super().get_urls()]
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        purchase = self.get_object(request, unquote(object_id)) if object_id else None
+        context = dict(extra_context or {})
+        if purchase is not None:
+            context.update(case_context(request, purchase, timezone.now()))
+        return super().changeform_view(request, object_id, form_url, context)
 
     @admin.display(description="amount (asset units)")
     def amount_human(self, obj: Purchase) -> str:
@@ -219,6 +264,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
 
 # --- escalations: resolve with a written decision --------------------------------------
 class ResolveForm(forms.Form):
+    code = forms.ChoiceField(label="Resolution", choices=list(RESOLUTION_CODES.items()))
     # CharField strips, so a resolution of only spaces is as empty as none.
     resolution = forms.CharField(
         label="How was it resolved?",
@@ -232,28 +278,32 @@ class EscalationAdmin(ReadOnlyModelAdmin):
     list_display = (
         "purchase",
         "owner",
+        "deadline_utc",
+        "is_overdue",
         "reason_code",
         "state",
-        "deadline_at",
-        "is_overdue",
-        "created_at",
-        "resolved_by",
+        "assigned_by",
+        "resolution_code",
     )
     list_filter = ("state", "owner", "reason_code")
     list_select_related = ("purchase",)
     search_fields = ("=purchase__ref",)
-    readonly_fields = ("is_overdue",)
+    readonly_fields = ("is_overdue", "deadline_utc")
     fields = (
         "purchase",
         "owner",
         "reason_code",
         "details",
-        "deadline_at",
+        "deadline_utc",
         "is_overdue",
+        "note",
+        "assigned_by",
+        "assigned_at",
         "state",
         "created_at",
         "resolved_at",
         "resolved_by",
+        "resolution_code",
         "resolution",
     )
     actions = ("resolve_selected",)
@@ -267,6 +317,10 @@ class EscalationAdmin(ReadOnlyModelAdmin):
             output_field=IntegerField(),
         )
         return [OrderBy(is_resolved), "deadline_at", "pk"]
+
+    @admin.display(description="deadline (UTC)", ordering="deadline_at")
+    def deadline_utc(self, obj: Escalation) -> str:
+        return utc_seconds(obj.deadline_at)
 
     @admin.display(boolean=True, description="overdue")
     def is_overdue(self, obj: Escalation) -> bool:
@@ -324,7 +378,9 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         form = ResolveForm(request.POST if submitted else None)
         if submitted:
             if form.is_valid():
-                count = self._resolve_all(request, open_ones, form.cleaned_data["resolution"])
+                count = self._resolve_all(
+                    request, open_ones, form.cleaned_data["resolution"], form.cleaned_data["code"]
+                )
                 self.message_user(request, f"Resolved {count} escalation(s).", messages.SUCCESS)
                 return None
             self.message_user(
@@ -340,13 +396,15 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         }
         return TemplateResponse(request, "admin/purchases/escalation/resolve.html", context)
 
-    def _resolve_all(self, request: HttpRequest, escalations: list[Escalation], text: str) -> int:
+    def _resolve_all(
+        self, request: HttpRequest, escalations: list[Escalation], text: str, code: str
+    ) -> int:
         username = request.user.get_username()
         resolved = 0
         for pk in sorted(e.pk for e in escalations):
             now = timezone.now()
             escalation = escalation_resolve(
-                escalation=Escalation(pk=pk), by=username, resolution=text, now=now
+                escalation=Escalation(pk=pk), by=username, resolution=text, now=now, code=code
             )
             # Someone else resolved it between the list and the lock: not ours to count.
             resolved += escalation.resolved_at == now
@@ -507,10 +565,12 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
     list_select_related = ("purchase",)
     search_fields = ("=key", "=principal", "=purchase__ref")
     # The stored answer is shown as evidence; the lease token is worker plumbing.
+    readonly_fields = ("buyer_prepaid_balance",)
     fields = (
         "scope",
         "key",
         "principal",
+        "buyer_prepaid_balance",
         "request_fingerprint",
         "purchase",
         "state",
@@ -522,6 +582,21 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
         "locked_until",
         "compacted_at",
     )
+
+    @admin.display(description="buyer's prepaid balance")
+    def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:
+        # A refused prepaid payment leaves no purchase (it rolled back): its key, found by the
+        # payment id the buyer sent, is the case, and the balance explains the refusal.
+        balances = LedgerBalance.objects.filter(buyer__ref=obj.principal).order_by("asset")
+        units = {o.asset: o for o in Offering.objects.filter(asset__in=[b.asset for b in balances])}
+        shown = []
+        for balance in balances:
+            offering = units.get(balance.asset)
+            decimals, symbol = (
+                (offering.asset_decimals, offering.asset_symbol) if offering else (0, balance.asset)
+            )
+            shown.append(f"{amount_human(balance.amount, decimals)} {symbol} ({balance.amount})")
+        return "; ".join(shown) or "-"
 
 
 @admin.register(JobRun)

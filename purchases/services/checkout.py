@@ -260,7 +260,9 @@ def _record_once(
 ) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
     request, rail = checkout.request, checkout.rail
     actor, now = request.actor, request.now
-    with transaction.atomic(), events_batched():
+    # A rail that settles when recorded runs this inside _record_and_answer's transaction:
+    # no savepoint there (two round trips), since anything raised ends that whole one.
+    with transaction.atomic(savepoint=not rail.settles_when_recorded), events_batched():
         if quote.offering.duplicate_window:
             is_new_key = duplicate_guard_lock(duplicate_key=duplicate_key, now=now)
             duplicate = (

@@ -186,7 +186,8 @@ def _wait_for_job(executor: Executor, claim: ExecutionClaim, job_ref: str) -> Jo
 def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
     """From the purchase read with `payment_reference` annotated: its settled attempt's
     transaction, or (delivery on verification) the live attempt's whose settlement is under
-    way. Payer, amount, asset and network are the purchase's own (verified equal)."""
+    way, on that attempt's network (a prepaid payment's is `prepaid`). Payer, amount and
+    asset are the purchase's own (verified equal)."""
     reference = getattr(purchase, "payment_reference", None)
     if not reference:
         raise RuntimeError(f"purchase {purchase.ref} executed without a payment")
@@ -194,7 +195,7 @@ def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
         payer=purchase.payer,
         amount=purchase.amount,
         asset=purchase.asset,
-        network=purchase.network,
+        network=getattr(purchase, "payment_network", purchase.network),
         transaction=reference,
     )
 
@@ -204,7 +205,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering")
-            .annotate(payment_reference=payment_selectors.payment_reference_of_purchase())
+            .annotate(**payment_selectors.payment_evidence_of_purchase())
             .get(pk=purchase_id)
         )
         actor = Actor.system("executor")

@@ -56,9 +56,10 @@ def escalation_open(
 
 
 def escalation_resolve(
-    *, escalation: Escalation, by: str, resolution: str, now: datetime
+    *, escalation: Escalation, by: str, resolution: str, now: datetime, code: str = ""
 ) -> Escalation:
-    """Close an escalation with what was decided; a second call returns it unchanged.
+    """Close an escalation with what was decided (`code`: one of RESOLUTION_CODES); a second
+    call returns it unchanged.
 
     Raises ValueError without a resolution text.
     """
@@ -70,8 +71,10 @@ def escalation_resolve(
         )
         if escalation.state == Escalation.State.RESOLVED:
             return escalation
-        escalation.resolve(by=by, resolution=resolution, at=now)
-        escalation.save(update_fields=["state", "resolved_by", "resolution", "resolved_at"])
+        escalation.resolve(by=by, resolution=resolution, at=now, code=code)
+        escalation.save(
+            update_fields=["state", "resolved_by", "resolution", "resolved_at", "resolution_code"]
+        )
         event_record(
             subject="escalation",
             purchase=escalation.purchase,
@@ -79,7 +82,11 @@ def escalation_resolve(
             from_state=Escalation.State.OPEN,
             to_state=escalation.state,
             reason_code=escalation.reason_code,
-            evidence={"escalation": escalation.pk, "resolution": resolution},
+            evidence={
+                "escalation": escalation.pk,
+                "resolution_code": code,
+                "resolution": resolution,
+            },
         )
     return escalation
 

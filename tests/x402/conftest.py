@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from devtools.anvil import AnvilNode
+from devtools.facilitator_double import FacilitatorDouble
 from payments.x402.chain import ChainReader
 from payments.x402.types import NetworkConfig, Requirements
 from tests.fixtures.anvil import closed_port_url
-from tests.fixtures.facilitator import FacilitatorDouble
 from tests.x402.chain_env import ChainEnv, FacilitatorChain, make_env, make_facilitator_chain
 from tests.x402.rpc_proxy import RpcProxy
 

@@ -21,12 +21,12 @@ from x402.http.utils import decode_payment_required_header, encode_payment_signa
 from x402.schemas import PaymentPayload, PaymentRequired
 
 from devtools.anvil import AnvilNode
+from devtools.facilitator_double import FacilitatorDouble
 from devtools.test_token import sign_transfer_authorization
 from payments.chain.token import balance_of
 from purchases.models import Offering
 from tests.factories import OfferingFactory
 from tests.fixtures.anvil import deploy_funded_usdc, new_account, new_accounts
-from tests.fixtures.facilitator import FacilitatorDouble
 
 NETWORK = "eip155:31337"
 PRICE = 250_000

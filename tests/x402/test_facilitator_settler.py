@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 from eth_typing import HexStr
 
+from devtools.facilitator_double import FacilitatorDouble
 from payments.x402.facilitator import (
     PROVEN_REJECTIONS,
     REASON_CODE_MAX,
@@ -25,7 +26,6 @@ from payments.x402.facilitator import (
 from payments.x402.types import NetworkConfig, PreparedBroadcast, SettlementOutcome
 from payments.x402.types import SettlementStatus as S
 from tests.fixtures.anvil import closed_port_url
-from tests.fixtures.facilitator import FacilitatorDouble
 from tests.x402.chain_env import USDC, FacilitatorChain
 
 VALUE = 3 * USDC // 100  # 0.03 USDC

@@ -15,10 +15,10 @@ import pytest
 from django.db.models import F
 from rest_framework.test import APIClient
 
+from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.reconcile import reconcile_pending_settlements
-from tests.fixtures.facilitator import FacilitatorDouble
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 PAY_ID = "x402-resubmit-id-0000001"

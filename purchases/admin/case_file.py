@@ -1,0 +1,263 @@
+"""The purchase page as a case file: what the "Now" box, the lifecycle strip and the
+timeline show (templates under templates/admin/purchases/purchase/). The actions' views
+are in purchases/admin/case_actions.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest
+from django.urls import reverse
+
+from core.admin import amount_human
+from fulfillment import selectors as fulfillment_selectors
+from payments.models import LedgerBalance, PaymentAttempt, Refund
+from payments.x402.networks import explorer_tx_url
+from purchases.case_file import (
+    ACTION_LABELS,
+    Action,
+    relative,
+)
+from purchases.models import Escalation, Purchase
+from purchases.services import case_actions
+from purchases.timeline import event_label, evidence_items, utc_seconds
+
+# Who may run each action (Django permissions; purchases/roles.py gives them to the groups).
+ACTION_PERMISSIONS = {
+    Action.RECHECK_SETTLEMENT: "purchases.act_on_purchase",
+    Action.RECONCILE_EXECUTION: "purchases.act_on_purchase",
+    Action.REDELIVER_RESULT: "purchases.act_on_purchase",
+    Action.PROPOSE_REFUND: "purchases.act_on_purchase",
+    Action.ASSIGN: "purchases.change_escalation",
+    Action.RESOLVE: "purchases.change_escalation",
+    Action.APPROVE_REFUND: "payments.approve_refund",
+}
+# Actions that take no input: one button, one POST.
+ONE_CLICK = (Action.RECHECK_SETTLEMENT, Action.RECONCILE_EXECUTION, Action.REDELIVER_RESULT)
+STAGES = (
+    ("quote", "Quote"),
+    ("authorize", "Authorization and verification"),
+    ("execute", "Execution and delivery"),
+    ("settle", "Settlement"),
+    ("remedy", "Remedy"),
+)
+
+
+def money(amount: int, purchase: Purchase) -> str:
+    """'0.250000 USDC (250000)': asset units with the atomic units beside them."""
+    offering = purchase.offering
+    return f"{amount_human(amount, offering.asset_decimals)} {offering.asset_symbol} ({amount})"
+
+
+def action_url(purchase: Purchase, action: Action) -> str:
+    return reverse("admin:purchases_purchase_case_action", args=[purchase.pk, action.value])
+
+
+# --- what the page shows ---------------------------------------------------------------
+def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dict[str, Any]:
+    case = case_actions.purchase_case_now(purchase=purchase, now=now)
+    allowed = [a for a in case.actions if request.user.has_perm(ACTION_PERMISSIONS[a])]
+    return {
+        "case": case,
+        "case_owner": case.owner.value,
+        "case_deadline_utc": utc_seconds(case.deadline_at),
+        "case_deadline_relative": relative(case.deadline_at, now),
+        "case_changes_until_utc": utc_seconds(case.changes_until),
+        "case_actions": [
+            {
+                "name": a.value,
+                "label": ACTION_LABELS[a],
+                "url": action_url(purchase, a),
+                "one_click": a in ONE_CLICK,
+            }
+            for a in allowed
+        ],
+        "case_strip": lifecycle_strip(purchase),
+        "case_timeline": timeline_rows(purchase),
+        "case_balance": prepaid_balance(purchase),
+    }
+
+
+def _current_stage(purchase: Purchase) -> str:
+    """Where the purchase is now: an open remedy first, then the payment, then the work."""
+    open_remedy = (
+        purchase.escalations.filter(state=Escalation.State.OPEN).exists()
+        or purchase.refunds.filter(state__in=(Refund.State.PROPOSED, Refund.State.OWED)).exists()
+    )
+    if open_remedy:
+        return "remedy"
+    pay = purchase.payment_state
+    if pay == Purchase.PaymentState.UNPAID:
+        return "quote"
+    if pay == Purchase.PaymentState.PAID:
+        return "execute"
+    return "settle"  # paying, pending, failed or void: the settlement decides
+
+
+def _stage_status(key: str, purchase: Purchase, current: str) -> str:
+    """green done, amber current, red problem, grey waiting."""
+    pay, run = purchase.payment_state, purchase.fulfillment_state
+    problem = {
+        "settle": pay in (Purchase.PaymentState.FAILED, Purchase.PaymentState.VOID),
+        "execute": run in (Purchase.FulfillmentState.FAILED, Purchase.FulfillmentState.UNKNOWN),
+    }
+    done = {
+        "quote": purchase.quote.state == "accepted",
+        "authorize": purchase.payment_attempts.exists(),
+        "execute": run == Purchase.FulfillmentState.SUCCEEDED,
+        "settle": pay == Purchase.PaymentState.PAID,
+        "remedy": purchase.refunds.filter(state=Refund.State.PAID).exists()
+        or purchase.escalations.filter(state=Escalation.State.RESOLVED).exists(),
+    }
+    if problem.get(key):
+        return "problem"
+    if key == current:
+        return "current"
+    return "done" if done[key] else "waiting"
+
+
+def lifecycle_strip(purchase: Purchase) -> list[dict[str, Any]]:
+    current = _current_stage(purchase)
+    evidence = {
+        "quote": _quote_evidence(purchase),
+        "authorize": _authorize_evidence(purchase),
+        "execute": _execute_evidence(purchase),
+        "settle": _settle_evidence(purchase),
+        "remedy": _remedy_evidence(purchase),
+    }
+    return [
+        {
+            "key": key,
+            "title": title,
+            "status": _stage_status(key, purchase, current),
+            "is_current": key == current,
+            "evidence": evidence[key],
+        }
+        for key, title in STAGES
+    ]
+
+
+def _item(label: str, value: Any, url: str | None = None) -> dict[str, Any]:
+    return {"label": label, "value": "-" if value in (None, "") else str(value), "url": url}
+
+
+def _quote_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+    quote = purchase.quote
+    return [
+        _item("quote", quote.public_id),
+        _item("terms version", quote.offering_version),
+        _item("price", money(quote.price, purchase)),
+        _item("state", quote.state),
+        _item("created", utc_seconds(quote.created_at)),
+        _item("expires", utc_seconds(quote.expires_at)),
+    ]
+
+
+def _attempt_note(attempt: PaymentAttempt) -> str:
+    reasons = {r.reason_code for r in attempt.refunds.all()}
+    if "duplicate_settlement" in reasons:
+        return "duplicate transfer: refund"
+    if "late_settlement" in reasons:
+        return "late transfer: refund"
+    return ""
+
+
+def _authorize_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+    items = []
+    for attempt in purchase.payment_attempts.order_by("pk").prefetch_related("refunds"):
+        note = _attempt_note(attempt)
+        items += [
+            _item(f"attempt {attempt.pk}", f"{attempt.rail} · {attempt.state}"),
+            _item("payer", attempt.payer),
+            _item("recorded", utc_seconds(attempt.created_at)),
+            _item("window closes", utc_seconds(attempt.valid_before_at)),
+        ]
+        items += [_item("transfer", note)] if note else []
+    return items or [_item("attempts", "none")]
+
+
+def _execute_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+    items = []
+    for run in fulfillment_selectors.execution_attempts(purchase_id=purchase.pk):
+        items += [
+            _item(f"execution {run.pk}", f"{run.state} · {run.tries} tries"),
+            _item("job ref", run.job_ref),
+            _item("started", utc_seconds(run.started_at)),
+            _item("finished", utc_seconds(run.finished_at)),
+        ]
+    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
+    if result is not None:
+        items += [
+            _item("result SHA-256", result.sha256),
+            _item("result size (bytes)", result.size),
+            _item("kept until", utc_seconds(result.expires_at)),
+            _item("first delivered", utc_seconds(result.first_delivered_at)),
+        ]
+    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
+    items += [_item("receipt", receipt.public_id)] if receipt else []
+    return items or [_item("executions", "none")]
+
+
+def _settle_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+    items = [_item("amount", money(purchase.amount, purchase)), _item("network", purchase.network)]
+    for attempt in purchase.payment_attempts.order_by("pk"):
+        if attempt.tx_hash:
+            link = explorer_tx_url(network=attempt.network, tx_hash=attempt.tx_hash)
+            items.append(_item(f"tx (attempt {attempt.pk})", attempt.tx_hash, link))
+        if attempt.block_number:
+            items.append(_item("block", attempt.block_number))
+        if attempt.settlement_reference and attempt.settlement_reference != attempt.tx_hash:
+            items.append(_item("settlement reference", attempt.settlement_reference))
+        if attempt.next_check_at and attempt.state in ("recorded", "settlement_pending"):
+            items.append(_item("next look-up", utc_seconds(attempt.next_check_at)))
+    items.append(_item("paid at", utc_seconds(purchase.paid_at)))
+    return items
+
+
+def _remedy_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+    items = []
+    for refund in purchase.refunds.order_by("pk"):
+        items += [
+            _item(f"refund {refund.pk}", f"{refund.state} · {refund.reason_code}"),
+            _item("amount", money(refund.amount, purchase)),
+        ]
+    for escalation in purchase.escalations.order_by("pk"):
+        items += [
+            _item(f"escalation {escalation.pk}", f"{escalation.state} · {escalation.reason_code}"),
+            _item("owner", escalation.owner),
+            _item("deadline", utc_seconds(escalation.deadline_at)),
+        ]
+    return items or [_item("remedies", "none")]
+
+
+def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
+    return [
+        {
+            "pk": event.pk,
+            "label": event_label(
+                subject=event.subject, reason_code=event.reason_code, to_state=event.to_state
+            ),
+            "subject": event.subject,
+            "at": utc_seconds(event.created_at),
+            "actor": f"{event.actor_type}: {event.actor}" if event.actor else event.actor_type,
+            "move": f"{event.from_state} → {event.to_state}"
+            if event.from_state and event.to_state and event.from_state != event.to_state
+            else event.to_state,
+            "reason_code": event.reason_code,
+            "evidence": evidence_items(event.evidence, amount=lambda a: money(a, purchase)),
+        }
+        for event in purchase.events.order_by("created_at", "pk")
+    ]
+
+
+def prepaid_balance(purchase: Purchase) -> str | None:
+    """The buyer's prepaid balance in the purchase's asset (None without a buyer)."""
+    if purchase.buyer_id is None:
+        return None
+    amount = (
+        LedgerBalance.objects.filter(buyer_id=purchase.buyer_id, asset=purchase.asset)
+        .values_list("amount", flat=True)
+        .first()
+    ) or 0
+    return money(amount, purchase)

@@ -1,0 +1,458 @@
+"""The case file's "Now": what is happening to a purchase, whose move it is, until when,
+whether it can still change, and which staff actions are safe. Pure: no database, no clock.
+
+`purchase_case(facts, now=...)` looks the purchase's (payment state, fulfilment state,
+reason code) up in `CASE_TABLE` (most specific row first), then lays the open remedies
+over it: an open escalation names its owner and deadline, a proposed refund waits for
+finance, an owed one is finance's to pay back. `case_table_rows()` and `REASON_CODES` are
+the table as data, for the runbook and its test (`python manage.py case_table`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from core.errors import ErrorCode, Owner
+
+ANY = "*"
+
+
+class Action(StrEnum):
+    """Staff actions on a purchase (purchases/services/case_actions.py runs each)."""
+
+    RECHECK_SETTLEMENT = "recheck_settlement"
+    RECONCILE_EXECUTION = "reconcile_execution"
+    REDELIVER_RESULT = "redeliver_result"
+    ASSIGN = "assign"
+    PROPOSE_REFUND = "propose_refund"
+    RESOLVE = "resolve"
+    APPROVE_REFUND = "approve_refund"  # finance's
+
+
+ACTION_LABELS = {
+    Action.RECHECK_SETTLEMENT: "Re-check settlement now",
+    Action.RECONCILE_EXECUTION: "Reconcile execution now",
+    Action.REDELIVER_RESULT: "Redeliver the result",
+    Action.ASSIGN: "Assign or escalate",
+    Action.PROPOSE_REFUND: "Propose a refund or compensation",
+    Action.RESOLVE: "Resolve with a reason code",
+    Action.APPROVE_REFUND: "Approve or decline the proposed refund",
+}
+
+
+class Deadline(StrEnum):
+    """Where the deadline of a row comes from."""
+
+    QUOTE_EXPIRY = "quote_expiry"  # the quote's expiry
+    NEXT_CHECK = "next_check"  # the pending attempt's next reconciliation look-up
+    AUTHORIZATION_WINDOW = "authorization_window"  # the authorization's validBefore
+    FAILED_FINAL = "failed_final"  # when a failure becomes final (void)
+    EXECUTION_CHECK = "execution_check"  # lease expiry (running) or sweep (queued)
+    RESULT_RETENTION = "result_retention"  # the stored result's expiry
+    ESCALATION = "escalation"  # the earliest open escalation's deadline
+    NONE = "none"
+
+
+class Finality(StrEnum):
+    OPEN = "open"  # can still change
+    FINAL_AT_DEADLINE = "final_at_deadline"  # can change until the deadline, final after
+    FINAL = "final"
+
+
+# Why an escalation was closed: a fixed list so closed cases can be counted.
+RESOLUTION_CODES = {
+    "settlement_confirmed": "Settlement confirmed on chain",
+    "settlement_failed_confirmed": "Settlement failure confirmed; buyer told to pay again",
+    "result_delivered": "Result found and delivered",
+    "refund_proposed": "Refund or compensation proposed to finance",
+    "buyer_informed": "Buyer informed; nothing else to do",
+    "work_rerun_safely": "Conflicting effects resolved; work resumed",
+    "no_action_needed": "No action needed (duplicate or already resolved)",
+    "other": "Other (say what in the note)",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    payment: str
+    fulfillment: str
+    reason: str
+    sentence: str
+    owner: Owner
+    deadline: Deadline
+    actions: tuple[Action, ...] = ()
+    finality: Finality = Finality.OPEN
+
+
+R = Row
+PAY_ACTIONS = (Action.RECHECK_SETTLEMENT, Action.ASSIGN)
+RUN_ACTIONS = (Action.RECONCILE_EXECUTION, Action.ASSIGN)
+DONE_ACTIONS = (Action.REDELIVER_RESULT, Action.PROPOSE_REFUND, Action.ASSIGN)
+BROKEN_ACTIONS = (Action.RECONCILE_EXECUTION, Action.PROPOSE_REFUND, Action.ASSIGN)
+RECON, BUYER, SUPPORT, NOBODY = Owner.RECONCILIATION, Owner.BUYER, Owner.SUPPORT, Owner.NONE
+PENDING_SAY = "Broadcast; whether it settled is not known yet. "
+FAILED_SAY = "Settlement provably failed: no money moved. "
+RUN_FAILED_SAY = "Paid, but the work provably did not run. "
+UNKNOWN_SAY = "Paid; the work may or may not have run, so nothing is refunded blindly. "
+
+CASE_TABLE: tuple[Row, ...] = (
+    # --- before and during payment --------------------------------------------------
+    R("unpaid", ANY, ANY, "No payment recorded yet; the buyer may pay while the quote is open.",
+      BUYER, Deadline.QUOTE_EXPIRY, (Action.ASSIGN,)),
+    R("paying", ANY, ANY, "Payment recorded and being broadcast; the paying request owns it, "
+      "then reconciliation.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, ANY, PENDING_SAY + "Reconciliation looks it up by tx hash "
+      "and (payer, nonce); it is never re-signed.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "settlement_pending", PENDING_SAY + "Reconciliation looks it "
+      "up by tx hash and (payer, nonce).", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "awaiting_confirmations", "The transfer is mined; waiting for "
+      "enough confirmations.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "confirmation_timeout", PENDING_SAY + "No receipt arrived "
+      "within the wait; reconciliation looks again.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "not_on_chain_yet", "The authorization's nonce is unused and "
+      "no broadcast of it is known: the same signed authorization is resubmitted until its "
+      "window closes.", RECON, Deadline.AUTHORIZATION_WINDOW, PAY_ACTIONS),
+    R("settlement_pending", ANY, "rpc_error", PENDING_SAY + "The node answered the broadcast "
+      "with an error; the transaction may still have been sent, so it is looked up first.",
+      RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "chain_unavailable", PENDING_SAY + "The chain could not be "
+      "read; look-ups back off and escalate past the deadline.", RECON, Deadline.NEXT_CHECK,
+      PAY_ACTIONS),
+    R("settlement_pending", ANY, "authorization_used_untraced", "The nonce is used on chain but "
+      "the transaction that used it is not found yet.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "broadcast_not_prepared", "The settlement transaction could "
+      "not be prepared; nothing was sent. The next look-up tries again.", RECON,
+      Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_unavailable", PENDING_SAY + "The facilitator did "
+      "not answer; the chain is asked instead.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_bad_response", PENDING_SAY + "The facilitator's "
+      "answer was unreadable; the chain is asked instead.", RECON, Deadline.NEXT_CHECK,
+      PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_unresolved:*", PENDING_SAY + "The facilitator "
+      "refused for a reason that does not prove the transfer failed.", RECON,
+      Deadline.NEXT_CHECK, PAY_ACTIONS),
+    # --- paid: the work ----------------------------------------------------------------
+    R("paid", "not_started", ANY, "Paid; the work is not queued yet.", RECON,
+      Deadline.EXECUTION_CHECK, RUN_ACTIONS),
+    R("paid", "queued", ANY, "Paid; the work is queued for a worker.", RECON,
+      Deadline.EXECUTION_CHECK, RUN_ACTIONS),
+    R("paid", "running", ANY, "Paid; a worker is running the work.", RECON,
+      Deadline.EXECUTION_CHECK, RUN_ACTIONS),
+    R("paid", "succeeded", ANY, "Paid and done: the result is stored for the buyer until "
+      "retention ends; the receipt stays.", BUYER, Deadline.RESULT_RETENTION, DONE_ACTIONS,
+      Finality.FINAL),
+    R("paid", "succeeded", "late_settlement_fulfilled", "A transfer landed after the purchase "
+      "had failed; it was accepted and the work is done.", BUYER, Deadline.RESULT_RETENTION,
+      DONE_ACTIONS, Finality.FINAL),
+    R("paid", "failed", ANY, RUN_FAILED_SAY + "The offering's policy refunds it or escalates "
+      "to support.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
+    R("paid", "failed", "job_failed", RUN_FAILED_SAY + "The job service reported the job "
+      "failed.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
+    R("paid", "failed", "job_rejected", RUN_FAILED_SAY + "The job service refused the job.",
+      SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
+    R("paid", "failed", "invalid_report_input", RUN_FAILED_SAY + "The input could not be "
+      "processed.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
+    R("paid", "failed", "executor_not_registered", RUN_FAILED_SAY + "The offering names an "
+      "executor this deployment does not have.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS,
+      Finality.FINAL),
+    R("paid", "failed", "not_fetchable", RUN_FAILED_SAY + "The executor could not return the "
+      "output.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
+    R("paid", "unknown", ANY, UNKNOWN_SAY + "Inspect the job, then resolve.", SUPPORT,
+      Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "job_status_unknown", UNKNOWN_SAY + "The job service kept answering "
+      "'unknown'.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "job_still_running", UNKNOWN_SAY + "The job was still running when "
+      "the worker's time ran out.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "job_service_unavailable", UNKNOWN_SAY + "The job service was "
+      "unreachable.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "result_unavailable", UNKNOWN_SAY + "The job finished but its result "
+      "could not be fetched.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "execution_tries_exhausted", UNKNOWN_SAY + "Every try was spent.",
+      SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "execution_deadline_passed", UNKNOWN_SAY + "The execution deadline "
+      "passed.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    # --- failed and final ---------------------------------------------------------------
+    R("failed", ANY, ANY, FAILED_SAY + "The buyer may pay again with a new authorization; a "
+      "late transfer would become a refund.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+      Finality.FINAL_AT_DEADLINE),
+    R("failed", ANY, "transaction_reverted", FAILED_SAY + "The settlement transaction "
+      "reverted.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,), Finality.FINAL_AT_DEADLINE),
+    R("failed", ANY, "authorization_expired_unused", FAILED_SAY + "The authorization's window "
+      "closed with its nonce unused.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+      Finality.FINAL_AT_DEADLINE),
+    R("failed", ANY, "authorization_used_elsewhere", FAILED_SAY + "The nonce was used by a "
+      "transfer that did not pay us.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+      Finality.FINAL_AT_DEADLINE),
+    R("failed", ANY, "facilitator_rejected:*", FAILED_SAY + "The facilitator proved the "
+      "payload can never settle.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+      Finality.FINAL_AT_DEADLINE),
+    R("failed", "succeeded", ANY, "The result was delivered on verification, but settlement "
+      "failed: the work is unpaid.", SUPPORT, Deadline.FAILED_FINAL, (Action.ASSIGN,),
+      Finality.FINAL_AT_DEADLINE),
+    R("void", ANY, ANY, "Failed for good: every authorization it received is provably "
+      "unusable.", NOBODY, Deadline.NONE, (Action.ASSIGN,), Finality.FINAL),
+    R("void", ANY, "authorizations_unusable", "Failed for good: every authorization it "
+      "received is provably unusable (window closed or nonce used).", NOBODY, Deadline.NONE,
+      (Action.ASSIGN,), Finality.FINAL),
+)  # fmt: skip
+
+# Reason codes that are not purchase reason codes but reach the case as escalation or
+# refund reasons, and the error codes an agent is answered with about an existing
+# purchase: what each tells support.
+REASON_CODES: dict[str, str] = {
+    "execution_failed": "The paid work failed; a refund or an escalation is linked.",
+    "execution_outcome_unknown": "The work may have run; support inspects the job.",
+    "settlement_unresolved_reconciliation": "A settlement stayed unresolved past the "
+    "reconciliation deadline.",
+    "settlement_unresolved_support": "A settlement stayed unresolved past the support deadline.",
+    "settlement_resubmissions_exhausted": "The same authorization was resubmitted the most "
+    "times allowed; it waits for its window to close.",
+    "reconciliation_row_failed": "A reconciliation job failed on this purchase's row.",
+    "late_settlement": "A transfer landed after the purchase failed: a refund is owed.",
+    "duplicate_settlement": "A second transfer landed for a paid purchase: a refund is owed.",
+    "support_refund": "Support proposed a refund of the payment.",
+    "support_compensation": "Support proposed a compensation.",
+    "staff_escalated": "A staff member escalated the purchase.",
+    "duplicate_answered": "A repeated payment was answered with this purchase, not charged.",
+}
+ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
+    ErrorCode.QUOTE_ALREADY_PAID: "A second payment for the quote was refused before the "
+    "chain; the buyer was pointed at this purchase.",
+    ErrorCode.AUTHORIZATION_IN_USE: "An authorization already paying this purchase was "
+    "presented again for another.",
+    ErrorCode.QUOTE_EXPIRED: "A new payment for this failed purchase came after its quote expired.",
+    ErrorCode.SPEND_CAP_EXCEEDED: "A new payment for this purchase would pass the buyer's cap.",
+    ErrorCode.PAYMENT_FAILED: "The buyer was told settlement failed (see the reason code).",
+    ErrorCode.PAYMENT_NOT_COMPLETE: "The buyer asked for the result before the payment "
+    "condition held.",
+    ErrorCode.EXECUTION_FAILED: "The buyer asked for the result of failed or unknown work.",
+    ErrorCode.RESULT_EXPIRED: "The buyer asked for the result after its retention; the "
+    "receipt remains.",
+    ErrorCode.RETENTION_EXPIRED: "A payment id past retention was replayed; answered from "
+    "the receipt.",
+    ErrorCode.PAYMENT_IN_FLIGHT: "A retry arrived while the first request still ran.",
+}
+
+
+@dataclass(frozen=True)
+class EscalationFact:
+    pk: int
+    owner: str
+    reason_code: str
+    deadline_at: datetime
+
+
+@dataclass(frozen=True)
+class RefundFact:
+    pk: int
+    state: str
+    reason_code: str
+    amount: int
+
+
+@dataclass(frozen=True)
+class CaseFacts:
+    """What the case is derived from, read once (purchases.selectors.purchase_case_facts)."""
+
+    payment_state: str
+    fulfillment_state: str
+    reason_code: str
+    rail: str
+    amount: int
+    updated_at: datetime
+    quote_expires_at: datetime
+    failed_final_after: timedelta
+    sweep_grace: timedelta
+    has_pending_attempt: bool = False
+    next_check_at: datetime | None = None
+    valid_before_at: datetime | None = None
+    lease_expires_at: datetime | None = None
+    result_expires_at: datetime | None = None
+    result_delivered_at: datetime | None = None
+    escalations: tuple[EscalationFact, ...] = ()  # open ones
+    refunds: tuple[RefundFact, ...] = ()
+
+
+@dataclass(frozen=True)
+class Case:
+    sentence: str
+    owner: Owner
+    deadline_at: datetime | None
+    deadline_source: Deadline
+    finality: Finality
+    actions: tuple[Action, ...]
+    row: Row
+    late_transfer: bool = False
+    duplicate_transfer: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def is_final(self) -> bool:
+        return self.finality == Finality.FINAL
+
+    @property
+    def changes_until(self) -> datetime | None:
+        """Until when the state can still change, when that is known."""
+        return self.deadline_at if self.finality == Finality.FINAL_AT_DEADLINE else None
+
+
+_INDEX = {(r.payment, r.fulfillment, r.reason): r for r in CASE_TABLE}
+
+
+def reason_key(reason_code: str) -> str:
+    """Facilitator codes carry the facilitator's own words after a prefix: one row each."""
+    prefix, separator, _ = reason_code.partition(":")
+    return f"{prefix}:*" if separator else reason_code
+
+
+def case_row(*, payment: str, fulfillment: str, reason_code: str) -> Row:
+    """The most specific row: exact, then any reason, then any fulfilment state."""
+    reason = reason_key(reason_code)
+    for key in (
+        (payment, fulfillment, reason),
+        (payment, ANY, reason),
+        (payment, fulfillment, ANY),
+        (payment, ANY, ANY),
+    ):
+        if key in _INDEX:
+            return _INDEX[key]
+    raise LookupError(f"no case row for payment state {payment!r}")
+
+
+def _deadline(row: Row, facts: CaseFacts) -> datetime | None:
+    source = row.deadline
+    if source == Deadline.QUOTE_EXPIRY:
+        return facts.quote_expires_at
+    if source == Deadline.NEXT_CHECK:
+        return facts.next_check_at
+    if source == Deadline.AUTHORIZATION_WINDOW:
+        return facts.valid_before_at or facts.next_check_at
+    if source == Deadline.FAILED_FINAL:
+        final_at = facts.updated_at + facts.failed_final_after
+        return max(final_at, facts.valid_before_at) if facts.valid_before_at else final_at
+    if source == Deadline.EXECUTION_CHECK:
+        if facts.fulfillment_state == "running" and facts.lease_expires_at:
+            return facts.lease_expires_at
+        return facts.updated_at + facts.sweep_grace
+    if source == Deadline.RESULT_RETENTION:
+        return facts.result_expires_at
+    if source == Deadline.ESCALATION and facts.escalations:
+        return min(e.deadline_at for e in facts.escalations)
+    return None
+
+
+def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
+    """The table offers an action for the state; the facts say whether it is safe now."""
+    if action == Action.RECHECK_SETTLEMENT:
+        return facts.rail == "x402" and facts.has_pending_attempt
+    if action == Action.RECONCILE_EXECUTION:
+        if facts.fulfillment_state == "unknown":
+            return True
+        stalled_at = facts.lease_expires_at if facts.fulfillment_state == "running" else None
+        due = stalled_at or facts.updated_at + facts.sweep_grace
+        return facts.fulfillment_state in ("not_started", "queued", "running") and due <= now
+    if action == Action.REDELIVER_RESULT:
+        return facts.result_expires_at is not None and facts.result_expires_at > now
+    if action == Action.PROPOSE_REFUND:
+        live = [r for r in facts.refunds if r.state != "declined"]
+        open_ones = [r for r in live if r.state in ("proposed", "owed")]
+        return not open_ones and sum(r.amount for r in live) < facts.amount
+    if action == Action.RESOLVE:
+        return bool(facts.escalations)
+    if action == Action.APPROVE_REFUND:
+        return any(r.state == "proposed" for r in facts.refunds)
+    return True
+
+
+def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
+    """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
+    row = case_row(
+        payment=facts.payment_state,
+        fulfillment=facts.fulfillment_state,
+        reason_code=facts.reason_code,
+    )
+    owner, deadline_source = row.owner, row.deadline
+    deadline_at = _deadline(row, facts)
+    notes: list[str] = []
+    candidates = list(row.actions)
+    proposed = [r for r in facts.refunds if r.state == "proposed"]
+    owed = [r for r in facts.refunds if r.state == "owed"]
+    reasons = {r.reason_code for r in facts.refunds}
+    if "late_settlement" in reasons:
+        notes.append("A transfer for it landed after it had failed: that money is owed back.")
+    if "duplicate_settlement" in reasons:
+        notes.append("A second transfer landed for it after it was paid: that is owed back.")
+    if owed:
+        owner = Owner.FINANCE
+        notes.append(f"{len(owed)} refund(s) owed to the payer: finance pays back.")
+    if proposed:
+        owner = Owner.FINANCE
+        notes.append(f"{len(proposed)} refund(s) proposed: not owed until finance approves.")
+        candidates.append(Action.APPROVE_REFUND)
+    if facts.result_delivered_at is not None and owner == Owner.BUYER:
+        owner = Owner.NONE  # the buyer has the result: nobody has a move to make
+        notes.append("The result was delivered to the buyer.")
+    if facts.escalations:
+        first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
+        owner, deadline_source = Owner(first.owner), Deadline.ESCALATION
+        deadline_at = first.deadline_at
+        notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
+        candidates.extend([Action.RESOLVE, Action.ASSIGN])
+    actions = tuple(a for a in dict.fromkeys(candidates) if _is_safe(a, facts, now))
+    return Case(
+        sentence=row.sentence,
+        owner=owner,
+        deadline_at=deadline_at,
+        deadline_source=deadline_source,
+        finality=row.finality,
+        actions=actions,
+        row=row,
+        late_transfer="late_settlement" in reasons,
+        duplicate_transfer="duplicate_settlement" in reasons,
+        notes=tuple(notes),
+    )
+
+
+def relative(deadline_at: datetime | None, now: datetime) -> str:
+    """'in 3 h 05 min', 'overdue by 12 min', or '' for no deadline."""
+    if deadline_at is None:
+        return ""
+    seconds = int((deadline_at - now).total_seconds())
+    span = abs(seconds)
+    days, rest = divmod(span, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        text = f"{days} d {hours} h"
+    elif hours:
+        text = f"{hours} h {minutes:02d} min"
+    elif minutes:
+        text = f"{minutes} min {secs:02d} s"
+    else:
+        text = f"{secs} s"
+    return f"in {text}" if seconds >= 0 else f"overdue by {text}"
+
+
+def case_table_rows() -> list[dict[str, str]]:
+    """The table as data: one dict per row, for the runbook and its check."""
+    return [
+        {
+            "payment_state": r.payment,
+            "fulfillment_state": r.fulfillment,
+            "reason_code": r.reason,
+            "sentence": r.sentence,
+            "owner": r.owner.value,
+            "deadline": r.deadline.value,
+            "finality": r.finality.value,
+            "actions": ", ".join(a.value for a in r.actions),
+        }
+        for r in CASE_TABLE
+    ]
+
+
+def case_reason_codes() -> set[str]:
+    """Every reason code the case file explains (table rows, remedies, error answers)."""
+    table = {r.reason for r in CASE_TABLE if r.reason != ANY}
+    return table | set(REASON_CODES) | {c.value for c in ERROR_CODES_ABOUT_A_PURCHASE}

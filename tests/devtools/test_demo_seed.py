@@ -1,0 +1,35 @@
+"""Re-running the demo keeps what staff changed in the admin; only the chain facts move."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from devtools.demo_seed import demo_seed
+from purchases.models import Offering
+from purchases.services.offerings import offering_update
+
+FIRST_TOKEN = "0x" + "1" * 40
+SECOND_TOKEN = "0x" + "2" * 40
+
+
+@pytest.mark.django_db
+def test_a_second_seed_keeps_admin_edits_and_moves_only_the_token(settings, tmp_path) -> None:
+    settings.VAR_DIR = tmp_path
+    demo_seed(asset=FIRST_TOKEN)
+    report = Offering.objects.get(slug="csv-report")
+    edited = offering_update(
+        offering_id=report.pk,
+        changes={"price": 300_000, "title": "Renamed by support", "stock": 7,
+                 "result_retention": timedelta(hours=1)},
+    )  # fmt: skip
+
+    demo_seed(asset=SECOND_TOKEN)
+
+    again = Offering.objects.get(slug="csv-report")
+    assert (again.price, again.title, again.stock) == (300_000, "Renamed by support", 7)
+    assert again.result_retention == timedelta(hours=1)
+    assert again.asset == SECOND_TOKEN
+    assert again.version == edited.version + 1  # the asset is part of the terms
+    assert Offering.objects.count() == 3
