@@ -1,9 +1,10 @@
 """Every subject a timeline event (PurchaseEvent.subject) can carry, with what it means.
 
-One list, so the admin's case file can label each subject for people and a test can prove
-none is missing. Code that writes an event names its subject from here (or, for a lower
-service's `Change`, with the same string); `tests/purchases/test_event_subjects.py` checks
-that every subject literal written in the code is listed.
+One list, so the admin's case file can label each subject for people
+(`purchases.timeline.EVENT_LABELS`) and a test can prove none is missing. Code that writes a
+boundary event names its subject from here (a lower service's `Change`, or older code, with
+the same string); tests/purchases/test_timeline_events.py checks that every subject the code
+writes is listed, tests/purchases/test_timeline_labels.py that each has a label.
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ RESULT_DELIVERED = "result.delivered"
 RESULT_REDELIVERED = "result.redelivered"
 RESULT_RETENTION_EXPIRED = "result.retention_expired"
 RECEIPT_FETCHED = "receipt.fetched"
+
+# --- staff actions on the case file (purchases/services/case_actions.py) -----------------
+ESCALATION_ASSIGNED = "escalation.assigned"
+CASE_SETTLEMENT_RECHECKED = "case.settlement_rechecked"
+CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
+CASE_RESULT_REDELIVERED = "case.result_redelivered"
 
 # --- telling people -------------------------------------------------------------------------
 ALERT_SENT = "alert.sent"
@@ -76,6 +83,10 @@ SUBJECTS: dict[str, str] = {
     RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
     RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",
     RECEIPT_FETCHED: "The public receipt was fetched.",
+    ESCALATION_ASSIGNED: "Staff set an escalation's owner, deadline and note (or opened one).",
+    CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
+    CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",
+    CASE_RESULT_REDELIVERED: "Staff prepared a redelivery of the result (the capability link).",
     ALERT_SENT: "An alert reached people (kind, channels, recipients).",
     ALERT_FAILED: "An alert reached nobody (kind, channels tried, error); the sweeper retries.",
 }
