@@ -173,7 +173,7 @@ def execution_record_retry(
         attempt.lease_expires_at = _lease_until(now + timedelta(seconds=retry_in))
         attempt.save(update_fields=["lease_expires_at"])
     change = Change(
-        subject="execution_attempt",
+        subject="execution_attempt.retried",  # purchases.event_subjects.EXECUTION_RETRIED
         from_state=attempt.state,
         to_state=attempt.state,
         reason_code="executor_retry",
@@ -296,11 +296,4 @@ def execution_end(
         to_state=attempt.state,
         reason_code=reason_code,
         evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref, "tries": attempt.tries},
-    )
-
-
-def result_mark_delivered(*, result: Result, now: datetime) -> None:
-    # A plain conditional update: delivery is a fact about the result, not a state transition.
-    Result.objects.filter(pk=result.pk, first_delivered_at__isnull=True).update(
-        first_delivered_at=now
     )

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, models, transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
@@ -92,6 +92,43 @@ def event_record(
     else:
         batch.append(event)
     return event
+
+
+def event_note(**event: Any) -> PurchaseEvent:
+    """Append one event about something observed outside any flow (a fetch, a refused
+    request, an alert): in its own short transaction, or the caller's if one is open."""
+    with transaction.atomic():
+        return event_record(**event)
+
+
+def event_table_sql() -> tuple[str, str]:
+    """The timeline's table and its insert columns, quoted, for statements that fold an
+    event INSERT into another one (a data-modifying CTE): `(table, "col, col, ...")`, the
+    columns in the order purchase_id, quote_id, subject, from_state, to_state, actor_type,
+    actor, reason_code, evidence, created_at."""
+    table = connection.ops.quote_name(PurchaseEvent._meta.db_table)
+    return table, ", ".join(db_column(PurchaseEvent, name) for name in _INSERT_FIELDS)
+
+
+def db_column(model: type[models.Model], field_name: str) -> str:
+    """A model field's column, quoted for raw SQL."""
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, models.Field)
+    return connection.ops.quote_name(str(field.column))
+
+
+_INSERT_FIELDS = (
+    "purchase",
+    "quote",
+    "subject",
+    "from_state",
+    "to_state",
+    "actor_type",
+    "actor",
+    "reason_code",
+    "evidence",
+    "created_at",
+)
 
 
 def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:

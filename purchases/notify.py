@@ -23,6 +23,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
@@ -39,6 +40,20 @@ DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 5.0
 
 class AlertNotDelivered(Exception):
     """No backend (or, raised by one backend, that backend) delivered the alert."""
+
+    def __init__(self, message: str, report: AlertReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class AlertReport:
+    """What one send did: the backends that delivered, those that failed (with why, short),
+    and to whom each one goes (no secrets: a webhook is named by its host)."""
+
+    delivered: list[str]
+    failed: dict[str, str]
+    recipients: dict[str, str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,22 +154,48 @@ def alert_send(alert: Alert) -> list[str]:
     log counts only when it is the only backend), so the caller leaves its row unmarked for
     the sweeper.
     """
+    return alert_send_report(alert).delivered
+
+
+def alert_send_report(alert: Alert) -> AlertReport:
+    """`alert_send`, saying which backends delivered, which failed and why, and to whom.
+    Raises AlertNotDelivered (carrying the report) as `alert_send` does."""
     delivered: list[str] = []
+    failed: dict[str, str] = {}
     names = alert_backend_names()
     for name in names:
         try:
             _backend_load(name).send(alert)
-        except Exception:
+        except Exception as exc:
             # Anticipated or not, a broken channel must not silence the others.
             logger.exception("alert %s via %s failed", alert.idempotency_key, name)
+            failed[name] = f"{type(exc).__name__}: {exc}"[:ERROR_CHARS]
             continue
         delivered.append(name)
+    report = AlertReport(delivered, failed, {name: _recipient(name) for name in names})
     # A log line reaches no person: when any other channel is configured, one of those must
     # deliver, or the caller keeps its row unmarked and the sweeper tries again.
     reaching_people = [n for n in names if n != "log"]
     if not delivered or (reaching_people and not set(delivered) & set(reaching_people)):
-        raise AlertNotDelivered(f"alert {alert.idempotency_key}: no backend reached a person")
-    return delivered
+        raise AlertNotDelivered(
+            f"alert {alert.idempotency_key}: no backend reached a person", report
+        )
+    return report
+
+
+ERROR_CHARS = 200  # what of a backend's error goes on the timeline
+
+
+def _recipient(name: str) -> str:
+    """To whom a backend sends, as the timeline may show it."""
+    if name == "log":
+        return f"log {alert_logger.name}"
+    if name == "mail":
+        return ", ".join(email for _, email in settings.ADMINS) or "(no ADMINS)"
+    if name == "webhook":
+        url = getattr(settings, "TOLLBOOTH_ALERT_WEBHOOK_URL", "")
+        return urlsplit(url).netloc or "(no URL)"  # the host only: paths may carry tokens
+    return name
 
 
 def _mail_body(alert: Alert) -> str:

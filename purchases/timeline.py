@@ -109,6 +109,40 @@ EVENT_LABELS: dict[str, Label] = {
     "case.settlement_rechecked": Label("Settlement re-checked by staff"),
     "case.execution_reconciled": Label("Execution reconciled by staff"),
     "case.result_redelivered": Label("Result redelivery prepared by staff"),
+    # Boundary events (purchases/event_subjects.py says what each means).
+    "payment_attempt.broadcast": Label("Payment broadcast (first send)"),
+    "payment_attempt.dropped": Label("Broadcast dropped: not on chain, nonce unused"),
+    "facilitator.answered": Label(
+        "Facilitator answered",
+        by_reason={
+            "verify": "Facilitator answered /verify",
+            "settle": "Facilitator answered /settle",
+        },
+    ),
+    "payment_id.replayed": Label("Same payment id and request again: stored answer replayed"),
+    "payment_id.in_flight": Label("Payment id sent again while in flight (409, retry later)"),
+    "payment_id.conflict": Label(
+        "Payment id reused for another request (409 conflict; this purchase unchanged)"
+    ),
+    "payment_id.retention_expired": Label(
+        "Payment id sent again after its retention: answered with the receipt"
+    ),
+    "execution_attempt.retried": Label("Executor unreachable: execution retried"),
+    "result.delivered": Label("Result delivered (first time)"),
+    "result.redelivered": Label("Result fetched again"),
+    "result.retention_expired": Label("Result asked for after its retention (410)"),
+    "receipt.fetched": Label("Receipt fetched"),
+    "alert.sent": Label(
+        "Alert sent",
+        by_reason={"refund_owed": "Refund-owed alert sent", "escalation": "Escalation alert sent"},
+    ),
+    "alert.failed": Label(
+        "Alert not delivered (retried)",
+        by_reason={
+            "refund_owed": "Refund-owed alert not delivered (retried)",
+            "escalation": "Escalation alert not delivered (retried)",
+        },
+    ),
 }
 
 

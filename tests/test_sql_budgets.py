@@ -73,4 +73,8 @@ def test_prepaid_purchase_statement_budget(client_for_buyer, offering):
     assert counts["pay"] <= CEILING["pay"], pay_sql
     assert counts["replay"] <= CEILING["replay"], replay_sql
     assert not any("ROLLBACK" in sql for sql in replay_all)  # no failing INSERT on a replay
+    # Inside those counts the timeline got the delivery and the replay (issue 10): each
+    # folded into a statement the step sends anyway.
+    noted = set(purchase.events.values_list("subject", flat=True))
+    assert {"result.delivered", "payment_id.replayed"} <= noted
     assert total <= CEILING["end_to_end"], counts

@@ -5,9 +5,16 @@ drives every rail through this interface and never names one.
 """
 
 from payments.rails.base import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
-from payments.x402.types import SettlementOutcome, SettlementStatus
+from payments.x402.types import (
+    FIRST_BROADCAST,
+    SETTLER_ANSWERS,
+    SettlementOutcome,
+    SettlementStatus,
+)
 
 __all__ = [
+    "FIRST_BROADCAST",
+    "SETTLER_ANSWERS",
     "Charge",
     "PaymentRail",
     "Presentation",

@@ -9,6 +9,7 @@ authorization: the identical relayer bytes, or the same payload to the facilitat
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -32,6 +33,7 @@ from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.settlers import settler_for
 from payments.x402.types import (
+    FIRST_BROADCAST,
     Authorization,
     NetworkConfig,
     PreparedBroadcast,
@@ -185,7 +187,8 @@ class X402Rail:
         ).update(broadcast_started_at=now)
         if not claimed:
             return self.look_up(attempt=attempt, now=now)
-        return _prepare_and_broadcast(attempt, terms, now)
+        outcome = _prepare_and_broadcast(attempt, terms, now)
+        return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         network = network_config(attempt.network)
@@ -225,8 +228,13 @@ class X402Rail:
         )
 
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
-        """What the timeline says about how this attempt reaches the chain."""
-        return {"mode": network_config(attempt.network).mode}
+        """What the timeline says about how this attempt reaches the chain: the mode, and
+        the authorization (payer, nonce) every submission of it carries."""
+        return {
+            "mode": network_config(attempt.network).mode,
+            "payer": attempt.payer,
+            "nonce": attempt.authorization_nonce,
+        }
 
     def refund(
         self,

@@ -28,13 +28,14 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import requests
 from x402.schemas import PaymentPayload
 
 from payments.x402.types import (
+    SETTLER_ANSWERS,
     Authorization,
     NetworkConfig,
     PreparedBroadcast,
@@ -124,14 +125,48 @@ class FacilitatorSettler:
         body = settlement_request(authorization, requirements, network)
         base = network.facilitator_url.rstrip("/")
         timeout = network.facilitator_timeout
-        verdict = classify_verify(_exchange("POST", f"{base}/verify", body, timeout))
+        verified = _exchange("POST", f"{base}/verify", body, timeout)
+        answers = [answer_summary(VERIFY, verified)]
+        verdict = classify_verify(verified)
         if verdict is not None:
-            return verdict
+            return _with_answers(verdict, answers)
         # Exactly one /settle per broadcast: a retry is the caller's decision, after it has
         # reconciled the first attempt on chain.
-        return classify_settle(
-            _exchange("POST", f"{base}/settle", body, timeout), network=requirements.network
-        )
+        settled = _exchange("POST", f"{base}/settle", body, timeout)
+        answers.append(answer_summary(SETTLE, settled))
+        return _with_answers(classify_settle(settled, network=requirements.network), answers)
+
+
+_ANSWER_FIELDS = {  # wire field -> timeline field, per stage
+    VERIFY: (("isValid", "is_valid"), ("invalidReason", "invalid_reason"), ("payer", "payer")),
+    SETTLE: (
+        ("success", "success"),
+        ("errorReason", "error_reason"),
+        ("transaction", "transaction"),
+        ("network", "network"),
+    ),
+}
+
+
+def answer_summary(stage: str, reply: HttpReply) -> dict[str, Any]:
+    """What one facilitator answer said, as the timeline keeps it: HTTP status, the verdict
+    fields (trimmed), a transport fault. Never the body."""
+    summary: dict[str, Any] = {"stage": stage, "http_status": reply.status}
+    if reply.transport_error:
+        summary["transport_error"] = reply.transport_error
+    data = reply.json_object()
+    if data is None:
+        summary["json"] = False
+        return summary
+    for wire, name in _ANSWER_FIELDS[stage]:
+        if wire in data:
+            value = data[wire]
+            summary[name] = value if isinstance(value, bool) else str(value)[:EXCERPT_CHARS]
+    return summary
+
+
+def _with_answers(outcome: SettlementOutcome, answers: list[dict[str, Any]]) -> SettlementOutcome:
+    return replace(outcome, evidence={**outcome.evidence, SETTLER_ANSWERS: answers})
 
 
 def settlement_request(

@@ -92,6 +92,13 @@ class SettlementOutcome:
     evidence: dict[str, Any] = field(default_factory=dict)
 
 
+# Evidence keys the caller takes off an outcome for the timeline: True on the outcome of the
+# broadcast that claimed an attempt's first send; the list of what a settler's counterpart
+# (a facilitator) answered on the way, one short summary per HTTP exchange.
+FIRST_BROADCAST = "first_broadcast"
+SETTLER_ANSWERS = "settler_answers"
+
+
 @dataclass(frozen=True)
 class PreparedBroadcast:
     """What is written down before anything leaves the building.

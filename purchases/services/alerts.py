@@ -10,13 +10,24 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
+from django.db import transaction
 from django.db.models import Model, Q
 from django.utils import timezone
 
+from core.actors import Actor
 from payments.models import Refund
-from purchases.models import Escalation
-from purchases.notify import Alert, AlertNotDelivered, alert_send
+from purchases import event_subjects as subjects
+from purchases.events import event_record
+from purchases.models import Escalation, Purchase
+from purchases.notify import (
+    ERROR_CHARS,
+    Alert,
+    AlertNotDelivered,
+    AlertReport,
+    alert_send_report,
+)
 
 logger = logging.getLogger(__name__)
 # A sender that claimed an alert and did not finish within this is presumed dead.
@@ -30,15 +41,40 @@ def _unsent() -> Q:
     )
 
 
-def _send_claimed(model: type[Model], pk: int, alert: Alert) -> bool:
+def _send_claimed(model: type[Model], pk: int, alert: Alert, purchase_id: int) -> bool:
+    """Send (no transaction open), then record the outcome on the row and the timeline."""
     try:
-        alert_send(alert)
-    except AlertNotDelivered:
-        model._default_manager.filter(pk=pk).update(alert_claimed_at=None)
+        report = alert_send_report(alert)
+    except AlertNotDelivered as failure:
+        with transaction.atomic():
+            model._default_manager.filter(pk=pk).update(alert_claimed_at=None)
+            _note(purchase_id, alert, failure.report, error=str(failure))
         logger.exception("%s alert not delivered; the sweeper retries", alert.idempotency_key)
         return False
-    model._default_manager.filter(pk=pk).update(alerted_at=timezone.now())
+    with transaction.atomic():
+        model._default_manager.filter(pk=pk).update(alerted_at=timezone.now())
+        _note(purchase_id, alert, report)
     return True
+
+
+def _note(purchase_id: int, alert: Alert, report: AlertReport | None, error: str = "") -> None:
+    """Who was told, or who could not be: on the purchase's timeline."""
+    evidence: dict[str, Any] = {"kind": alert.kind, "alert_key": alert.idempotency_key}
+    if report is not None:
+        evidence |= {
+            "delivered_via": report.delivered,
+            "failed": report.failed,
+            "recipients": report.recipients,
+        }
+    if error:
+        evidence["error"] = error[:ERROR_CHARS]
+    event_record(
+        subject=subjects.ALERT_FAILED if error else subjects.ALERT_SENT,
+        purchase=Purchase(pk=purchase_id),
+        actor=Actor.system("alerts"),
+        reason_code=alert.kind,
+        evidence=evidence,
+    )
 
 
 def _claim(model: type[Model], pk: int) -> bool:
@@ -70,7 +106,7 @@ def refund_alert(*, refund_id: int) -> bool:
         },
         idempotency_key=f"tollbooth-refund-{refund.pk}",
     )
-    return _send_claimed(Refund, refund_id, alert)
+    return _send_claimed(Refund, refund_id, alert, refund.purchase_id)
 
 
 def escalation_alert(*, escalation_id: int) -> bool:
@@ -91,7 +127,7 @@ def escalation_alert(*, escalation_id: int) -> bool:
         details={"escalation": escalation.pk, "owner": escalation.owner, **escalation.details},
         idempotency_key=f"tollbooth-escalation-{escalation.pk}",
     )
-    return _send_claimed(Escalation, escalation_id, alert)
+    return _send_claimed(Escalation, escalation_id, alert, escalation.purchase_id)
 
 
 def refunds_awaiting_alert(*, limit: int = 200) -> list[int]:

@@ -30,7 +30,8 @@ from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
 from payments.selectors import payment_attempt_for_key
-from purchases.events import event_record, event_record_change, events_batched
+from purchases import event_subjects as subjects
+from purchases.events import event_note, event_record, event_record_change, events_batched
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
 from purchases.services.buyers import buyer_spend_cap_check
@@ -426,6 +427,13 @@ def _answer_duplicate(
     """
     request = checkout.request
     if _payment_in_flight(purchase, request.now):
+        event_note(
+            subject=subjects.PAYMENT_ID_IN_FLIGHT,
+            purchase=purchase,
+            actor=request.actor,
+            reason_code=ErrorCode.PAYMENT_IN_FLIGHT,
+            evidence={"scope": request.scope, "repeated_by": "duplicate", "quote": quote.public_id},
+        )
         raise DomainError(
             ErrorCode.PAYMENT_IN_FLIGHT,
             purchase=purchase.ref,

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import base64
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.urls import reverse
 
+from core.actors import AGENT, Actor
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
-from fulfillment import services as fulfillment_services
+from fulfillment.models import Result
 from payments.models import PaymentAttempt
+from purchases import event_subjects as subjects
+from purchases.events import db_column, event_note, event_table_sql
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 
@@ -42,8 +47,11 @@ def purchase_result_deliver(
     purchase: Purchase,
     now: datetime | None = None,
     created_with: PaymentAttempt | None = None,
+    channel: str = "api",
 ) -> Delivery:
-    """Return the stored result and note its first delivery.
+    """Return the stored result and put this delivery on the timeline: the first
+    (`result.delivered`, stamping the result) or a later one (`result.redelivered`), with
+    `channel` (api, x402_paid_url, capability_url); a request past retention is noted too.
 
     `created_with`: the purchase was created in this request with this payment (see
     purchase_status), so a pending answer reads nothing more.
@@ -78,20 +86,87 @@ def purchase_result_deliver(
         raise RuntimeError(f"purchase {purchase.ref} succeeded without a stored result and receipt")
     receipt_url = reverse("api:receipt-detail", kwargs={"public_id": public_id})
     if fulfillment_selectors.result_is_expired(result=result, now=now):
+        event_note(
+            subject=subjects.RESULT_RETENTION_EXPIRED,
+            purchase=purchase,
+            actor=Actor.agent(purchase.payer),
+            reason_code=ErrorCode.RESULT_EXPIRED,
+            evidence={
+                "result": result.pk,
+                "channel": channel,
+                "expired_at": result.expires_at.isoformat(),
+                "receipt": public_id,
+            },
+        )
         raise DomainError(
             ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
         )
-    if result.first_delivered_at is None:
-        fulfillment_services.result_mark_delivered(result=result, now=now)
+    _delivery_record(purchase, result, str(public_id), channel, now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
 
 
+# One statement per fetch: stamp the result's first delivery if it has none, and put the
+# fetch on the timeline as a first delivery or a redelivery, whichever the stamp says.
+_DELIVERY_SQL = """
+WITH stamped AS (
+    UPDATE {results} SET {first_delivered_at} = %(now)s
+    WHERE {pk} = %(result)s AND {first_delivered_at} IS NULL
+    RETURNING 1
+)
+INSERT INTO {events} ({event_columns})
+SELECT %(purchase)s, NULL,
+    CASE WHEN EXISTS (SELECT 1 FROM stamped) THEN %(first)s ELSE %(again)s END,
+    '', '', %(actor_type)s, %(actor)s, '', %(evidence)s::jsonb, %(now)s
+"""
+
+
+def _delivery_record(
+    purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
+) -> None:
+    events, event_columns = event_table_sql()
+    sql = _DELIVERY_SQL.format(
+        results=connection.ops.quote_name(Result._meta.db_table),
+        first_delivered_at=db_column(Result, "first_delivered_at"),
+        pk=db_column(Result, "id"),
+        events=events,
+        event_columns=event_columns,
+    )
+    first = result.first_delivered_at
+    evidence = {
+        "result": result.pk,
+        "channel": channel,
+        "sha256": result.sha256,
+        "bytes": len(result.body),
+        "receipt": receipt_public_id,
+        "first_delivered_at": first.isoformat() if first else now.isoformat(),
+    }
+    params: dict[str, Any] = {
+        "now": now,
+        "result": result.pk,
+        "purchase": purchase.pk,
+        "first": subjects.RESULT_DELIVERED,
+        "again": subjects.RESULT_REDELIVERED,
+        "actor_type": AGENT,
+        "actor": purchase.payer,
+        "evidence": json.dumps(evidence),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 def receipt_public(*, public_id: str) -> dict[str, Any]:
-    """The public receipt. Raises DomainError: receipt_not_found."""
+    """The public receipt, its fetch on the purchase's timeline.
+    Raises DomainError: receipt_not_found."""
     receipt = fulfillment_selectors.receipt_get(public_id=public_id)
     if receipt is None:
         raise DomainError(ErrorCode.RECEIPT_NOT_FOUND)
+    event_note(
+        subject=subjects.RECEIPT_FETCHED,
+        purchase=receipt.purchase,
+        actor=Actor.agent("public"),  # receipts are public: whoever holds its link
+        evidence={"receipt": receipt.public_id},
+    )
     return {
         "receipt": receipt.public_id,
         "purchase": receipt.purchase.ref,

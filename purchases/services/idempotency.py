@@ -24,11 +24,15 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.urls import reverse
+from django.utils import timezone
 from prometheus_client import Counter
 
+from core.actors import AGENT, Actor
 from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
+from purchases import event_subjects as subjects
+from purchases.events import db_column, event_record, event_table_sql
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
@@ -101,14 +105,15 @@ def _refuse_compacted(record: IdempotencyRecord, principal: str) -> None:
     """A retry after retention is answered with the receipt, never treated as a new sale."""
     if record.principal != principal:
         raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
+    purchase_ref = _purchase_ref(record)
     receipt = (
-        fulfillment_selectors.receipt_for_purchase(purchase_id=record.purchase.pk)
-        if record.purchase
+        fulfillment_selectors.receipt_for_purchase(purchase_id=record.purchase_id)
+        if record.purchase_id
         else None
     )
     raise DomainError(
         ErrorCode.RETENTION_EXPIRED,
-        purchase=record.purchase.ref if record.purchase else None,
+        purchase=purchase_ref,
         extra={
             "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id})
             if receipt
@@ -122,7 +127,9 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
 
     A new key costs one INSERT ... ON CONFLICT DO NOTHING (never a failing INSERT), which
     also refuses to insert beside the key's compacted form; a replay that INSERT (writing
-    nothing) and one SELECT (an answered key never changes, so it needs no lock).
+    nothing) and one SELECT (an answered key never changes, so it needs no lock), which
+    also puts the replay, conflict or post-retention request on the key's purchase's
+    timeline (see `_known_noted`).
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
     hashed = payment_id_hash(request.key)
@@ -130,12 +137,7 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     record_id = _insert_if_absent(request, token, hashed)
     if record_id is not None:
         return KeyClaim(record_id, token, is_new=True)
-    known = {
-        record.key: record
-        for record in IdempotencyRecord.objects.select_related("purchase").filter(
-            scope=request.scope, key__in=[request.key, hashed]
-        )
-    }
+    known = {record.key: record for record in _known_noted(request, hashed)}
     record = known.get(request.key)
     if record is not None and record.state == IdempotencyRecord.State.COMPLETED:
         _refuse_if_another_request(record, request)
@@ -143,6 +145,98 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     if record is None and hashed in known:
         _refuse_compacted(known[hashed], request.principal)
     return _claim_recorded(request, token)  # in flight, dead, or a racing first claim
+
+
+# What the known-key read notes on the key's purchase, decided from the row it reads: an
+# answered key asked again is a replay (same principal and request), a conflict (another
+# principal, or a changed request) or, for a key compacted to its hash, a request after
+# retention. Keys still in flight are noted under their lock (`_claim_recorded`).
+_KNOWN_NOTED_SQL = """
+WITH known AS (
+    SELECT r.*, p.{ref} AS purchase_ref
+    FROM {records} r LEFT JOIN {purchases} p ON p.{purchase_pk} = r.{purchase}
+    WHERE r.{scope} = %(scope)s AND r.{key} IN (%(key)s, %(hashed)s)
+), noted AS (
+    INSERT INTO {events} ({event_columns})
+    SELECT k.{purchase}, NULL,
+        CASE
+            WHEN k.{principal} <> %(principal)s
+                OR (k.{key} = %(key)s AND k.{fingerprint} <> %(fingerprint)s)
+                THEN %(conflict)s
+            WHEN k.{key} = %(key)s THEN %(replayed)s
+            ELSE %(expired)s
+        END,
+        '', '', %(actor_type)s, %(principal)s, '',
+        jsonb_build_object(
+            'scope', k.{scope},
+            'record', k.{pk},
+            'principal_matches', k.{principal} = %(principal)s,
+            'request_matches', k.{fingerprint} = %(fingerprint)s,
+            'answered_at', k.{completed_at},
+            'answer_status', k.{status}
+        ),
+        %(created_at)s
+    FROM known k
+    WHERE k.{purchase} IS NOT NULL AND (
+        (k.{key} = %(key)s AND k.{state} = %(completed)s)
+        OR (k.{key} = %(hashed)s AND NOT EXISTS (SELECT 1 FROM known o WHERE o.{key} = %(key)s))
+    )
+    RETURNING 1
+)
+SELECT * FROM known
+"""
+
+
+def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
+    """The key's rows (plain and compacted), each with `purchase_ref`, read in one statement
+    that also notes the request on the key's purchase: a replay costs no extra statement."""
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        return db_column(IdempotencyRecord, name)
+
+    events, event_columns = event_table_sql()
+    sql = _KNOWN_NOTED_SQL.format(
+        records=quote(IdempotencyRecord._meta.db_table),
+        purchases=quote(Purchase._meta.db_table),
+        ref=db_column(Purchase, "ref"),
+        purchase_pk=db_column(Purchase, "id"),
+        pk=column("id"),
+        purchase=column("purchase"),
+        scope=column("scope"),
+        key=column("key"),
+        principal=column("principal"),
+        fingerprint=column("request_fingerprint"),
+        completed_at=column("completed_at"),
+        status=column("response_status"),
+        state=column("state"),
+        events=events,
+        event_columns=event_columns,
+    )
+    params = {
+        "scope": request.scope,
+        "key": request.key,
+        "hashed": hashed,
+        "principal": request.principal,
+        "fingerprint": request.fingerprint,
+        "conflict": subjects.PAYMENT_ID_CONFLICT,
+        "replayed": subjects.PAYMENT_ID_REPLAYED,
+        "expired": subjects.PAYMENT_ID_RETENTION_EXPIRED,
+        "actor_type": AGENT,
+        "completed": IdempotencyRecord.State.COMPLETED,
+        "created_at": timezone.now(),  # as every event: when written
+    }
+    return list(IdempotencyRecord.objects.raw(sql, params))
+
+
+def _purchase_ref(record: IdempotencyRecord) -> str | None:
+    """The key's purchase's ref: read with the row (`purchase_ref`), or its loaded purchase."""
+    if not record.purchase_id:
+        return None
+    noted = getattr(record, "purchase_ref", None)
+    if noted:
+        return str(noted)
+    return record.purchase.ref if record.purchase else None
 
 
 def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
@@ -181,18 +275,26 @@ def _stored(record: IdempotencyRecord) -> StoredAnswer:
         record.response_status or 500,
         record.response_body,
         dict(record.response_headers),
-        record.purchase.ref if record.purchase else None,
+        _purchase_ref(record),
         is_live=record.answer_is_live,
         raw=record.response_text.encode() if record.response_text else None,
     )
 
 
+def _is_another_request(record: IdempotencyRecord, request: KeyedRequest) -> bool:
+    return record.principal != request.principal or (
+        record.request_fingerprint != request.fingerprint
+    )
+
+
 def _refuse_if_another_request(record: IdempotencyRecord, request: KeyedRequest) -> None:
     """Raises DomainError: payment_identifier_conflict (logged and counted, never the answer)."""
-    if record.principal == request.principal and (
-        record.request_fingerprint == request.fingerprint
-    ):
+    if not _is_another_request(record, request):
         return
+    raise _conflict(record, request)
+
+
+def _conflict(record: IdempotencyRecord, request: KeyedRequest) -> DomainError:
     payment_id_conflicts.labels(scope=request.scope).inc()
     logger.warning(
         "payment id conflict scope=%s record=%s principal_matches=%s",
@@ -201,7 +303,7 @@ def _refuse_if_another_request(record: IdempotencyRecord, request: KeyedRequest)
         record.principal == request.principal,
     )
     # Never name the other party's purchase: the key may not be this caller's.
-    raise DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
+    return DomainError(ErrorCode.PAYMENT_IDENTIFIER_CONFLICT)
 
 
 def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
@@ -211,26 +313,57 @@ def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
             .select_related("purchase")
             .get(scope=request.scope, key=request.key)
         )
-        _refuse_if_another_request(record, request)
-        if record.state == IdempotencyRecord.State.COMPLETED:
+        refusal: DomainError | None = None
+        if _is_another_request(record, request):
+            refusal = _conflict(record, request)
+        elif record.state == IdempotencyRecord.State.COMPLETED:
             return KeyClaim(record.pk, "", _stored(record), record.recovery_point)
-        if record.locked_until is not None and record.locked_until > request.now:
-            raise DomainError(
+        elif record.locked_until is not None and record.locked_until > request.now:
+            refusal = DomainError(
                 ErrorCode.PAYMENT_IN_FLIGHT,
                 purchase=record.purchase.ref if record.purchase else None,
                 retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
             )
-        # The request that held it died: take the lease and resume from its recovery point.
-        logger.info(
-            "payment id lease taken over scope=%s record=%s at %s",
-            request.scope,
-            record.pk,
-            record.recovery_point,
-        )
-        record.lease_token = token
-        record.locked_until = request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
-        record.save(update_fields=["lease_token", "locked_until"])
-        return KeyClaim(record.pk, token, None, record.recovery_point)
+        if refusal is None:
+            return _take_over(record, request, token)
+        _note_refusal(record, request, refusal)
+    raise refusal
+
+
+def _note_refusal(record: IdempotencyRecord, request: KeyedRequest, refusal: DomainError) -> None:
+    """Put an in-flight answer or a conflict on the key's purchase's timeline (if the key
+    names one yet), without changing that purchase. Runs under the key's lock."""
+    if record.purchase is None:
+        return
+    is_conflict = refusal.code == ErrorCode.PAYMENT_IDENTIFIER_CONFLICT
+    event_record(
+        subject=subjects.PAYMENT_ID_CONFLICT if is_conflict else subjects.PAYMENT_ID_IN_FLIGHT,
+        purchase=record.purchase,
+        actor=Actor.agent(request.principal),
+        reason_code=str(refusal.code),
+        evidence={
+            "scope": request.scope,
+            "record": record.pk,
+            "principal_matches": record.principal == request.principal,
+            "request_matches": record.request_fingerprint == request.fingerprint,
+            "recovery_point": record.recovery_point,
+            "lease_until": record.locked_until.isoformat() if record.locked_until else None,
+        },
+    )
+
+
+def _take_over(record: IdempotencyRecord, request: KeyedRequest, token: str) -> KeyClaim:
+    """The request that held the key died: take the lease and resume from its recovery point."""
+    logger.info(
+        "payment id lease taken over scope=%s record=%s at %s",
+        request.scope,
+        record.pk,
+        record.recovery_point,
+    )
+    record.lease_token = token
+    record.locked_until = request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
+    record.save(update_fields=["lease_token", "locked_until"])
+    return KeyClaim(record.pk, token, None, record.recovery_point)
 
 
 def payment_id_mark_recorded(*, claim: KeyClaim, purchase: Purchase) -> None:

@@ -13,8 +13,9 @@ sends it again (`resend`); this module owns the policy. The buyer's resend, the 
 and the reconciliation job all come through `payment_resubmit_if_due`. Tries are counted
 on the attempt in the database, spaced by `BACKOFF`, bounded by
 `SETTLEMENT_RESUBMIT_LIMIT`; past it the attempt stays pending for reconciliation (its
-window closing proves the failure) and support is escalated. Every try, and the refusal at
-the limit, is on the purchase's timeline.
+window closing proves the failure) and support is escalated. Every drop found (once per
+submission), every try with what the facilitator answered, and the refusal at the limit,
+are on the purchase's timeline, each naming the authorization's nonce.
 """
 
 from __future__ import annotations
@@ -29,10 +30,15 @@ from django.db import transaction
 from core.actors import Actor
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, rail_for
-from purchases.events import event_record
+from purchases.events import event_record, events_batched
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.quotes import quote_terms
 from purchases.services.remedies import escalation_open
+from purchases.services.settlement_events import (
+    payment_drop_record,
+    settlement_notes_take,
+    settler_answers_record,
+)
 
 RESUBMITTED = "payment_attempt.resubmitted"
 REFUSED = "payment_attempt.resubmit_refused"
@@ -76,6 +82,7 @@ def payment_resubmit_if_due(
     rail = rail_for(attempt.rail)
     if not rail.never_reached(attempt=attempt, outcome=outcome, now=now):
         return outcome
+    payment_drop_record(attempt=attempt, outcome=outcome, now=now, actor=actor)
     limit = settings.TOLLBOOTH["SETTLEMENT_RESUBMIT_LIMIT"]
     described = rail.describe(attempt=attempt)
     if attempt.resubmissions >= limit:
@@ -90,8 +97,8 @@ def payment_resubmit_if_due(
     fresh = PaymentAttempt.objects.select_related("purchase__quote__offering").get(pk=attempt.pk)
     # The quote's terms are read only now: most look-ups never resend.
     terms = terms or quote_terms(quote=fresh.purchase.quote)
-    answer = rail.resend(attempt=fresh, terms=terms, now=now)
-    _record_try(fresh, described, number, limit, answer, actor)
+    answer, _, answers = settlement_notes_take(rail.resend(attempt=fresh, terms=terms, now=now))
+    _record_try(fresh, described, number, limit, answer, answers, actor)
     return replace(answer, evidence={**answer.evidence, "resubmission": number})
 
 
@@ -110,10 +117,14 @@ def _record_try(
     number: int,
     limit: int,
     answer: SettlementOutcome,
+    answers: list[dict[str, Any]],
     actor: Actor,
 ) -> None:
-    with transaction.atomic():
+    with transaction.atomic(), events_batched():
         purchase = Purchase.objects.select_for_update().get(pk=attempt.purchase_id)
+        settler_answers_record(
+            purchase=purchase, attempt=attempt, answers=answers, submission=number, actor=actor
+        )
         event_record(
             subject=RESUBMITTED,
             purchase=purchase,

@@ -33,6 +33,11 @@ from purchases.models import Purchase
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quotes import quote_terms
 from purchases.services.resubmit import payment_resubmit_if_due
+from purchases.services.settlement_events import (
+    payment_broadcast_record,
+    settlement_notes_take,
+    settler_answers_record,
+)
 from purchases.services.sweeper import purchase_execution_stage, purchase_executions_stage
 
 logger = logging.getLogger(__name__)
@@ -112,6 +117,7 @@ def settlement_record_outcome(
     """Lock purchase then attempt, apply the answer to both, queue the work if due.
     Returns both as recorded."""
     actor = Actor.system("settlement")
+    outcome, is_first_broadcast, answers = settlement_notes_take(outcome)
     with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
@@ -120,6 +126,8 @@ def settlement_record_outcome(
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
         attempt.purchase = purchase
+        if is_first_broadcast:
+            _first_broadcast_record(purchase, attempt, outcome, answers, actor)
         if (
             attempt.state == PaymentAttempt.State.FAILED
             and outcome.status == SettlementStatus.CONFIRMED
@@ -276,6 +284,21 @@ def _queue_if_due(purchase: Purchase, actor: Actor) -> bool:
         purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=False
     )
     return True
+
+
+def _first_broadcast_record(
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    outcome: SettlementOutcome,
+    answers: list[dict[str, Any]],
+    actor: Actor,
+) -> None:
+    """The first broadcast and what the facilitator answered to it, in the recording batch
+    (no statement of their own). Resubmissions are recorded by `resubmit`."""
+    payment_broadcast_record(purchase=purchase, attempt=attempt, outcome=outcome, actor=actor)
+    settler_answers_record(
+        purchase=purchase, attempt=attempt, answers=answers, submission=0, actor=actor
+    )
 
 
 def _payment_move(

@@ -67,12 +67,13 @@ def x402_answer_for_purchase(
     reconcile: bool,
     fresh: bool = False,
     attempt: PaymentAttempt | None = None,
+    channel: str = "x402_paid_url",
 ) -> X402Answer:
     """What an x402 client gets for this purchase now: the result, pending, or the failure.
 
     `fresh`: this request created the purchase, so while its work is pending it has no
     result, refund, escalation or receipt to read yet. `attempt`: its latest payment
-    attempt, already read.
+    attempt, already read. `channel`: where a delivered result goes, for the timeline.
     """
     if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
         attempt = x402_attempt_live(purchase_id=purchase.pk)
@@ -91,7 +92,7 @@ def x402_answer_for_purchase(
     created_with = attempt if fresh else None
     if not purchase.is_payment_sufficient_for_execution():
         return _pending_answer(purchase, attempt, created_with)
-    return _delivery_answer(purchase, attempt, created_with)
+    return _delivery_answer(purchase, attempt, created_with, channel)
 
 
 def _payment_response(purchase: Purchase, attempt: PaymentAttempt | None) -> str:
@@ -144,12 +145,17 @@ def _await_work(purchase: Purchase) -> Purchase:
 
 
 def _delivery_answer(
-    purchase: Purchase, attempt: PaymentAttempt | None, created_with: PaymentAttempt | None
+    purchase: Purchase,
+    attempt: PaymentAttempt | None,
+    created_with: PaymentAttempt | None,
+    channel: str,
 ) -> X402Answer:
     purchase = _await_work(purchase)
     headers = {"PAYMENT-RESPONSE": _payment_response(purchase, attempt)}
     try:
-        delivery = purchase_result_deliver(purchase=purchase, created_with=created_with)
+        delivery = purchase_result_deliver(
+            purchase=purchase, created_with=created_with, channel=channel
+        )
     except DeliveryPending as pending:
         status_url = purchase_capability_url(purchase=purchase)
         body = {**pending.status, "next_action": "poll_status_url", "status_url": status_url}
@@ -176,7 +182,7 @@ def x402_answer_for_capability(*, ref: str, token: str) -> X402Answer:
     Raises DomainError: purchase_not_found (wrong token, another purchase's, or no purchase).
     """
     purchase = purchase_get_by_capability(ref=ref, token=token)
-    answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
+    answer = x402_answer_for_purchase(purchase=purchase, reconcile=True, channel="capability_url")
     if purchase.rail != Rail.X402:
         answer.headers.pop("PAYMENT-RESPONSE", None)
     return answer

@@ -49,7 +49,9 @@ def paid_purchase(buyer) -> Purchase:
 
 
 def retry_events(purchase: Purchase) -> list[dict]:
-    events = purchase.events.filter(reason_code="executor_retry").order_by("pk")
+    """Each retry under its own subject on the timeline, with its error (issue 10)."""
+    events = purchase.events.filter(subject="execution_attempt.retried").order_by("pk")
+    assert {event.reason_code for event in events} <= {"executor_retry"}
     return [event.evidence for event in events]
 
 

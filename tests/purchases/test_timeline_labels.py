@@ -7,6 +7,7 @@ import ast
 from datetime import UTC, datetime
 from pathlib import Path
 
+from purchases import event_subjects
 from purchases.events import PURCHASE_TRANSITION_SUBJECTS
 from purchases.timeline import EVENT_LABELS, event_label, evidence_items, utc_seconds
 
@@ -26,7 +27,8 @@ def _module_constants(tree: ast.Module) -> dict[str, str]:
 
 def written_subjects() -> set[str]:
     """Every `subject=` the production code passes: literals and module constants (an
-    imported constant is found in the module that defines and uses it)."""
+    imported constant is found in the module that defines and uses it), and every
+    `subjects.X` of purchases/event_subjects.py the code names."""
     subjects: set[str] = set(PURCHASE_TRANSITION_SUBJECTS.values())
     for app in PRODUCTION:
         for path in (ROOT / app).rglob("*.py"):
@@ -35,12 +37,20 @@ def written_subjects() -> set[str]:
             tree = ast.parse(path.read_text())
             constants = _module_constants(tree)
             for node in ast.walk(tree):
+                if (  # subjects.X anywhere (a keyword, a branch, a raw SQL parameter)
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "subjects"
+                    and node.attr.isupper()
+                ):
+                    subjects.add(getattr(event_subjects, node.attr))
                 if not isinstance(node, ast.keyword) or node.arg != "subject":
                     continue
                 if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                     subjects.add(node.value.value)
                 elif isinstance(node.value, ast.Name) and node.value.id in constants:
                     subjects.add(constants[node.value.id])
+
     return subjects
 
 
@@ -49,6 +59,7 @@ def test_every_subject_the_code_writes_has_a_label() -> None:
     # The scan sees the lower floors, the constants and the transition helper.
     assert {"payment_attempt", "execution_attempt", "refund", "purchase.payment"} <= subjects
     assert {"payment_attempt.resubmitted", "case.settlement_rechecked"} <= subjects
+    assert {"payment_id.replayed", "result.delivered", "alert.failed"} <= subjects
     missing = subjects - set(EVENT_LABELS)
     assert not missing, f"add a label to purchases.timeline.EVENT_LABELS for {sorted(missing)}"
 

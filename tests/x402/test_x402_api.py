@@ -87,6 +87,27 @@ def test_pay_settles_once_then_result_with_payment_response(client, x402_world):
     assert x402_world.seller_balance() == PRICE  # still exactly one transfer
     assert x402_world.relayer_sent() == 1
     assert Result.objects.count() == 1
+    by_capability = APIClient().get(first["Location"])  # the status URL, no key
+    assert by_capability.status_code == 200 and by_capability.content == again.content
+
+    # On the timeline: the broadcast, the resend as a replay, each delivery and its channel.
+    timeline = list(purchase.events.order_by("pk"))
+    [broadcast] = [e for e in timeline if e.subject == "payment_attempt.broadcast"]
+    assert (broadcast.evidence["mode"], broadcast.evidence["tx_hash"]) == (
+        "direct",
+        attempt.tx_hash,
+    )
+    assert broadcast.evidence["nonce"] == attempt.authorization_nonce
+    assert broadcast.evidence["status"] == "confirmed"
+    [replayed] = [e for e in timeline if e.subject == "payment_id.replayed"]
+    assert replayed.actor == payer.address.lower()
+    deliveries = [
+        (e.subject, e.evidence["channel"]) for e in timeline if e.subject.startswith("result.")
+    ]
+    assert deliveries == [
+        ("result.delivered", "x402_paid_url"),
+        ("result.redelivered", "capability_url"),
+    ]
 
 
 def test_another_payment_id_on_a_paid_quote_is_refused_before_the_chain(client, x402_world):

@@ -24,6 +24,9 @@ from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 PAY_ID = "x402-resubmit-id-0000001"
 RESUBMITTED = "payment_attempt.resubmitted"
 REFUSED = "payment_attempt.resubmit_refused"
+BROADCAST = "payment_attempt.broadcast"
+DROPPED = "payment_attempt.dropped"
+ANSWERED = "facilitator.answered"
 
 
 def _pay(world: X402World, client: APIClient, **sign: Any) -> str:
@@ -89,11 +92,14 @@ def test_the_buyers_resend_resubmits_what_a_facilitator_never_broadcast(
     )
     [event] = _events(RESUBMITTED)
     assert (event.actor, event.reason_code) == ("settlement", "")
+    nonce = attempt.authorization_nonce
     assert event.evidence == {
         "attempt": attempt.pk,
         "try": 1,
         "limit": 5,
         "mode": "facilitator",
+        "payer": attempt.payer,
+        "nonce": nonce,
         "tx_hash": tx_hash,
         "answer": {
             "status": "confirmed",
@@ -104,6 +110,35 @@ def test_the_buyers_resend_resubmits_what_a_facilitator_never_broadcast(
         },
     }
     assert not _events(REFUSED) and not Escalation.objects.exists()
+    # One authorization's way, step by step, each naming its nonce: the first broadcast,
+    # the drop the resend's look-up found (once, though looked up twice), the resubmission.
+    [broadcast] = _events(BROADCAST)
+    assert broadcast.evidence["submission"] == 0
+    assert (broadcast.evidence["mode"], broadcast.evidence["nonce"]) == ("facilitator", nonce)
+    assert broadcast.evidence["status"] == "pending"
+    [dropped] = _events(DROPPED)
+    assert (dropped.evidence["submission"], dropped.evidence["nonce"]) == (0, nonce)
+    assert (dropped.evidence["nonce_state"], dropped.reason_code) == ("unused", "not_on_chain_yet")
+    assert [e.subject for e in PurchaseEvent.objects.filter(
+        subject__in=[BROADCAST, DROPPED, RESUBMITTED]).order_by("pk")] == [
+        BROADCAST, DROPPED, RESUBMITTED
+    ]  # fmt: skip
+    answers = [(e.evidence["submission"], e.reason_code, e.evidence) for e in _events(ANSWERED)]
+    assert [(submission, stage) for submission, stage, _ in answers] == [
+        (0, "verify"),
+        (0, "settle"),
+        (1, "verify"),
+        (1, "settle"),
+    ]
+    assert answers[0][2]["http_status"] == 200 and answers[0][2]["is_valid"] is True
+    first_settle = answers[1][2]
+    if mode == "invalid_transaction_state":
+        assert (first_settle["http_status"], first_settle["success"]) == (200, False)
+        assert first_settle["error_reason"] == "invalid_transaction_state"
+    else:  # hung up before answering: no status, the fault named
+        assert first_settle["http_status"] is None and first_settle["transport_error"]
+    assert (answers[3][2]["success"], answers[3][2]["transaction"]) == (True, tx_hash)
+    assert all("body" not in key for _, _, evidence in answers for key in evidence)
 
 
 def test_reconciliation_resubmits_without_any_buyer_request(make_facilitated_world, db):
@@ -209,6 +244,21 @@ def test_a_dropped_relayer_transaction_is_resent_identically_counted_and_bounded
         (2, "direct", tx_hash),
     ]
     assert {e.evidence["answer"]["status"] for e in tries} == {"pending"}
+    nonce = attempt.authorization_nonce
+    assert {e.evidence["nonce"] for e in tries} == {nonce}
+    [broadcast] = _events(BROADCAST)
+    assert (broadcast.evidence["mode"], broadcast.evidence["tx_hash"]) == ("direct", tx_hash)
+    assert (broadcast.evidence["nonce"], broadcast.evidence["submission"]) == (nonce, 0)
+    assert broadcast.evidence["relayer_nonce"] == attempt.relayer_nonce is not None
+    # Each submission dropped is found once, whatever the number of look-ups meanwhile.
+    drops = _events(DROPPED)
+    assert [(e.evidence["submission"], e.evidence["tx_hash"]) for e in drops] == [
+        (0, tx_hash),
+        (1, tx_hash),
+        (2, tx_hash),
+    ]
+    assert {(e.evidence["nonce"], e.evidence["nonce_state"]) for e in drops} == {(nonce, "unused")}
+    assert not _events(ANSWERED)  # direct mode: no facilitator
     assert len(_events(REFUSED)) == 1
     assert Escalation.objects.get().reason_code == "settlement_resubmissions_exhausted"
     assert world.seller_balance() == 0

@@ -7,6 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from purchases.models import PurchaseEvent
 from tests.x402.e2e import ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -24,3 +25,5 @@ def test_paid_x402_request_statement_budget(x402_world):
     assert paid.status_code == 202, paid.content
     statements = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(_CONTROL)]
     assert len(statements) <= CEILING, "\n".join(statements)
+    # The first broadcast is on the timeline within that count (it joins the batched INSERT).
+    assert PurchaseEvent.objects.filter(subject="payment_attempt.broadcast").count() == 1

@@ -1,0 +1,92 @@
+"""Every subject a timeline event (PurchaseEvent.subject) can carry, with what it means.
+
+One list, so the admin's case file can label each subject for people
+(`purchases.timeline.EVENT_LABELS`) and a test can prove none is missing. Code that writes a
+boundary event names its subject from here (a lower service's `Change`, or older code, with
+the same string); tests/purchases/test_timeline_events.py checks that every subject the code
+writes is listed, tests/purchases/test_timeline_labels.py that each has a label.
+"""
+
+from __future__ import annotations
+
+# --- state moves -------------------------------------------------------------------------
+QUOTE = "quote"
+PURCHASE_PAYMENT = "purchase.payment"
+PURCHASE_FULFILLMENT = "purchase.fulfillment"
+PURCHASE_DUPLICATE = "purchase.duplicate"
+PAYMENT_ATTEMPT = "payment_attempt"
+EXECUTION_ATTEMPT = "execution_attempt"
+REFUND = "refund"
+ESCALATION = "escalation"
+
+# --- settlement: one authorization's way to the money (same nonce in every event) ---------
+PAYMENT_BROADCAST = "payment_attempt.broadcast"
+PAYMENT_DROPPED = "payment_attempt.dropped"
+PAYMENT_RESUBMITTED = "payment_attempt.resubmitted"
+PAYMENT_RESUBMIT_REFUSED = "payment_attempt.resubmit_refused"
+FACILITATOR_ANSWERED = "facilitator.answered"
+
+# --- the payment id ------------------------------------------------------------------------
+PAYMENT_ID_REPLAYED = "payment_id.replayed"
+PAYMENT_ID_IN_FLIGHT = "payment_id.in_flight"
+PAYMENT_ID_CONFLICT = "payment_id.conflict"
+PAYMENT_ID_RETENTION_EXPIRED = "payment_id.retention_expired"
+
+# --- execution and delivery ----------------------------------------------------------------
+EXECUTION_RETRIED = "execution_attempt.retried"
+RESULT_DELIVERED = "result.delivered"
+RESULT_REDELIVERED = "result.redelivered"
+RESULT_RETENTION_EXPIRED = "result.retention_expired"
+RECEIPT_FETCHED = "receipt.fetched"
+
+# --- staff actions on the case file (purchases/services/case_actions.py) -----------------
+ESCALATION_ASSIGNED = "escalation.assigned"
+CASE_SETTLEMENT_RECHECKED = "case.settlement_rechecked"
+CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
+CASE_RESULT_REDELIVERED = "case.result_redelivered"
+
+# --- telling people -------------------------------------------------------------------------
+ALERT_SENT = "alert.sent"
+ALERT_FAILED = "alert.failed"
+
+SUBJECTS: dict[str, str] = {
+    QUOTE: "The quote moved (accepted by the first payment, expired, stock released).",
+    PURCHASE_PAYMENT: "The purchase's payment state moved (paying, pending, paid, failed).",
+    PURCHASE_FULFILLMENT: "The purchase's fulfilment state moved (queued, running, done...).",
+    PURCHASE_DUPLICATE: "A new payment repeated this purchase; answered with it, not charged.",
+    PAYMENT_ATTEMPT: "A payment attempt moved (recorded, pending, succeeded, failed).",
+    EXECUTION_ATTEMPT: "An execution attempt moved (claimed, taken over, succeeded, ended).",
+    REFUND: "A refund was recorded as owed, credited or marked paid back.",
+    ESCALATION: "An escalation was opened for a person, or resolved.",
+    PAYMENT_BROADCAST: "The first broadcast of the signed authorization (mode, tx hash, nonce).",
+    PAYMENT_DROPPED: (
+        "A look-up found the sent transaction unknown to the node and the authorization's "
+        "nonce unused: it never reached the chain (once per submission)."
+    ),
+    PAYMENT_RESUBMITTED: "The same signed authorization was sent again (try number, nonce).",
+    PAYMENT_RESUBMIT_REFUSED: "No more resubmissions: the limit was reached; support escalated.",
+    FACILITATOR_ANSWERED: (
+        "What the facilitator answered to /verify or /settle: HTTP status, valid or success, "
+        "the reason it gave, the transaction (never the whole body)."
+    ),
+    PAYMENT_ID_REPLAYED: "The same payment id and request came again: the stored answer.",
+    PAYMENT_ID_IN_FLIGHT: "The payment id came again while its first request ran: 409.",
+    PAYMENT_ID_CONFLICT: (
+        "The payment id was reused by another payer or for a changed request: refused 409; "
+        "this purchase was not changed."
+    ),
+    PAYMENT_ID_RETENTION_EXPIRED: (
+        "The payment id came again after its record's retention: answered with the receipt."
+    ),
+    EXECUTION_RETRIED: "The executor could not say what happened: another try after backoff.",
+    RESULT_DELIVERED: "The result was delivered for the first time (channel, digest).",
+    RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
+    RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",
+    RECEIPT_FETCHED: "The public receipt was fetched.",
+    ESCALATION_ASSIGNED: "Staff set an escalation's owner, deadline and note (or opened one).",
+    CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
+    CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",
+    CASE_RESULT_REDELIVERED: "Staff prepared a redelivery of the result (the capability link).",
+    ALERT_SENT: "An alert reached people (kind, channels, recipients).",
+    ALERT_FAILED: "An alert reached nobody (kind, channels tried, error); the sweeper retries.",
+}

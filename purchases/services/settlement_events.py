@@ -1,0 +1,131 @@
+"""What one authorization's way to the money puts on the timeline: its first broadcast, each
+drop a look-up finds, and what the settler's counterpart (a facilitator) answered.
+
+Every event names the attempt, the submission (0: the first broadcast, n: the n-th
+resubmission) and the authorization's payer and nonce, so support can follow one signed
+payment through every send. The rail is never named: it describes itself (`describe`) and
+marks its outcomes (`FIRST_BROADCAST`, `SETTLER_ANSWERS`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from core.actors import Actor
+from payments.models import PaymentAttempt
+from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
+from purchases import event_subjects as subjects
+from purchases.events import db_column, event_record, event_table_sql
+from purchases.models import Purchase, PurchaseEvent
+
+
+def settlement_notes_take(
+    outcome: SettlementOutcome,
+) -> tuple[SettlementOutcome, bool, list[dict[str, Any]]]:
+    """Split an outcome into what the attempt records and what only the timeline shows:
+    (outcome without the marks, was it the first broadcast, the settler's answers)."""
+    evidence = dict(outcome.evidence)
+    is_first = bool(evidence.pop(FIRST_BROADCAST, False))
+    answers = list(evidence.pop(SETTLER_ANSWERS, None) or [])
+    return replace(outcome, evidence=evidence), is_first, answers
+
+
+def payment_broadcast_record(
+    *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
+) -> None:
+    """The first broadcast, with how it went. Inside the caller's locked transaction."""
+    started = attempt.broadcast_started_at
+    event_record(
+        subject=subjects.PAYMENT_BROADCAST,
+        purchase=purchase,
+        actor=actor,
+        reason_code=outcome.reason_code,
+        evidence={
+            "attempt": attempt.pk,
+            "submission": 0,
+            **rail_for(attempt.rail).describe(attempt=attempt),
+            "tx_hash": outcome.tx_hash or attempt.tx_hash or None,
+            "relayer_nonce": attempt.relayer_nonce,
+            "sent_at": started.isoformat() if started else None,
+            "status": outcome.status.value,
+        },
+    )
+
+
+def settler_answers_record(
+    *,
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    answers: list[dict[str, Any]],
+    submission: int,
+    actor: Actor,
+) -> None:
+    """One event per answer (verify, settle) of the submission. Inside the caller's transaction."""
+    for answer in answers:
+        event_record(
+            subject=subjects.FACILITATOR_ANSWERED,
+            purchase=purchase,
+            actor=actor,
+            reason_code=str(answer.get("stage", "")),
+            evidence={"attempt": attempt.pk, "submission": submission, **answer},
+        )
+
+
+# Noted once per (attempt, submission): the look-ups that find the same drop while the next
+# try waits its backoff write nothing. One statement, no lock: at a 10 000-row backlog a
+# locked transaction per row would cost minutes (two racing look-ups may both note it).
+_DROP_SQL = """
+INSERT INTO {events} ({event_columns})
+SELECT %(purchase)s, NULL, %(subject)s, '', '', %(actor_type)s, %(actor)s, %(reason)s,
+    %(evidence)s::jsonb, %(created_at)s
+WHERE NOT EXISTS (
+    SELECT 1 FROM {events}
+    WHERE {purchase} = %(purchase)s AND {subject} = %(subject)s
+        AND {evidence} @> %(once)s::jsonb
+)
+"""
+
+
+def payment_drop_record(
+    *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, actor: Actor
+) -> None:
+    """A look-up found the last submission unknown to the chain, nonce unused: noted once per
+    submission (0: the first broadcast). Call with no transaction open (its own statement)."""
+    submission = attempt.resubmissions
+    last_sent = attempt.resubmitted_at or attempt.broadcast_started_at
+    once = {"attempt": attempt.pk, "submission": submission}
+    evidence = {
+        **once,
+        **rail_for(attempt.rail).describe(attempt=attempt),
+        "tx_hash": attempt.tx_hash or None,
+        "nonce_state": "unused",
+        "tx_known": bool(outcome.evidence.get("tx_known")),
+        "last_sent_at": last_sent.isoformat() if last_sent else None,
+        "looked_up_at": now.isoformat(),
+    }
+    events, event_columns = event_table_sql()
+    sql = _DROP_SQL.format(
+        events=events,
+        event_columns=event_columns,
+        purchase=db_column(PurchaseEvent, "purchase"),
+        subject=db_column(PurchaseEvent, "subject"),
+        evidence=db_column(PurchaseEvent, "evidence"),
+    )
+    params: dict[str, Any] = {
+        "purchase": attempt.purchase_id,
+        "subject": subjects.PAYMENT_DROPPED,
+        "actor_type": actor.type,
+        "actor": actor.name,
+        "reason": outcome.reason_code,
+        "evidence": json.dumps(evidence),
+        "once": json.dumps(once),
+        "created_at": timezone.now(),  # as every event: when written (`now` may be injected)
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
