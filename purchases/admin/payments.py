@@ -1,12 +1,12 @@
-"""The back office for finance: the refund-owed list, the prepaid ledger, payment attempts.
+"""The back office for finance: the refund-owed list, the prepaid ledger and balances,
+payment attempts, export batches.
 
 Refunds change only through purchase_refund_mark_paid and the ledger only through
-ledger_credit; nothing here edits a row.
+ledger_credit; nothing here edits a row. What each role sees is purchases.roles' table.
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
@@ -16,7 +16,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Case, CharField, OuterRef, QuerySet, Subquery, When
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -24,28 +24,41 @@ from django.utils import timezone
 
 from core.actors import Actor
 from core.admin import ReadOnlyModelAdmin, amount_human
-from payments.models import LedgerEntry, PaymentAttempt, Refund
-from payments.services import LedgerReferenceConflict, ledger_credit
+from core.exports import StreamSummary, csv_stream
+from payments.models import ExportBatch, LedgerBalance, LedgerEntry, PaymentAttempt, Refund
+from payments.services import (
+    LedgerReferenceConflict,
+    export_batch_record,
+    ledger_credit,
+    refund_reference_problem,
+)
 from purchases.models import Buyer, Offering
 from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
 
-CSV_HEADER = (
-    "purchase",
-    "payer",
-    "amount_atomic",
-    "amount",
-    "asset",
-    "network",
-    "transaction",
-    "reason",
-    "state",
-    "created_at",
-    "paid_reference",
-    "paid_at",
-)
+# CSV column -> the refund field (purchases.roles names) a role must see to get it.
+CSV_COLUMNS = {
+    "purchase": "purchase",
+    "method": "method",
+    "payer": "payer",
+    "amount_atomic": "amount",
+    "amount": "amount_human",
+    "asset_symbol": "asset_symbol",
+    "asset": "asset",
+    "network": "network",
+    "transaction": "transaction",
+    "reason": "reason_code",
+    "state": "state",
+    "created_at": "created_at",
+    "paid_reference": "paid_reference",
+    "ledger_reference": "ledger_reference",
+    "paid_at": "paid_at",
+}
+CSV_HEADER = tuple(CSV_COLUMNS)
+# Rows fetched per round trip of the server-side cursor: memory stays flat at any size.
+EXPORT_CHUNK_ROWS = 2000
 
 
 def _iso(value: datetime | None) -> str:
@@ -101,24 +114,45 @@ class RefundStateFilter(admin.SimpleListFilter):
 
 
 class MarkPaidForm(forms.Form):
-    """One reference per refund: each pay-back is its own transfer."""
+    """One reference per refund: each pay-back is its own transfer (or ledger credit)."""
 
     def __init__(self, *args: Any, refunds: list[Refund], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for refund in refunds:
-            self.fields[f"reference_{refund.pk}"] = forms.CharField(
+        self.refunds = {f"reference_{refund.pk}": refund for refund in refunds}
+        for name, refund in self.refunds.items():
+            on_chain = refund.method == Refund.Method.PAY_BACK
+            self.fields[name] = forms.CharField(
                 max_length=200,
                 label=f"{refund.purchase.ref}: {refund_amount_human(refund)} "
                 f"{refund.purchase.offering.asset_symbol} to {refund.payer} on {refund.network}",
-                help_text="Transaction hash or transfer reference of the money sent back.",
+                help_text="Transaction hash of the payback (0x + 64 hex)."
+                if on_chain
+                else "Reference of the ledger credit that paid it back (e.g. top_up:…).",
             )
 
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, refund in self.refunds.items():
+            if name in data:
+                problem = refund_reference_problem(refund=refund, reference=data[name])
+                if problem:
+                    self.add_error(name, problem)
+        return data
 
-class _Echo:
-    """csv.writer needs a file; this one hands each row straight to the response."""
 
-    def write(self, value: str) -> str:
-        return value
+def ledger_reference_of_refunds(refunds: QuerySet[Refund]) -> QuerySet[Refund]:
+    """Annotate the ledger entry that credited each prepaid refund (checked, not assumed)."""
+    credit = LedgerEntry.objects.filter(reference=OuterRef("paid_reference"), amount__gt=0)
+    return refunds.annotate(
+        ledger_reference=Case(
+            When(
+                method=Refund.Method.LEDGER_CREDIT,
+                then=Subquery(credit.values("reference")[:1]),
+            ),
+            default=None,
+            output_field=CharField(),
+        )
+    )
 
 
 @admin.register(Refund)
@@ -135,17 +169,19 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "state",
         "created_at",
         "paid_reference",
+        "ledger_reference",
     )
     list_filter = (RefundStateFilter, "method", "network", "reason_code")
     list_select_related = ("purchase", "purchase__offering")
     search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
-    readonly_fields = ("amount_human",)
+    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference")
     fields = (
         "purchase",
         "payment_attempt",
         "method",
         "amount",
         "amount_human",
+        "asset_symbol",
         "asset",
         "network",
         "payer",
@@ -154,18 +190,29 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "state",
         "created_at",
         "paid_reference",
+        "ledger_reference",
         "paid_by",
         "paid_at",
     )
     actions = ("mark_paid_back", "export_csv")
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
+        return ledger_reference_of_refunds(super().get_queryset(request))
+
     @admin.display(description="amount (asset units)")
     def amount_human(self, obj: Refund) -> str:
         return f"{refund_amount_human(obj)} {obj.purchase.offering.asset_symbol}"
 
+    @admin.display(description="asset symbol")
+    def asset_symbol(self, obj: Refund) -> str:
+        return obj.purchase.offering.asset_symbol
+
+    @admin.display(description="ledger credit")
+    def ledger_reference(self, obj: Refund) -> str:
+        return getattr(obj, "ledger_reference", None) or "-"
+
     def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Marking paid is the one change this admin makes, so it rides on "change refund".
-        return request.user.has_perm("payments.change_refund")
+        return self.role_allows_action(request, "mark_paid_back")
 
     @admin.action(description="Mark paid back", permissions=["mark_paid"])
     def mark_paid_back(
@@ -190,7 +237,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
                 return None
             self.message_user(
                 request,
-                "Every refund needs its payment reference; nothing was changed.",
+                "Every refund needs a valid payment reference; nothing was changed.",
                 messages.ERROR,
             )
         context = {
@@ -220,32 +267,69 @@ class RefundAdmin(ReadOnlyModelAdmin):
             marked += locked.paid_at == now
         return marked
 
-    @admin.action(description="Export CSV", permissions=["view"])
+    @admin.action(description="Export CSV (recorded as a batch)", permissions=["export"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:
-        rows = queryset.select_related("purchase__offering").order_by("created_at", "pk")
-        writer = csv.writer(_Echo())
-        lines = (writer.writerow(row) for row in self._csv_rows(rows))
+        scoping = self.role_scoping(request)
+        columns = [c for c, name in CSV_COLUMNS.items() if scoping.sees(name)]
+        rows = ledger_reference_of_refunds(queryset.select_related("purchase__offering"))
+        rows = rows.order_by("created_at", "pk")
+        created_by, started_at = request.user.get_username(), timezone.now()
+        filters = self._export_filters(request)
+
+        def record(summary: StreamSummary) -> None:
+            export_batch_record(
+                kind="refunds",
+                created_by=created_by,
+                filters=filters,
+                started_at=started_at,
+                row_count=summary.row_count,
+                sha256=summary.sha256,
+                first_created_at=summary.first_created_at,
+                last_created_at=summary.last_created_at,
+            )
+
+        lines = csv_stream(columns, self._csv_rows(rows, columns), record)
         response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = 'attachment; filename="refunds.csv"'
         return response
 
-    def _csv_rows(self, refunds: QuerySet[Refund]) -> Iterator[tuple[str, ...]]:
-        yield CSV_HEADER
-        for refund in refunds.iterator():
-            yield (
-                refund.purchase.ref,
-                refund.payer,
-                str(refund.amount),
-                str(refund_amount_human(refund)),
-                refund.asset,
-                refund.network,
-                refund.transaction,
-                refund.reason_code,
-                refund.state,
-                _iso(refund.created_at),
-                refund.paid_reference,
-                _iso(refund.paid_at),
-            )
+    def has_export_permission(self, request: HttpRequest) -> bool:
+        return self.role_allows_action(request, "export_csv")
+
+    @staticmethod
+    def _export_filters(request: HttpRequest) -> dict[str, Any]:
+        # The list's filters and search (the query string) and what was ticked.
+        selected = request.POST.getlist("_selected_action")
+        across = request.POST.get("select_across") == "1"
+        return {
+            "query": {key: request.GET.getlist(key) for key in sorted(request.GET)},
+            "selection": "all matching" if across else f"{len(selected)} ticked",
+        }
+
+    @staticmethod
+    def _csv_rows(
+        refunds: QuerySet[Refund], columns: list[str]
+    ) -> Iterator[tuple[list[str], datetime]]:
+        for refund in refunds.iterator(chunk_size=EXPORT_CHUNK_ROWS):
+            offering = refund.purchase.offering
+            values = {
+                "purchase": refund.purchase.ref,
+                "method": refund.method,
+                "payer": refund.payer,
+                "amount_atomic": str(refund.amount),
+                "amount": str(refund_amount_human(refund)),
+                "asset_symbol": offering.asset_symbol,
+                "asset": refund.asset,
+                "network": refund.network,
+                "transaction": refund.transaction,
+                "reason": refund.reason_code,
+                "state": refund.state,
+                "created_at": _iso(refund.created_at),
+                "paid_reference": refund.paid_reference,
+                "ledger_reference": getattr(refund, "ledger_reference", None) or "",
+                "paid_at": _iso(refund.paid_at),
+            }
+            yield [values[c] for c in columns], refund.created_at
 
 
 # --- the prepaid ledger: read-only, topped up through ledger_credit ---------------------
@@ -280,16 +364,50 @@ class TopUpForm(forms.Form):
         return data
 
 
+def with_asset_units(rows: QuerySet[Any]) -> QuerySet[Any]:
+    """Annotate the asset's symbol and decimals (from the offering selling in it): the ledger
+    row carries only the asset's address."""
+    offering = Offering.objects.filter(asset=OuterRef("asset")).order_by("pk")
+    return rows.annotate(
+        asset_symbol=Subquery(offering.values("asset_symbol")[:1]),
+        asset_decimals=Subquery(offering.values("asset_decimals")[:1]),
+    )
+
+
+def _human(obj: Any) -> str:
+    decimals = getattr(obj, "asset_decimals", None)
+    if decimals is None:
+        return "-"  # no offering sells in this asset: its decimals are unknown
+    return f"{amount_human(obj.amount, decimals)} {obj.asset_symbol}"
+
+
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyModelAdmin):
-    list_display = ("reference", "buyer", "kind", "amount", "asset", "purchase", "created_at")
+    list_display = (
+        "reference",
+        "buyer",
+        "kind",
+        "amount",
+        "amount_human",
+        "asset",
+        "purchase",
+        "created_at",
+    )
     list_filter = ("kind", "asset")
     list_select_related = ("buyer", "purchase")
     search_fields = ("=reference", "=buyer__ref", "=purchase__ref")
+    readonly_fields = ("amount_human",)
     change_list_template = "admin/payments/ledgerentry/change_list.html"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
+        return with_asset_units(super().get_queryset(request))
+
+    @admin.display(description="amount (asset units)")
+    def amount_human(self, obj: LedgerEntry) -> str:
+        return _human(obj)
+
     def has_top_up_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("payments.add_ledgerentry")
+        return self.role_allows_action(request, "top_up")
 
     def get_urls(self) -> list[URLPattern]:
         top_up = path(
@@ -348,3 +466,55 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
             "(once: the same reference never credits twice).",
             messages.SUCCESS,
         )
+
+
+@admin.register(LedgerBalance)
+class LedgerBalanceAdmin(ReadOnlyModelAdmin):
+    """Each buyer's prepaid balance per asset: the running total the ledger keeps."""
+
+    list_display = ("buyer", "asset", "amount", "amount_human", "updated_at")
+    list_filter = ("asset",)
+    list_select_related = ("buyer",)
+    search_fields = ("=buyer__ref",)
+    search_help_text = "Buyer ref."
+    readonly_fields = ("amount_human",)
+    fields = ("buyer", "asset", "amount", "amount_human", "updated_at")
+    ordering = ("buyer", "asset")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerBalance]:
+        return with_asset_units(super().get_queryset(request))
+
+    @admin.display(description="balance (asset units)")
+    def amount_human(self, obj: LedgerBalance) -> str:
+        return _human(obj)
+
+
+@admin.register(ExportBatch)
+class ExportBatchAdmin(ReadOnlyModelAdmin):
+    """Every finished export: compare a re-export by its row count and SHA-256."""
+
+    list_display = (
+        "pk",
+        "kind",
+        "created_by",
+        "created_at",
+        "row_count",
+        "first_created_at",
+        "last_created_at",
+        "sha256",
+    )
+    list_filter = ("kind",)
+    search_fields = ("=sha256", "=created_by")
+    search_help_text = "SHA-256 of a file, or who exported it."
+    date_hierarchy = "created_at"
+    fields = (
+        "kind",
+        "created_by",
+        "started_at",
+        "created_at",
+        "filters",
+        "row_count",
+        "first_created_at",
+        "last_created_at",
+        "sha256",
+    )
