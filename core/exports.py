@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -40,7 +40,7 @@ def csv_stream(
     header: Sequence[str],
     rows: Iterable[tuple[Sequence[str], datetime | None]],
     on_complete: Callable[[StreamSummary], None],
-) -> Iterator[bytes]:
+) -> Generator[bytes, None, None]:
     """Yield the CSV as UTF-8 chunks; each row comes with its creation time (for the range)."""
     writer = csv.writer(_Line())
     digest = hashlib.sha256()

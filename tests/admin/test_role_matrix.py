@@ -75,7 +75,7 @@ class Mark:
     def shown(self) -> str:
         """The value as the admin renders it."""
         if isinstance(self.value, datetime):
-            return str(formats.localize(timezone.template_localtime(self.value)))
+            return str(formats.localize(timezone.localtime(self.value)))
         if isinstance(self.value, dict):
             return str(self.value["mark"])
         if isinstance(self.value, bytes):
