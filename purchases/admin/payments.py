@@ -57,6 +57,24 @@ CSV_COLUMNS = {
     "paid_at": "paid_at",
 }
 CSV_HEADER = tuple(CSV_COLUMNS)
+# CSV column -> the value read for it (amounts and times are formatted after reading).
+EXPORT_FIELDS = {
+    "purchase": "purchase__ref",
+    "method": "method",
+    "payer": "payer",
+    "amount_atomic": "amount",  # "amount" (asset units) is computed from it
+    "asset_symbol": "purchase__offering__asset_symbol",
+    "asset": "asset",
+    "network": "network",
+    "transaction": "transaction",
+    "reason": "reason_code",
+    "state": "state",
+    "created_at": "created_at",
+    "paid_reference": "paid_reference",
+    "ledger_reference": "ledger_reference",
+    "paid_at": "paid_at",
+}
+EXPORT_CREATED_AT = list(EXPORT_FIELDS).index("created_at")
 # Rows fetched per round trip of the server-side cursor: memory stays flat at any size.
 EXPORT_CHUNK_ROWS = 2000
 
@@ -271,8 +289,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:
         scoping = self.role_scoping(request)
         columns = [c for c, name in CSV_COLUMNS.items() if scoping.sees(name)]
-        rows = ledger_reference_of_refunds(queryset.select_related("purchase__offering"))
-        rows = rows.order_by("created_at", "pk")
+        rows = ledger_reference_of_refunds(queryset).order_by("created_at", "pk")
         created_by, started_at = request.user.get_username(), timezone.now()
         filters = self._export_filters(request)
 
@@ -310,26 +327,19 @@ class RefundAdmin(ReadOnlyModelAdmin):
     def _csv_rows(
         refunds: QuerySet[Refund], columns: list[str]
     ) -> Iterator[tuple[list[str], datetime]]:
-        for refund in refunds.iterator(chunk_size=EXPORT_CHUNK_ROWS):
-            offering = refund.purchase.offering
-            values = {
-                "purchase": refund.purchase.ref,
-                "method": refund.method,
-                "payer": refund.payer,
-                "amount_atomic": str(refund.amount),
-                "amount": str(refund_amount_human(refund)),
-                "asset_symbol": offering.asset_symbol,
-                "asset": refund.asset,
-                "network": refund.network,
-                "transaction": refund.transaction,
-                "reason": refund.reason_code,
-                "state": refund.state,
-                "created_at": _iso(refund.created_at),
-                "paid_reference": refund.paid_reference,
-                "ledger_reference": getattr(refund, "ledger_reference", None) or "",
-                "paid_at": _iso(refund.paid_at),
-            }
-            yield [values[c] for c in columns], refund.created_at
+        # Plain values, not model instances: a million rows stream several times faster.
+        fields = [*EXPORT_FIELDS.values(), "purchase__offering__asset_decimals"]
+        for row in refunds.values_list(*fields).iterator(chunk_size=EXPORT_CHUNK_ROWS):
+            values = dict(zip(EXPORT_FIELDS, row, strict=False))
+            decimals = row[-1]
+            values.update(
+                amount_atomic=str(values["amount_atomic"]),
+                amount=str(amount_human(values["amount_atomic"], decimals)),
+                created_at=_iso(values["created_at"]),
+                paid_at=_iso(values["paid_at"]),
+                ledger_reference=values["ledger_reference"] or "",
+            )
+            yield [values[c] for c in columns], row[EXPORT_CREATED_AT]
 
 
 # --- the prepaid ledger: read-only, topped up through ledger_credit ---------------------
