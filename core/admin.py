@@ -87,7 +87,7 @@ def _filter_name(entry: Any) -> str:
     return str(getattr(entry, "parameter_name", None) or getattr(entry, "field_path", ""))
 
 
-class _Scoping:
+class RoleScoping:
     """The answer to "may this request see field X / run action Y of this model"."""
 
     def __init__(self, request: HttpRequest, model: type[Model]) -> None:
@@ -117,11 +117,11 @@ def _scopes_of(request: HttpRequest, label: str) -> list[RoleScope]:
     ]
 
 
-def role_scoping(request: HttpRequest, model: type[Model]) -> _Scoping:
-    return _Scoping(request, model)
+def role_scoping(request: HttpRequest, model: type[Model]) -> RoleScoping:
+    return RoleScoping(request, model)
 
 
-def _keep(names: Iterable[Any], scoping: _Scoping) -> list[Any]:
+def _keep(names: Iterable[Any], scoping: RoleScoping) -> list[Any]:
     return [n for n in names if isinstance(n, str) and scoping.sees(n)]
 
 
@@ -135,7 +135,7 @@ class RoleScopedAdmin:
 
     model: type[Model]
 
-    def role_scoping(self, request: HttpRequest) -> _Scoping:
+    def role_scoping(self, request: HttpRequest) -> RoleScoping:
         return role_scoping(request, self.model)
 
     def role_allows_action(self, request: HttpRequest, action: str) -> bool:

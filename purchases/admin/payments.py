@@ -1,14 +1,13 @@
-"""The back office for finance: the refund-owed list, the prepaid ledger and balances,
-payment attempts, export batches.
+"""The back office for finance: the refund-owed list, the prepaid ledger, payment attempts.
 
 Refunds change only through purchase_refund_mark_paid and the ledger only through
-ledger_credit; nothing here edits a row. What each role sees is purchases.roles' table.
+ledger_credit; nothing here edits a row. What each role sees is purchases.roles' table;
+the CSV, export batches and balances are in purchases.admin.finance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, CharField, OuterRef, QuerySet, Subquery, When
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -24,63 +23,23 @@ from django.utils import timezone
 
 from core.actors import Actor
 from core.admin import ReadOnlyModelAdmin, amount_human
-from core.exports import StreamSummary, csv_stream
-from payments.models import ExportBatch, LedgerBalance, LedgerEntry, PaymentAttempt, Refund
+from payments.models import LedgerEntry, PaymentAttempt, Refund
 from payments.services import (
     LedgerReferenceConflict,
-    export_batch_record,
     ledger_credit,
     refund_reference_problem,
+)
+from purchases.admin.finance import (
+    human_amount_of,
+    ledger_reference_of_refunds,
+    refund_csv_response,
+    with_asset_units,
 )
 from purchases.models import Buyer, Offering
 from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
-
-# CSV column -> the refund field (purchases.roles names) a role must see to get it.
-CSV_COLUMNS = {
-    "purchase": "purchase",
-    "method": "method",
-    "payer": "payer",
-    "amount_atomic": "amount",
-    "amount": "amount_human",
-    "asset_symbol": "asset_symbol",
-    "asset": "asset",
-    "network": "network",
-    "transaction": "transaction",
-    "reason": "reason_code",
-    "state": "state",
-    "created_at": "created_at",
-    "paid_reference": "paid_reference",
-    "ledger_reference": "ledger_reference",
-    "paid_at": "paid_at",
-}
-CSV_HEADER = tuple(CSV_COLUMNS)
-# CSV column -> the value read for it (amounts and times are formatted after reading).
-EXPORT_FIELDS = {
-    "purchase": "purchase__ref",
-    "method": "method",
-    "payer": "payer",
-    "amount_atomic": "amount",  # "amount" (asset units) is computed from it
-    "asset_symbol": "purchase__offering__asset_symbol",
-    "asset": "asset",
-    "network": "network",
-    "transaction": "transaction",
-    "reason": "reason_code",
-    "state": "state",
-    "created_at": "created_at",
-    "paid_reference": "paid_reference",
-    "ledger_reference": "ledger_reference",
-    "paid_at": "paid_at",
-}
-EXPORT_CREATED_AT = list(EXPORT_FIELDS).index("created_at")
-# Rows fetched per round trip of the server-side cursor: memory stays flat at any size.
-EXPORT_CHUNK_ROWS = 2000
-
-
-def _iso(value: datetime | None) -> str:
-    return value.isoformat() if value is not None else ""
 
 
 def refund_amount_human(refund: Refund) -> Decimal:
@@ -156,21 +115,6 @@ class MarkPaidForm(forms.Form):
                 if problem:
                     self.add_error(name, problem)
         return data
-
-
-def ledger_reference_of_refunds(refunds: QuerySet[Refund]) -> QuerySet[Refund]:
-    """Annotate the ledger entry that credited each prepaid refund (checked, not assumed)."""
-    credit = LedgerEntry.objects.filter(reference=OuterRef("paid_reference"), amount__gt=0)
-    return refunds.annotate(
-        ledger_reference=Case(
-            When(
-                method=Refund.Method.LEDGER_CREDIT,
-                then=Subquery(credit.values("reference")[:1]),
-            ),
-            default=None,
-            output_field=CharField(),
-        )
-    )
 
 
 @admin.register(Refund)
@@ -287,59 +231,10 @@ class RefundAdmin(ReadOnlyModelAdmin):
 
     @admin.action(description="Export CSV (recorded as a batch)", permissions=["export"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:
-        scoping = self.role_scoping(request)
-        columns = [c for c, name in CSV_COLUMNS.items() if scoping.sees(name)]
-        rows = ledger_reference_of_refunds(queryset).order_by("created_at", "pk")
-        created_by, started_at = request.user.get_username(), timezone.now()
-        filters = self._export_filters(request)
-
-        def record(summary: StreamSummary) -> None:
-            export_batch_record(
-                kind="refunds",
-                created_by=created_by,
-                filters=filters,
-                started_at=started_at,
-                row_count=summary.row_count,
-                sha256=summary.sha256,
-                first_created_at=summary.first_created_at,
-                last_created_at=summary.last_created_at,
-            )
-
-        lines = csv_stream(columns, self._csv_rows(rows, columns), record)
-        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
-        response["Content-Disposition"] = 'attachment; filename="refunds.csv"'
-        return response
+        return refund_csv_response(request, queryset, scoping=self.role_scoping(request))
 
     def has_export_permission(self, request: HttpRequest) -> bool:
         return self.role_allows_action(request, "export_csv")
-
-    @staticmethod
-    def _export_filters(request: HttpRequest) -> dict[str, Any]:
-        # The list's filters and search (the query string) and what was ticked.
-        selected = request.POST.getlist("_selected_action")
-        across = request.POST.get("select_across") == "1"
-        return {
-            "query": {key: request.GET.getlist(key) for key in sorted(request.GET)},
-            "selection": "all matching" if across else f"{len(selected)} ticked",
-        }
-
-    @staticmethod
-    def _csv_rows(
-        refunds: QuerySet[Refund], columns: list[str]
-    ) -> Iterator[tuple[list[str], datetime]]:
-        # Plain values, not model instances: a million rows stream several times faster.
-        fields = [*EXPORT_FIELDS.values(), "purchase__offering__asset_decimals"]
-        for row in refunds.values_list(*fields).iterator(chunk_size=EXPORT_CHUNK_ROWS):
-            values = dict(zip(EXPORT_FIELDS, row, strict=False))
-            decimals = row[-1]
-            values.update(
-                amount_atomic=str(values["amount_atomic"]),
-                amount=str(amount_human(values["amount_atomic"], decimals)),
-                created_at=_iso(values["created_at"]),
-                paid_at=_iso(values["paid_at"]),
-                ledger_reference=values["ledger_reference"] or "",
-            )
-            yield [values[c] for c in columns], row[EXPORT_CREATED_AT]
 
 
 # --- the prepaid ledger: read-only, topped up through ledger_credit ---------------------
@@ -374,23 +269,6 @@ class TopUpForm(forms.Form):
         return data
 
 
-def with_asset_units(rows: QuerySet[Any]) -> QuerySet[Any]:
-    """Annotate the asset's symbol and decimals (from the offering selling in it): the ledger
-    row carries only the asset's address."""
-    offering = Offering.objects.filter(asset=OuterRef("asset")).order_by("pk")
-    return rows.annotate(
-        asset_symbol=Subquery(offering.values("asset_symbol")[:1]),
-        asset_decimals=Subquery(offering.values("asset_decimals")[:1]),
-    )
-
-
-def _human(obj: Any) -> str:
-    decimals = getattr(obj, "asset_decimals", None)
-    if decimals is None:
-        return "-"  # no offering sells in this asset: its decimals are unknown
-    return f"{amount_human(obj.amount, decimals)} {obj.asset_symbol}"
-
-
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyModelAdmin):
     list_display = (
@@ -414,7 +292,7 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
 
     @admin.display(description="amount (asset units)")
     def amount_human(self, obj: LedgerEntry) -> str:
-        return _human(obj)
+        return human_amount_of(obj)
 
     def has_top_up_permission(self, request: HttpRequest) -> bool:
         return self.role_allows_action(request, "top_up")
@@ -476,55 +354,3 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
             "(once: the same reference never credits twice).",
             messages.SUCCESS,
         )
-
-
-@admin.register(LedgerBalance)
-class LedgerBalanceAdmin(ReadOnlyModelAdmin):
-    """Each buyer's prepaid balance per asset: the running total the ledger keeps."""
-
-    list_display = ("buyer", "asset", "amount", "amount_human", "updated_at")
-    list_filter = ("asset",)
-    list_select_related = ("buyer",)
-    search_fields = ("=buyer__ref",)
-    search_help_text = "Buyer ref."
-    readonly_fields = ("amount_human",)
-    fields = ("buyer", "asset", "amount", "amount_human", "updated_at")
-    ordering = ("buyer", "asset")
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerBalance]:
-        return with_asset_units(super().get_queryset(request))
-
-    @admin.display(description="balance (asset units)")
-    def amount_human(self, obj: LedgerBalance) -> str:
-        return _human(obj)
-
-
-@admin.register(ExportBatch)
-class ExportBatchAdmin(ReadOnlyModelAdmin):
-    """Every finished export: compare a re-export by its row count and SHA-256."""
-
-    list_display = (
-        "pk",
-        "kind",
-        "created_by",
-        "created_at",
-        "row_count",
-        "first_created_at",
-        "last_created_at",
-        "sha256",
-    )
-    list_filter = ("kind",)
-    search_fields = ("=sha256", "=created_by")
-    search_help_text = "SHA-256 of a file, or who exported it."
-    date_hierarchy = "created_at"
-    fields = (
-        "kind",
-        "created_by",
-        "started_at",
-        "created_at",
-        "filters",
-        "row_count",
-        "first_created_at",
-        "last_created_at",
-        "sha256",
-    )
