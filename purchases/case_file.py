@@ -287,6 +287,7 @@ class Case:
     late_transfer: bool = False
     duplicate_transfer: bool = False
     notes: tuple[str, ...] = field(default=())
+    escalation_reason: str = ""  # the earliest open escalation's reason code, if any
 
     @property
     def is_final(self) -> bool:
@@ -366,6 +367,12 @@ def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
     return True
 
 
+def escalated_note(owner: str, reason_code: str = "") -> str:
+    """The Now box's note for an open escalation; without its reason for a role that does
+    not see escalations' reason codes."""
+    return f"Escalated to {owner}: {reason_code}." if reason_code else f"Escalated to {owner}."
+
+
 def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
     row = case_row(
@@ -394,11 +401,13 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     if facts.result_delivered_at is not None and owner == Owner.BUYER:
         owner = Owner.NONE  # the buyer has the result: nobody has a move to make
         notes.append("The result was delivered to the buyer.")
+    escalation_reason = ""
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
+        escalation_reason = first.reason_code
         owner, deadline_source = Owner(first.owner), Deadline.ESCALATION
         deadline_at = first.deadline_at
-        notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
+        notes.append(escalated_note(first.owner, first.reason_code))
         candidates.extend([Action.RESOLVE, Action.ASSIGN])
     actions = tuple(a for a in dict.fromkeys(candidates) if _is_safe(a, facts, now))
     return Case(
@@ -412,6 +421,7 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         late_transfer="late_settlement" in reasons,
         duplicate_transfer="duplicate_settlement" in reasons,
         notes=tuple(notes),
+        escalation_reason=escalation_reason,
     )
 
 

@@ -236,11 +236,6 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["payment_state", "updated_at"]),
             models.Index(fields=["fulfillment_state", "updated_at"]),
         ]
-        permissions = [
-            # Support's case actions (re-check, reconcile, redeliver, propose a refund) ride
-            # on this; each still runs only when the purchase's state makes it safe.
-            ("act_on_purchase", "Can run support actions on a purchase"),
-        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.ref:
