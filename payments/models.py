@@ -219,8 +219,13 @@ class Refund(ConcurrentTransitionMixin, models.Model):
             models.UniqueConstraint(
                 fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"
             ),
+            # One ledger credit pays back one prepaid refund, however many people close them.
+            models.UniqueConstraint(
+                fields=["paid_reference"],
+                condition=Q(method="ledger_credit") & ~Q(paid_reference=""),
+                name="one_refund_per_ledger_credit",
+            ),
         ]
-        permissions = [("approve_refund", "Can approve or decline a proposed refund")]
 
     @transition(field=state, source=State.PROPOSED, target=State.OWED)
     def approve(self, *, by: str, at: Any) -> None:
@@ -287,3 +292,32 @@ class LedgerBalance(models.Model):
 
     def __str__(self) -> str:
         return f"{self.buyer_id} {self.asset}: {self.amount}"
+
+
+class ExportBatch(models.Model):
+    """One finished export, so a re-export can be compared: who, what was asked for, how many
+    rows, the SHA-256 of the exact bytes sent. Written when the stream ends; a download the
+    client abandoned is not a file anyone holds, so it records nothing."""
+
+    kind = models.CharField(max_length=32, help_text="What was exported, e.g. refunds.")
+    created_by = models.CharField(max_length=150)
+    filters = models.JSONField(
+        default=dict, blank=True, help_text="The list's filters and search, and the selection."
+    )
+    row_count = models.PositiveBigIntegerField(help_text="Data rows, header not counted.")
+    first_created_at = models.DateTimeField(
+        null=True, blank=True, help_text="Creation time of the oldest row in the file."
+    )
+    last_created_at = models.DateTimeField(
+        null=True, blank=True, help_text="Creation time of the newest row in the file."
+    )
+    sha256 = models.CharField(max_length=64, help_text="SHA-256 of the file, hex.")
+    started_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True, help_text="When the stream ended.")
+
+    class Meta:
+        verbose_name_plural = "export batches"
+        indexes = [models.Index(fields=["kind", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} export {self.pk}: {self.row_count} rows, {self.sha256[:12]}"

@@ -8,8 +8,10 @@ only what they own. They take ids and plain values and return what changed
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Sum
@@ -17,6 +19,7 @@ from django.db.models import F, Sum
 from core.changes import Change
 from payments.models import (
     LIVE_ATTEMPT_STATES,
+    ExportBatch,
     LedgerBalance,
     LedgerEntry,
     PaymentAttempt,
@@ -142,7 +145,9 @@ def refund_mark_paid(
     """Close a refund with the reference of the money sent back.
 
     Idempotent for the same reference (no change the second time); raises ValueError for an
-    empty reference or one that differs from the reference the refund was closed with.
+    empty reference or one that differs from the reference the refund was closed with, and
+    RefundReferenceInvalid (a ValueError) for a reference that does not fit the refund's rail
+    (see refund_reference_problem).
     """
     if not reference.strip():
         raise ValueError("a paid-back refund needs the reference of the payment")
@@ -154,6 +159,9 @@ def refund_mark_paid(
                     f"refund {refund.pk} was already paid back as {refund.paid_reference}"
                 )
             return refund, None
+        problem = refund_reference_problem(refund=refund, reference=reference)
+        if problem:
+            raise RefundReferenceInvalid(problem)
         refund.mark_paid(reference=reference, by=by, at=now)
         refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
     change = Change(
@@ -245,6 +253,62 @@ def refund_decide(
             )
             changes.extend([paid] if paid else [])
     return refund, changes
+
+
+class RefundReferenceInvalid(ValueError):
+    """The pay-back reference does not prove this refund was paid on its rail."""
+
+
+TX_HASH_PATTERN = re.compile(r"0x[0-9a-fA-F]{64}")
+
+
+def refund_reference_problem(*, refund: Refund, reference: str) -> str | None:
+    """Why `reference` cannot close `refund`, or None when it can.
+
+    On chain (pay back) it is the payback's transaction hash: 0x and 32 bytes of hex. On the
+    prepaid rail (ledger credit) it is the reference of the ledger entry that credited the
+    money back: an existing credit to the purchase's buyer, in the refund's asset, of exactly
+    the refund's amount, not already closing another refund.
+    """
+    if refund.method == Refund.Method.PAY_BACK:
+        if TX_HASH_PATTERN.fullmatch(reference):
+            return None
+        return "A chain refund is closed by its payback's transaction hash (0x + 64 hex)."
+    credit = LedgerEntry.objects.filter(
+        reference=reference, buyer__purchases=refund.purchase_id, asset=refund.asset
+    ).first()
+    if credit is None or credit.amount <= 0:
+        return "No ledger credit with this reference for this buyer and asset."
+    if credit.amount != refund.amount:
+        return f"That ledger credit is {credit.amount}, the refund {refund.amount} (atomic)."
+    taken = Refund.objects.filter(method=refund.method, paid_reference=reference)
+    if taken.exclude(pk=refund.pk).exists():
+        return "That ledger credit already closes another refund."
+    return None
+
+
+def export_batch_record(
+    *,
+    kind: str,
+    created_by: str,
+    filters: dict[str, Any],
+    row_count: int,
+    sha256: str,
+    started_at: datetime,
+    first_created_at: datetime | None,
+    last_created_at: datetime | None,
+) -> ExportBatch:
+    """Record one finished export (called when its stream ended), so a re-export compares."""
+    return ExportBatch.objects.create(
+        kind=kind,
+        created_by=created_by,
+        filters=filters,
+        row_count=row_count,
+        sha256=sha256,
+        started_at=started_at,
+        first_created_at=first_created_at,
+        last_created_at=last_created_at,
+    )
 
 
 @dataclass(frozen=True)

@@ -343,6 +343,7 @@ class Case:
     # When a state that is final at a deadline becomes final: the row's own deadline, kept
     # when a remedy's owner replaces the deadline shown.
     final_after_at: datetime | None = None
+    escalation_reason: str = ""  # the earliest open escalation's reason code, if any
 
     @property
     def is_final(self) -> bool:
@@ -420,6 +421,12 @@ def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
     if action == Action.APPROVE_REFUND:
         return any(r.state == "proposed" for r in facts.refunds)
     return True
+
+
+def escalated_note(owner: str, reason_code: str = "") -> str:
+    """The Now box's note for an open escalation; without its reason for a role that does
+    not see escalations' reason codes."""
+    return f"Escalated to {owner}: {reason_code}." if reason_code else f"Escalated to {owner}."
 
 
 LATE = "late_settlement"
@@ -500,11 +507,13 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     now_ = _Now(row.owner, row_deadline_at, row.deadline, [], list(row.actions))
     _result_overlay(facts, now_, now)
     _remedy_overlay(facts, now_)
+    escalation_reason = ""
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
+        escalation_reason = first.reason_code
         now_.owner, now_.deadline_source = Owner(first.owner), Deadline.ESCALATION
         now_.deadline_at = first.deadline_at
-        now_.notes.append(f"Escalated to {first.owner}: {first.reason_code}.")
+        now_.notes.append(escalated_note(first.owner, first.reason_code))
         now_.candidates.extend([Action.RESOLVE, Action.ASSIGN])
     if now_.deadline_at is None:
         now_.no_deadline()  # a source with nothing to read (no escalation open) is no deadline
@@ -522,6 +531,7 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         duplicate_transfer=DUPLICATE in reasons,
         notes=tuple(now_.notes),
         final_after_at=row_deadline_at if row.finality == Finality.FINAL_AT_DEADLINE else None,
+        escalation_reason=escalation_reason,
     )
 
 

@@ -241,11 +241,6 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["created_at"], name="purchase_created_at_scale"),
             models.Index(Lower("payer"), name="purchase_payer_lower_scale"),
         ]
-        permissions = [
-            # Support's case actions (re-check, reconcile, redeliver, propose a refund) ride
-            # on this; each still runs only when the purchase's state makes it safe.
-            ("act_on_purchase", "Can run support actions on a purchase"),
-        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.ref:

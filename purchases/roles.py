@@ -1,65 +1,186 @@
-"""The staff roles, as code: groups with exactly the model permissions each job needs."""
+"""The staff roles, as code: one table says, per role and per model, which fields the role
+sees and which actions it may run. The admin applies it field by field (core.admin
+RoleScopedAdmin); the groups' model permissions are derived from it (roles_ensure).
+
+- support explains purchases from evidence: states, ids, tx hashes, times, reason codes,
+  amounts, the buyer's input and the result's digest; never the raw signed authorization
+  nor the relayer's transaction.
+- finance works the money: amounts, wallets, transactions, refunds, balances and export
+  batches; never the buyer's input nor the result.
+- nobody, superusers included, sees key material (NEVER_SHOWN).
+Names are model fields, admin display names (amount_human), search paths (buyer__ref), list
+filters' parameters (refund_owed) and the purchase case file's evidence (case_execution).
+Actions are admin actions (mark_paid_back) and the case file's staff actions
+(purchases.case_file.Action: recheck_settlement, ...); the case action views check both the
+table (role_allows_action) and whether the case makes the action safe now.
+"""
 
 from __future__ import annotations
 
+from django.apps import apps
 from django.contrib.auth.models import Group, Permission
 from django.db import transaction
 from django.db.models import Q
 
-STAFF_APPS = ("purchases", "payments", "fulfillment")
+from core.admin import RoleScope
 
-FINANCE_PERMISSIONS = (
-    ("payments", "view_refund"),
-    ("payments", "change_refund"),  # "Mark paid back" rides on this
-    ("payments", "view_ledgerentry"),
-    ("payments", "add_ledgerentry"),  # "Top up a balance" rides on this
-    ("purchases", "view_purchase"),
-    # A refund is explained from its purchase's timeline and the payment it returns.
-    ("purchases", "view_purchaseevent"),
-    ("payments", "view_paymentattempt"),
-    ("payments", "approve_refund"),  # a refund support proposes is owed only once approved
+SUPPORT = "support"
+FINANCE = "finance"
+
+
+def _scope(fields: str, actions: str = "") -> RoleScope:
+    return RoleScope(fields=frozenset(fields.split()), actions=frozenset(actions.split()))
+
+
+# Key material and secrets: absent from every page, list, search and export, for everyone.
+NEVER_SHOWN: dict[str, frozenset[str]] = {
+    "purchases.apikey": frozenset({"key_hash"}),
+    # Lease tokens let a worker act as the lease holder: plumbing, and a credential.
+    "purchases.idempotencyrecord": frozenset({"lease_token"}),
+    "fulfillment.executionattempt": frozenset({"lease_token"}),
+    # The paid output itself; its SHA-256 is the evidence.
+    "fulfillment.result": frozenset({"body"}),
+}
+
+_PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail created_at updated_at"
+_PURCHASE_MONEY = "amount amount_human asset network paid_at payment_attempts__tx_hash"
+_PURCHASE_STATE = "payment_state fulfillment_state reason_code"
+# The purchase list's queues (list filters, by their URL parameter).
+_PURCHASE_QUEUES = "open_escalation refund_owed stuck buyer_ref payer_wallet"
+# The case file's evidence that is not a purchase field (purchases.admin.case_file): the
+# quote, the authorization (attempts, payer, validity window), the execution attempts, the
+# reconciliation schedule, refunds (remedy), escalations, the buyer's prepaid balance. The
+# result's digest, the receipt and the money are the purchase fields of the same names.
+_CASE_EVIDENCE = (
+    "case_quote case_authorization case_execution case_reconciliation case_remedy "
+    "case_escalations case_balance"
 )
-
-SUPPORT_EXTRA_PERMISSIONS = (
-    ("purchases", "change_escalation"),  # "Resolve" and "Assign or escalate" ride on this
-    ("purchases", "act_on_purchase"),  # re-check, reconcile, redeliver, propose a refund
+# The six staff actions of the case file (purchases.case_file.Action); finance's is
+# approve_refund (approve or decline what support proposed).
+_CASE_ACTIONS = (
+    "recheck_settlement reconcile_execution redeliver_result assign propose_refund resolve"
 )
+_RESULT_DIGEST = "result_sha256 result_size result_expires_at result_first_delivered_at"
+_TIMELINE = "created_at subject from_state to_state actor_type actor reason_code evidence"
+_ATTEMPT_MONEY = (
+    "pk purchase purchase__ref rail payer network asset amount tx_hash block_number "
+    "settlement_reference state reason_code created_at updated_at transfer_note"
+)
+# What support needs to explain a payment beyond the money: ids, nonces, schedule, times.
+_ATTEMPT_EVIDENCE = (
+    "idempotency_record fingerprint authorization_nonce valid_before_at broadcast_started_at "
+    "search_from_block next_check_at unanswered_checks resubmissions resubmitted_at"
+)
+_REFUND = (
+    "pk purchase purchase__ref payment_attempt method amount amount_human asset_symbol asset "
+    "network payer transaction reason_code state created_at paid_reference paid_by paid_at "
+    "ledger_reference note proposed_by decided_by decided_at"
+)
+_LEDGER = (
+    "pk reference buyer buyer__ref kind amount amount_human asset purchase purchase__ref memo "
+    "created_at"
+)
+_BALANCE = "pk buyer buyer__ref asset amount amount_human updated_at"
+
+ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
+    SUPPORT: {
+        "purchases.purchase": _scope(
+            f"{_PURCHASE_IDS} {_PURCHASE_MONEY} {_PURCHASE_STATE} {_RESULT_DIGEST} receipt_id "
+            f"{_PURCHASE_QUEUES} {_CASE_EVIDENCE}",
+            actions=_CASE_ACTIONS,
+        ),
+        "purchases.purchaseevent": _scope(_TIMELINE),
+        "purchases.escalation": _scope(
+            "pk purchase purchase__ref owner reason_code details deadline_at deadline_utc "
+            "is_overdue note assigned_by assigned_at state created_at resolved_at resolved_by "
+            "resolution_code resolution",
+            actions="resolve_selected",
+        ),
+        "purchases.quote": _scope(
+            "pk public_id offering buyer buyer__ref purchase__ref quote_key canonical_input "
+            "input_hash price asset network pay_to offering_version holds_stock expires_at "
+            "created_at state"
+        ),
+        "purchases.idempotencyrecord": _scope(
+            "pk scope key principal buyer_prepaid_balance request_fingerprint purchase "
+            "purchase__ref state "
+            "recovery_point response_status response_headers response_body created_at "
+            "completed_at locked_until compacted_at"
+        ),
+        "purchases.jobrun": _scope("pk job started_at finished_at stats error"),
+        "purchases.offering": _scope(
+            "pk slug title description executor is_active price asset asset_symbol "
+            "asset_decimals network pay_to input_schema volatile_fields max_input_bytes stock "
+            "result_retention expected_run_time duplicate_window delivery_condition "
+            "refund_policy irreversible version created_at"
+        ),
+        "purchases.buyer": _scope("pk ref name spend_cap is_active created_at wallets__address"),
+        "purchases.buyerwallet": _scope("address"),
+        "purchases.apikey": _scope("prefix label created_at revoked_at"),
+        "payments.paymentattempt": _scope(f"{_ATTEMPT_MONEY} {_ATTEMPT_EVIDENCE}"),
+        "payments.refund": _scope(_REFUND),
+        "payments.ledgerentry": _scope(_LEDGER),
+        "payments.ledgerbalance": _scope(_BALANCE),
+        "fulfillment.executionattempt": _scope(
+            "pk purchase purchase__ref executor worker state job_ref job_idempotency_key tries "
+            "takeovers lease_expires_at reason_code started_at finished_at"
+        ),
+        "fulfillment.result": _scope(
+            "pk purchase purchase__ref execution content_type size sha256 created_at "
+            "expires_at first_delivered_at"
+        ),
+        "fulfillment.receipt": _scope(
+            "pk public_id purchase purchase__ref payer amount asset network transaction "
+            "body_sha256 delivered_at"
+        ),
+    },
+    FINANCE: {
+        # Money and its evidence; not the result's digest, the execution, the authorization.
+        "purchases.purchase": _scope(
+            f"{_PURCHASE_IDS} {_PURCHASE_MONEY} {_PURCHASE_STATE} receipt_id "
+            "refund_owed buyer_ref payer_wallet case_quote case_remedy case_balance",
+            actions="approve_refund",
+        ),
+        "purchases.purchaseevent": _scope(_TIMELINE),
+        "payments.paymentattempt": _scope(_ATTEMPT_MONEY),
+        "payments.refund": _scope(_REFUND, actions="mark_paid_back export_csv"),
+        "payments.ledgerentry": _scope(_LEDGER, actions="top_up"),
+        "payments.ledgerbalance": _scope(_BALANCE),
+        "payments.exportbatch": _scope(
+            "pk kind created_by started_at created_at filters row_count first_created_at "
+            "last_created_at sha256"
+        ),
+    },
+}
 
 
-def _permissions(pairs: tuple[tuple[str, str], ...]) -> list[Permission]:
+def _view_permissions(labels: list[str]) -> list[Permission]:
     query = Q()
-    for app_label, codename in pairs:
-        query |= Q(content_type__app_label=app_label, codename=codename)
-    found = list(Permission.objects.filter(query).select_related("content_type"))
-    missing = set(pairs) - {(p.content_type.app_label, p.codename) for p in found}
-    if missing:
+    for label in labels:
+        model = apps.get_model(label)
+        query |= Q(
+            content_type__app_label=model._meta.app_label,
+            codename=f"view_{model._meta.model_name}",
+        )
+    found = list(Permission.objects.filter(query))
+    if len(found) != len(labels):
         # Permissions are created by migrate; running before it would build a silent half-role.
-        raise LookupError(f"permissions not found (run migrate first): {sorted(missing)}")
+        raise LookupError(f"view permissions not found (run migrate first) for {sorted(labels)}")
     return found
-
-
-def _view_everything() -> tuple[tuple[str, str], ...]:
-    views = Permission.objects.filter(
-        content_type__app_label__in=STAFF_APPS, codename__startswith="view_"
-    ).values_list("content_type__app_label", "codename")
-    return tuple(sorted(views))
 
 
 @transaction.atomic
 def roles_ensure() -> dict[str, Group]:
     """Create or reset the "support" and "finance" groups. Idempotent.
 
-    Each group ends with exactly the permissions below: a permission granted by hand in
-    the admin is removed on the next run, so the roles stay what this file says.
-    Raises LookupError when run before migrate created the permissions.
+    Each group ends with exactly the view permissions of the models ROLE_TABLE gives it (the
+    model-level gate); fields and actions are decided by the table itself. A permission
+    granted by hand in the admin is removed on the next run, so the roles stay what this
+    file says. Raises LookupError when run before migrate created the permissions.
     """
-    wanted = {
-        "support": _view_everything() + SUPPORT_EXTRA_PERMISSIONS,
-        "finance": FINANCE_PERMISSIONS,
-    }
     groups = {}
-    for name, pairs in wanted.items():
+    for name, models in ROLE_TABLE.items():
         group, _ = Group.objects.get_or_create(name=name)
-        group.permissions.set(_permissions(pairs))
+        group.permissions.set(_view_permissions(sorted(models)))
         groups[name] = group
     return groups

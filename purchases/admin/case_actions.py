@@ -1,6 +1,7 @@
 """The case file's staff actions: one view for all of them, with the forms of those that
-take input. Permission first, then the case: an action the case does not offer now answers
-403 even to a forged POST; then one call to purchases.services.case_actions."""
+take input. The role table first (purchases.roles grants each case action to a role), then
+the case: an action the role may not run, or the case does not offer now, answers 403 even
+to a forged POST; then one call to purchases.services.case_actions."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from payments.models import Refund
-from purchases.admin.case_file import ACTION_PERMISSIONS, money
+from purchases.admin.case_file import money
 from purchases.case_file import ACTION_LABELS, RESOLUTION_CODES, Action
 from purchases.models import Escalation, Purchase
 from purchases.services import case_actions
@@ -109,7 +110,7 @@ FORMS: dict[Action, type[CaseForm]] = {
 def case_action_view(
     model_admin: Any, request: HttpRequest, object_id: str, action_name: str
 ) -> HttpResponse:
-    """One view for every case action: permission, then safety, then one service call."""
+    """One view for every case action: the role table, then safety, then one service call."""
     try:
         action = Action(action_name)
     except ValueError as exc:
@@ -117,7 +118,7 @@ def case_action_view(
     purchase = model_admin.get_object(request, object_id)
     if purchase is None or not model_admin.has_view_permission(request, purchase):
         raise PermissionDenied
-    if not request.user.has_perm(ACTION_PERMISSIONS[action]):
+    if not model_admin.role_allows_action(request, action.value):
         raise PermissionDenied
     now = timezone.now()
     if action not in case_actions.purchase_case_now(purchase=purchase, now=now).actions:

@@ -1,6 +1,12 @@
 """The purchase page as a case file: what the "Now" box, the lifecycle strip and the
 timeline show (templates under templates/admin/purchases/purchase/). The actions' views
-are in purchases/admin/case_actions.py."""
+are in purchases/admin/case_actions.py.
+
+The role table (purchases.roles) decides this page as it decides every other: an action is
+offered only when the table grants it to the role and the case makes it safe now; each
+evidence item names the field (or case-file block) it shows, and an item the role does not
+see is absent, so finance never gets the execution, the result's digest or the
+authorization."""
 
 from __future__ import annotations
 
@@ -10,29 +16,33 @@ from typing import Any
 from django.http import HttpRequest
 from django.urls import reverse
 
-from core.admin import amount_human
+from core.admin import RoleScoping, amount_human, role_scoping
 from fulfillment import selectors as fulfillment_selectors
 from payments.models import LedgerBalance, PaymentAttempt, Refund
 from payments.x402.networks import explorer_tx_url
 from purchases.case_file import (
     ACTION_LABELS,
     Action,
+    Case,
+    escalated_note,
     relative,
 )
-from purchases.models import Escalation, Purchase
+from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services import case_actions
 from purchases.timeline import event_label, evidence_items, utc_seconds
 
-# Who may run each action (Django permissions; purchases/roles.py gives them to the groups).
-ACTION_PERMISSIONS = {
-    Action.RECHECK_SETTLEMENT: "purchases.act_on_purchase",
-    Action.RECONCILE_EXECUTION: "purchases.act_on_purchase",
-    Action.REDELIVER_RESULT: "purchases.act_on_purchase",
-    Action.PROPOSE_REFUND: "purchases.act_on_purchase",
-    Action.ASSIGN: "purchases.change_escalation",
-    Action.RESOLVE: "purchases.change_escalation",
-    Action.APPROVE_REFUND: "payments.approve_refund",
-}
+# The case file's evidence that is no purchase field, by its name in the role table.
+CASE_EVIDENCE_NAMES = frozenset(
+    {
+        "case_quote",
+        "case_authorization",
+        "case_execution",
+        "case_reconciliation",
+        "case_remedy",
+        "case_escalations",
+        "case_balance",
+    }
+)
 # Actions that take no input: one button, one POST.
 ONE_CLICK = (Action.RECHECK_SETTLEMENT, Action.RECONCILE_EXECUTION, Action.REDELIVER_RESULT)
 STAGES = (
@@ -57,10 +67,12 @@ def action_url(purchase: Purchase, action: Action) -> str:
 # --- what the page shows ---------------------------------------------------------------
 def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dict[str, Any]:
     case = case_actions.purchase_case_now(purchase=purchase, now=now)
-    allowed = [a for a in case.actions if request.user.has_perm(ACTION_PERMISSIONS[a])]
+    scoping = role_scoping(request, Purchase)
+    allowed = [a for a in case.actions if scoping.may_run(a.value)]
     return {
         "case": case,
         "case_owner": case.owner.value,
+        "case_notes": _notes(case, role_scoping(request, Escalation)),
         "case_deadline_utc": utc_seconds(case.deadline_at),
         "case_deadline_relative": relative(case.deadline_at, now),
         "case_changes_until_utc": utc_seconds(case.changes_until),
@@ -73,10 +85,20 @@ def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dic
             }
             for a in allowed
         ],
-        "case_strip": lifecycle_strip(purchase),
-        "case_timeline": timeline_rows(purchase),
-        "case_balance": prepaid_balance(purchase),
+        "case_strip": lifecycle_strip(purchase, scoping),
+        "case_timeline": timeline_rows(purchase)
+        if role_scoping(request, PurchaseEvent).has_scope
+        else [],
+        "case_balance": prepaid_balance(purchase) if scoping.sees("case_balance") else None,
     }
+
+
+def _notes(case: Case, escalations: RoleScoping) -> list[str]:
+    """The Now box's notes; an escalation's reason code only for a role that sees it."""
+    if not case.escalation_reason or escalations.sees("reason_code"):
+        return list(case.notes)
+    full = escalated_note(case.owner, case.escalation_reason)
+    return [escalated_note(case.owner) if note == full else note for note in case.notes]
 
 
 def _current_stage(purchase: Purchase) -> str:
@@ -117,7 +139,7 @@ def _stage_status(key: str, purchase: Purchase, current: str) -> str:
     return "done" if done[key] else "waiting"
 
 
-def lifecycle_strip(purchase: Purchase) -> list[dict[str, Any]]:
+def lifecycle_strip(purchase: Purchase, scoping: RoleScoping) -> list[dict[str, Any]]:
     current = _current_stage(purchase)
     evidence = {
         "quote": _quote_evidence(purchase),
@@ -132,25 +154,27 @@ def lifecycle_strip(purchase: Purchase) -> list[dict[str, Any]]:
             "title": title,
             "status": _stage_status(key, purchase, current),
             "is_current": key == current,
-            "evidence": evidence[key],
+            "evidence": [i for i in evidence[key] if scoping.sees(i["field"])],
         }
         for key, title in STAGES
     ]
 
 
-def _item(label: str, value: Any, url: str | None = None) -> dict[str, Any]:
-    return {"label": label, "value": "-" if value in (None, "") else str(value), "url": url}
+def _item(label: str, value: Any, url: str | None = None, *, field: str) -> dict[str, Any]:
+    """One line of evidence; `field` is its name in the role table's purchase scope."""
+    shown = "-" if value in (None, "") else str(value)
+    return {"label": label, "value": shown, "url": url, "field": field}
 
 
 def _quote_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     quote = purchase.quote
     return [
-        _item("quote", quote.public_id),
-        _item("terms version", quote.offering_version),
-        _item("price", money(quote.price, purchase)),
-        _item("state", quote.state),
-        _item("created", utc_seconds(quote.created_at)),
-        _item("expires", utc_seconds(quote.expires_at)),
+        _item("quote", quote.public_id, field="case_quote"),
+        _item("terms version", quote.offering_version, field="case_quote"),
+        _item("price", money(quote.price, purchase), field="case_quote"),
+        _item("state", quote.state, field="case_quote"),
+        _item("created", utc_seconds(quote.created_at), field="case_quote"),
+        _item("expires", utc_seconds(quote.expires_at), field="case_quote"),
     ]
 
 
@@ -168,50 +192,82 @@ def _authorize_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     for attempt in purchase.payment_attempts.order_by("pk").prefetch_related("refunds"):
         note = _attempt_note(attempt)
         items += [
-            _item(f"attempt {attempt.pk}", f"{attempt.rail} · {attempt.state}"),
-            _item("payer", attempt.payer),
-            _item("recorded", utc_seconds(attempt.created_at)),
-            _item("window closes", utc_seconds(attempt.valid_before_at)),
+            _item(
+                f"attempt {attempt.pk}",
+                f"{attempt.rail} · {attempt.state}",
+                field="case_authorization",
+            ),
+            _item("payer", attempt.payer, field="case_authorization"),
+            _item("recorded", utc_seconds(attempt.created_at), field="case_authorization"),
+            _item(
+                "window closes", utc_seconds(attempt.valid_before_at), field="case_authorization"
+            ),
         ]
-        items += [_item("transfer", note)] if note else []
-    return items or [_item("attempts", "none")]
+        items += [_item("transfer", note, field="case_authorization")] if note else []
+    return items or [_item("attempts", "none", field="case_authorization")]
 
 
 def _execute_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     items = []
     for run in fulfillment_selectors.execution_attempts(purchase_id=purchase.pk):
         items += [
-            _item(f"execution {run.pk}", f"{run.state} · {run.tries} tries"),
-            _item("job ref", run.job_ref),
-            _item("started", utc_seconds(run.started_at)),
-            _item("finished", utc_seconds(run.finished_at)),
+            _item(
+                f"execution {run.pk}", f"{run.state} · {run.tries} tries", field="case_execution"
+            ),
+            _item("job ref", run.job_ref, field="case_execution"),
+            _item("started", utc_seconds(run.started_at), field="case_execution"),
+            _item("finished", utc_seconds(run.finished_at), field="case_execution"),
         ]
     result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
     if result is not None:
         items += [
-            _item("result SHA-256", result.sha256),
-            _item("result size (bytes)", result.size),
-            _item("kept until", utc_seconds(result.expires_at)),
-            _item("first delivered", utc_seconds(result.first_delivered_at)),
+            _item("result SHA-256", result.sha256, field="result_sha256"),
+            _item("result size (bytes)", result.size, field="result_size"),
+            _item("kept until", utc_seconds(result.expires_at), field="result_expires_at"),
+            _item(
+                "first delivered",
+                utc_seconds(result.first_delivered_at),
+                field="result_first_delivered_at",
+            ),
         ]
     receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
-    items += [_item("receipt", receipt.public_id)] if receipt else []
-    return items or [_item("executions", "none")]
+    items += [_item("receipt", receipt.public_id, field="receipt_id")] if receipt else []
+    return items or [_item("executions", "none", field="case_execution")]
 
 
 def _settle_evidence(purchase: Purchase) -> list[dict[str, Any]]:
-    items = [_item("amount", money(purchase.amount, purchase)), _item("network", purchase.network)]
+    items = [
+        _item("amount", money(purchase.amount, purchase), field="amount"),
+        _item("network", purchase.network, field="network"),
+    ]
     for attempt in purchase.payment_attempts.order_by("pk"):
         if attempt.tx_hash:
             link = explorer_tx_url(network=attempt.network, tx_hash=attempt.tx_hash)
-            items.append(_item(f"tx (attempt {attempt.pk})", attempt.tx_hash, link))
+            items.append(
+                _item(
+                    f"tx (attempt {attempt.pk})",
+                    attempt.tx_hash,
+                    link,
+                    field="payment_attempts__tx_hash",
+                )
+            )
         if attempt.block_number:
-            items.append(_item("block", attempt.block_number))
+            items.append(_item("block", attempt.block_number, field="payment_attempts__tx_hash"))
         if attempt.settlement_reference and attempt.settlement_reference != attempt.tx_hash:
-            items.append(_item("settlement reference", attempt.settlement_reference))
+            items.append(
+                _item(
+                    "settlement reference",
+                    attempt.settlement_reference,
+                    field="payment_attempts__tx_hash",
+                )
+            )
         if attempt.next_check_at and attempt.state in ("recorded", "settlement_pending"):
-            items.append(_item("next look-up", utc_seconds(attempt.next_check_at)))
-    items.append(_item("paid at", utc_seconds(purchase.paid_at)))
+            items.append(
+                _item(
+                    "next look-up", utc_seconds(attempt.next_check_at), field="case_reconciliation"
+                )
+            )
+    items.append(_item("paid at", utc_seconds(purchase.paid_at), field="paid_at"))
     return items
 
 
@@ -219,16 +275,22 @@ def _remedy_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     items = []
     for refund in purchase.refunds.order_by("pk"):
         items += [
-            _item(f"refund {refund.pk}", f"{refund.state} · {refund.reason_code}"),
-            _item("amount", money(refund.amount, purchase)),
+            _item(
+                f"refund {refund.pk}", f"{refund.state} · {refund.reason_code}", field="case_remedy"
+            ),
+            _item("amount", money(refund.amount, purchase), field="case_remedy"),
         ]
     for escalation in purchase.escalations.order_by("pk"):
         items += [
-            _item(f"escalation {escalation.pk}", f"{escalation.state} · {escalation.reason_code}"),
-            _item("owner", escalation.owner),
-            _item("deadline", utc_seconds(escalation.deadline_at)),
+            _item(
+                f"escalation {escalation.pk}",
+                f"{escalation.state} · {escalation.reason_code}",
+                field="case_escalations",
+            ),
+            _item("owner", escalation.owner, field="case_escalations"),
+            _item("deadline", utc_seconds(escalation.deadline_at), field="case_escalations"),
         ]
-    return items or [_item("remedies", "none")]
+    return items or [_item("remedies", "none", field="case_remedy")]
 
 
 def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:

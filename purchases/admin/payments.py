@@ -1,14 +1,13 @@
 """The back office for finance: the refund-owed list, the prepaid ledger, payment attempts.
 
 Refunds change only through purchase_refund_mark_paid and the ledger only through
-ledger_credit; nothing here edits a row.
+ledger_credit; nothing here edits a row. What each role sees is purchases.roles' table;
+the CSV, export batches and balances are in purchases.admin.finance.
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Iterator
-from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -25,31 +24,22 @@ from django.utils import timezone
 from core.actors import Actor
 from core.admin import ReadOnlyModelAdmin, amount_human
 from payments.models import LedgerEntry, PaymentAttempt, Refund
-from payments.services import LedgerReferenceConflict, ledger_credit
+from payments.services import (
+    LedgerReferenceConflict,
+    ledger_credit,
+    refund_reference_problem,
+)
+from purchases.admin.finance import (
+    human_amount_of,
+    ledger_reference_of_refunds,
+    refund_csv_response,
+    with_asset_units,
+)
 from purchases.models import Buyer, Offering
 from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices
-
-CSV_HEADER = (
-    "purchase",
-    "payer",
-    "amount_atomic",
-    "amount",
-    "asset",
-    "network",
-    "transaction",
-    "reason",
-    "state",
-    "created_at",
-    "paid_reference",
-    "paid_at",
-)
-
-
-def _iso(value: datetime | None) -> str:
-    return value.isoformat() if value is not None else ""
 
 
 def refund_amount_human(refund: Refund) -> Decimal:
@@ -101,24 +91,30 @@ class RefundStateFilter(admin.SimpleListFilter):
 
 
 class MarkPaidForm(forms.Form):
-    """One reference per refund: each pay-back is its own transfer."""
+    """One reference per refund: each pay-back is its own transfer (or ledger credit)."""
 
     def __init__(self, *args: Any, refunds: list[Refund], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for refund in refunds:
-            self.fields[f"reference_{refund.pk}"] = forms.CharField(
+        self.refunds = {f"reference_{refund.pk}": refund for refund in refunds}
+        for name, refund in self.refunds.items():
+            on_chain = refund.method == Refund.Method.PAY_BACK
+            self.fields[name] = forms.CharField(
                 max_length=200,
                 label=f"{refund.purchase.ref}: {refund_amount_human(refund)} "
                 f"{refund.purchase.offering.asset_symbol} to {refund.payer} on {refund.network}",
-                help_text="Transaction hash or transfer reference of the money sent back.",
+                help_text="Transaction hash of the payback (0x + 64 hex)."
+                if on_chain
+                else "Reference of the ledger credit that paid it back (e.g. top_up:…).",
             )
 
-
-class _Echo:
-    """csv.writer needs a file; this one hands each row straight to the response."""
-
-    def write(self, value: str) -> str:
-        return value
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        for name, refund in self.refunds.items():
+            if name in data:
+                problem = refund_reference_problem(refund=refund, reference=data[name])
+                if problem:
+                    self.add_error(name, problem)
+        return data
 
 
 @admin.register(Refund)
@@ -135,17 +131,19 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "state",
         "created_at",
         "paid_reference",
+        "ledger_reference",
     )
     list_filter = (RefundStateFilter, "method", "network", "reason_code")
     list_select_related = ("purchase", "purchase__offering")
     search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
-    readonly_fields = ("amount_human",)
+    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference")
     fields = (
         "purchase",
         "payment_attempt",
         "method",
         "amount",
         "amount_human",
+        "asset_symbol",
         "asset",
         "network",
         "payer",
@@ -158,18 +156,29 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "decided_at",
         "created_at",
         "paid_reference",
+        "ledger_reference",
         "paid_by",
         "paid_at",
     )
     actions = ("mark_paid_back", "export_csv")
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
+        return ledger_reference_of_refunds(super().get_queryset(request))
+
     @admin.display(description="amount (asset units)")
     def amount_human(self, obj: Refund) -> str:
         return f"{refund_amount_human(obj)} {obj.purchase.offering.asset_symbol}"
 
+    @admin.display(description="asset symbol")
+    def asset_symbol(self, obj: Refund) -> str:
+        return obj.purchase.offering.asset_symbol
+
+    @admin.display(description="ledger credit")
+    def ledger_reference(self, obj: Refund) -> str:
+        return getattr(obj, "ledger_reference", None) or "-"
+
     def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Marking paid is the one change this admin makes, so it rides on "change refund".
-        return request.user.has_perm("payments.change_refund")
+        return self.role_allows_action(request, "mark_paid_back")
 
     @admin.action(description="Mark paid back", permissions=["mark_paid"])
     def mark_paid_back(
@@ -194,7 +203,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
                 return None
             self.message_user(
                 request,
-                "Every refund needs its payment reference; nothing was changed.",
+                "Every refund needs a valid payment reference; nothing was changed.",
                 messages.ERROR,
             )
         context = {
@@ -224,32 +233,12 @@ class RefundAdmin(ReadOnlyModelAdmin):
             marked += locked.paid_at == now
         return marked
 
-    @admin.action(description="Export CSV", permissions=["view"])
+    @admin.action(description="Export CSV (recorded as a batch)", permissions=["export"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:
-        rows = queryset.select_related("purchase__offering").order_by("created_at", "pk")
-        writer = csv.writer(_Echo())
-        lines = (writer.writerow(row) for row in self._csv_rows(rows))
-        response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
-        response["Content-Disposition"] = 'attachment; filename="refunds.csv"'
-        return response
+        return refund_csv_response(request, queryset, scoping=self.role_scoping(request))
 
-    def _csv_rows(self, refunds: QuerySet[Refund]) -> Iterator[tuple[str, ...]]:
-        yield CSV_HEADER
-        for refund in refunds.iterator():
-            yield (
-                refund.purchase.ref,
-                refund.payer,
-                str(refund.amount),
-                str(refund_amount_human(refund)),
-                refund.asset,
-                refund.network,
-                refund.transaction,
-                refund.reason_code,
-                refund.state,
-                _iso(refund.created_at),
-                refund.paid_reference,
-                _iso(refund.paid_at),
-            )
+    def has_export_permission(self, request: HttpRequest) -> bool:
+        return self.role_allows_action(request, "export_csv")
 
 
 # --- the prepaid ledger: read-only, topped up through ledger_credit ---------------------
@@ -286,14 +275,31 @@ class TopUpForm(forms.Form):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyModelAdmin):
-    list_display = ("reference", "buyer", "kind", "amount", "asset", "purchase", "created_at")
+    list_display = (
+        "reference",
+        "buyer",
+        "kind",
+        "amount",
+        "amount_human",
+        "asset",
+        "purchase",
+        "created_at",
+    )
     list_filter = ("kind", "asset")
     list_select_related = ("buyer", "purchase")
     search_fields = ("=reference", "=buyer__ref", "=purchase__ref")
+    readonly_fields = ("amount_human",)
     change_list_template = "admin/payments/ledgerentry/change_list.html"
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
+        return with_asset_units(super().get_queryset(request))
+
+    @admin.display(description="amount (asset units)")
+    def amount_human(self, obj: LedgerEntry) -> str:
+        return human_amount_of(obj)
+
     def has_top_up_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("payments.add_ledgerentry")
+        return self.role_allows_action(request, "top_up")
 
     def get_urls(self) -> list[URLPattern]:
         top_up = path(

@@ -20,7 +20,13 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
-from core.admin import CappedCountPaginator, ReadOnlyInline, ReadOnlyModelAdmin, amount_human
+from core.admin import (
+    CappedCountPaginator,
+    ReadOnlyInline,
+    ReadOnlyModelAdmin,
+    RoleScopedAdmin,
+    amount_human,
+)
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerBalance, PaymentAttempt, Refund
@@ -346,8 +352,8 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         return obj.state == Escalation.State.OPEN and obj.deadline_at < timezone.now()
 
     def has_resolve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Resolving is the one change this admin makes, so it rides on "change escalation".
-        return request.user.has_perm("purchases.change_escalation")
+        # The action and the page's Resolve button are one action in the role table.
+        return self.role_allows_action(request, "resolve_selected")
 
     def get_urls(self) -> list[URLPattern]:
         resolve = path(
@@ -432,7 +438,7 @@ class EscalationAdmin(ReadOnlyModelAdmin):
 
 # --- what is sold, and who buys it -------------------------------------------------------
 @admin.register(Offering)
-class OfferingAdmin(admin.ModelAdmin):
+class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
     list_display = (
         "slug",
         "title",
@@ -497,7 +503,7 @@ class BuyerWalletForm(forms.ModelForm):
         return str(self.cleaned_data["address"]).strip().lower()
 
 
-class BuyerWalletInline(admin.TabularInline):
+class BuyerWalletInline(RoleScopedAdmin, admin.TabularInline):
     model = BuyerWallet
     form = BuyerWalletForm
     extra = 0
@@ -512,7 +518,7 @@ class ApiKeyInline(ReadOnlyInline):
 
 
 @admin.register(Buyer)
-class BuyerAdmin(admin.ModelAdmin):
+class BuyerAdmin(RoleScopedAdmin, admin.ModelAdmin):
     list_display = ("ref", "name", "spend_cap", "is_active", "created_at")
     list_filter = ("is_active",)
     search_fields = ("=ref", "name", "=wallets__address")

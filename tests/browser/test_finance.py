@@ -39,7 +39,7 @@ def test_finance_filters_exports_and_marks_one_paid_back_support_cannot(
     finance.goto(refunds_url)
     finance.check("#action-toggle")
     with finance.expect_download() as download:
-        _run_action(finance, "Export CSV")
+        _run_action(finance, "Export CSV (recorded as a batch)")
     exported = download.value.path().read_text()
     rows = list(csv.DictReader(io.StringIO(exported)))
     assert {row["purchase"] for row in rows} == {late.purchase_ref, duplicate.purchase_ref}
