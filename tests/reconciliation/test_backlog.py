@@ -22,7 +22,8 @@ CHUNK = 500
 
 
 def _backlog(world, count: int) -> None:
-    """Broadcast long ago with nothing on chain yet (facilitator mode: no resend to do)."""
+    """Broadcast long ago with nothing on chain yet, each just resubmitted once (so none is
+    due for another submission: this is about looking up, not about resending)."""
     valid_before = int(time.time()) + 3600
     now = timezone.now()
     offering = world.offering
@@ -82,6 +83,8 @@ def _backlog(world, count: int) -> None:
                 authorization_nonce=auth.nonce,
                 valid_before_at=datetime.fromtimestamp(valid_before, tz=UTC),
                 broadcast_started_at=now - timedelta(hours=1),
+                resubmissions=1,
+                resubmitted_at=now,
             )
         )
     PaymentAttempt.objects.bulk_create(attempts, batch_size=2000)
