@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -359,36 +360,47 @@ _HEX = re.compile(r"0x[0-9a-f]+")
 SEARCH_MATCHES_MAX = 1000
 
 
-def purchase_search_ids(*, term: str) -> list[int]:
+# What a purchase search can look at, named as the admin's search fields (role-scoped).
+SEARCH_KINDS = ("ref", "buyer__ref", "payer", "payment_attempts__tx_hash")
+
+
+def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> list[int]:
     """The purchases an exact support search names: purchase ref, buyer ref, payment id,
-    transaction hash or payer wallet. One query, each arm an index lookup.
+    transaction hash or payer wallet, as far as `kinds` (what the searcher may see) allows;
+    a payment id goes with the ref. One query, each arm an index lookup.
 
     The term is normalised, not the column: hex (wallets, hashes) is matched lower-case, as
     stored; refs and payment ids are case-sensitive and matched as typed. A payment id past
     retention is kept only as its hash, so its hash is looked up too.
     """
-    term = term.strip()
-    if not term:
+    term, kinds = term.strip(), set(kinds)
+    if not term or not kinds:
         return []
     lowered = term.lower()
     hex_term = lowered if _HEX.fullmatch(lowered) else None
     keys = [term, payment_id_hash(term)]
-    arms = [
-        Purchase.objects.filter(ref=term).values("pk"),
-        Purchase.objects.filter(buyer__ref=term).values("pk"),
-        # The payment id lives on the key: its purchase, or the attempt recorded under it.
-        IdempotencyRecord.objects.filter(key__in=keys, purchase__isnull=False).values(
-            "purchase_id"
-        ),
-        PaymentAttempt.objects.filter(idempotency_record__key__in=keys).values("purchase_id"),
-    ]
-    if hex_term is not None:
+    arms = []
+    if "ref" in kinds:
         arms += [
+            Purchase.objects.filter(ref=term).values("pk"),
+            # The payment id lives on the key: its purchase, or the attempt recorded under it.
+            IdempotencyRecord.objects.filter(key__in=keys, purchase__isnull=False).values(
+                "purchase_id"
+            ),
+            PaymentAttempt.objects.filter(idempotency_record__key__in=keys).values("purchase_id"),
+        ]
+    if "buyer__ref" in kinds:
+        arms.append(Purchase.objects.filter(buyer__ref=term).values("pk"))
+    if hex_term is not None and "payer" in kinds:
+        arms.append(
             Purchase.objects.alias(payer_lower=Lower("payer"))
             .filter(payer_lower=hex_term)
-            .values("pk"),
-            PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"),
-        ]
+            .values("pk")
+        )
+    if hex_term is not None and "payment_attempts__tx_hash" in kinds:
+        arms.append(PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"))
+    if not arms:
+        return []
     first, *rest = arms
     # UNION (not OR over joins): each arm keeps its own index; no DISTINCT over the table.
     return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])

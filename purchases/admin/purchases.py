@@ -169,7 +169,9 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
     # At a million rows: exact, indexed look-ups (see get_search_results), no full count,
     # a bounded one (CappedCountPaginator), and no date drill-down (its year list scans
     # the whole table).
-    search_fields = ("=ref",)  # shows the box; the search itself is purchase_search_ids
+    # Exact look-ups only; purchase_search_ids runs them as one UNION of index look-ups, each
+    # kind only if the role sees its field.
+    search_fields = ("=ref", "=buyer__ref", "=payer", "=payment_attempts__tx_hash")
     search_help_text = "Purchase ref, buyer ref, payment id, payer wallet or transaction hash."
     show_full_result_count = False
     paginator = CappedCountPaginator
@@ -244,7 +246,8 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
     ) -> tuple[QuerySet[Purchase], bool]:
         if not search_term.strip():
             return queryset, False
-        return queryset.filter(pk__in=purchase_search_ids(term=search_term)), False
+        kinds = [name.lstrip("=^@") for name in self.get_search_fields(request)]
+        return queryset.filter(pk__in=purchase_search_ids(term=search_term, kinds=kinds)), False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Purchase]:
         # The page shows the quote, offering and buyer: one query, not four (a count ignores
