@@ -127,7 +127,7 @@ EVENT_LABELS: dict[str, Label] = {
     "payment_id.retention_expired": Label(
         "Payment id sent again after its retention: answered with the receipt"
     ),
-    "execution_attempt.retried": Label("Executor unreachable: execution retried"),
+    "execution_attempt.retried": Label("Executor error, retrying"),
     "result.delivered": Label("Result delivered (first time)"),
     "result.redelivered": Label("Result fetched again"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),

@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} not installed"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
@@ -135,7 +135,9 @@ class SessionProcesses:
         self.job_service.stop()
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: the worker listens on the suite's queue, so it must be gone
+# before any other test's own worker starts (it would take their jobs).
+@pytest.fixture(scope="package")
 def session_processes(
     django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SessionProcesses]:
