@@ -101,29 +101,47 @@ def _seed(count: int) -> None:
         return
     offering = _offering()
     started = time.monotonic()
-    params = {"n": count, "offering": offering.pk, "asset": ASSET, "network": NETWORK}
+    tables = (
+        "purchases_quote",
+        "purchases_purchase",
+        "purchases_idempotencyrecord",
+        "payments_paymentattempt",
+        "payments_refund",
+    )
+    with connection.cursor() as cursor:
+        # Ids above every row already there (the bench database may hold other figures' rows).
+        highest = ", ".join(f"COALESCE((SELECT max(id) FROM {t}), 0)" for t in tables)  # noqa: S608
+        cursor.execute(f"SELECT GREATEST({highest})")
+        base = int(cursor.fetchone()[0])
+    params = {
+        "lo": base + 1,
+        "hi": base + count,
+        "offering": offering.pk,
+        "asset": ASSET,
+        "network": NETWORK,
+    }
     statements = [
         """INSERT INTO purchases_quote (id, public_id, quote_key, canonical_input, input_hash,
              price, asset, network, pay_to, offering_version, holds_stock, expires_at,
              created_at, state, offering_id)
            SELECT i, 'qt_seed' || i, 'seed' || i, '{}', 'h', 250000, %(asset)s, %(network)s,
-             %(asset)s, 1, false, now(), now() - (%(n)s - i) * interval '30 seconds',
+             %(asset)s, 1, false, now(), now() - (%(hi)s - i) * interval '30 seconds',
              'accepted', %(offering)s
-           FROM generate_series(1, %(n)s) i""",
+           FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO purchases_purchase (id, ref, amount, asset, network, rail, payer,
              reason_code, created_at, updated_at, payment_state, fulfillment_state,
              offering_id, quote_id, duplicate_key)
            SELECT i, 'pur_seed' || i, 250000, %(asset)s, %(network)s, 'x402',
              '0x' || lpad(to_hex(i %% 50000), 40, '0'), '',
-             now() - (%(n)s - i) * interval '30 seconds', now(), 'paid', 'succeeded',
+             now() - (%(hi)s - i) * interval '30 seconds', now(), 'paid', 'succeeded',
              %(offering)s, i, ''
-           FROM generate_series(1, %(n)s) i""",
+           FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO purchases_idempotencyrecord (id, scope, key, principal,
              request_fingerprint, lease_token, response_headers, created_at, state,
              answer_is_live, response_text, recovery_point, purchase_id)
            SELECT i, 'x402', 'pay-seed-' || i, '0x' || lpad(to_hex(i %% 50000), 40, '0'), 'f',
              '', '{}', now(), 'completed', false, '', 'finished', i
-           FROM generate_series(1, %(n)s) i""",
+           FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO payments_paymentattempt (id, rail, payer, network, asset, amount,
              fingerprint, settlement_reference, reason_code, created_at, updated_at, state,
              purchase_id, authorization_nonce, raw_transaction, unanswered_checks,
@@ -131,25 +149,19 @@ def _seed(count: int) -> None:
            SELECT i, 'x402', '0x' || lpad(to_hex(i %% 50000), 40, '0'), %(network)s, %(asset)s,
              250000, 'f', '0x' || lpad(to_hex(i), 64, '0'), '', now(), now(), 'succeeded', i,
              '0x' || lpad(to_hex(i), 64, 'f'), '', 0, 0, '0x' || lpad(to_hex(i), 64, '0'), i
-           FROM generate_series(1, %(n)s) i""",
+           FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO payments_refund (id, method, amount, asset, network, payer,
              reason_code, transaction, paid_reference, paid_by, created_at, state,
-             payment_attempt_id, purchase_id)
+             payment_attempt_id, purchase_id, note, proposed_by, decided_by)
            SELECT i, 'pay_back', 250000, %(asset)s, %(network)s,
              '0x' || lpad(to_hex(i %% 50000), 40, '0'), 'late_settlement',
-             '0x' || lpad(to_hex(i), 64, '0'), '', '', now(), 'owed', i, i
-           FROM generate_series(1, %(n)s) i""",
+             '0x' || lpad(to_hex(i), 64, '0'), '', '', now(), 'owed', i, i, '', '', ''
+           FROM generate_series(%(lo)s, %(hi)s) i""",
     ]
     with connection.cursor() as cursor:
         for sql in statements:
             cursor.execute(sql, params)
-        for table in (
-            "purchases_quote",
-            "purchases_purchase",
-            "purchases_idempotencyrecord",
-            "payments_paymentattempt",
-            "payments_refund",
-        ):
+        for table in tables:
             cursor.execute(
                 f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "  # noqa: S608
                 f"(SELECT max(id) FROM {table}))"
@@ -247,7 +259,8 @@ def _timed(client: Any, url: str, data: dict[str, str] | None = None) -> tuple[f
 
     with CaptureQueriesContext(connection) as queries:
         started = time.perf_counter()
-        response = client.get(url, data or {})
+        # secure: the runner may have set Django up on the production settings (HTTPS only).
+        response = client.get(url, data or {}, secure=True)
         elapsed = (time.perf_counter() - started) * 1000
     if response.status_code != 200:
         raise RuntimeError(f"{url} answered {response.status_code}")
@@ -255,6 +268,20 @@ def _timed(client: Any, url: str, data: dict[str, str] | None = None) -> tuple[f
 
 
 def _admin(count: int) -> list[Figure]:
+    """The admin pages, served in this process as the test client serves them (plain static
+    storage, no HTTPS redirect: the runner may have set Django up on production settings)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    plain = {**settings.STORAGES, "staticfiles": {"BACKEND": _PLAIN_STATIC}}
+    with override_settings(STORAGES=plain, SECURE_SSL_REDIRECT=False):
+        return _admin_pages(count)
+
+
+_PLAIN_STATIC = "django.contrib.staticfiles.storage.StaticFilesStorage"
+
+
+def _admin_pages(count: int) -> list[Figure]:
     from django.contrib.auth.models import User
     from django.test import Client
     from django.urls import reverse
@@ -266,8 +293,9 @@ def _admin(count: int) -> list[Figure]:
     )
     client = Client()
     client.force_login(user)
-    probe = count // 2  # a row in the middle of the table
-    target = Purchase.objects.get(ref=f"pur_seed{probe}")
+    # A row in the middle of the seeded ones (their ids are the seed's own numbers).
+    target = Purchase.objects.filter(ref__startswith="pur_seed").order_by("pk")[count // 2]
+    probe = target.pk
     wallet = "0x" + f"{probe % 50000:x}".rjust(40, "0")
     tx_hash = "0x" + f"{probe:x}".rjust(64, "0")
     changelist = reverse("admin:purchases_purchase_changelist")
@@ -340,7 +368,18 @@ print(f"done {lines} {rss} {time.perf_counter() - started:.1f}", flush=True)
 
 
 def _export(count: int, timeout: int) -> Figure:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    from django.db import connection
+
+    # Its own process on the test settings, whatever the runner set Django up with, on the
+    # database this process seeded (Django may have been set up before this module ran).
+    db = connection.settings_dict
+    credentials = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "DJANGO_SETTINGS_MODULE": "config.settings.test",
+        "DATABASE_URL": f"postgres://{credentials}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+    }
     finished = True
     with tempfile.TemporaryFile("w+") as out:
         try:

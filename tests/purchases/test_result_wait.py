@@ -82,7 +82,8 @@ def test_the_waiter_is_woken_by_the_commit_that_stores_the_result() -> None:
 
     thread.join(timeout=30)
     assert returned == [RUN.SUCCEEDED]
-    assert result_wait._listener().notifications > before
+    # The listener counts a notification after it has woken the waiter: wait for the count.
+    _until(lambda: result_wait._listener().notifications > before)
 
 
 def test_a_rolled_back_change_wakes_nobody() -> None:
