@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
+from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import Counter
@@ -190,6 +191,13 @@ SELECT * FROM known
 def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
     """The key's rows (plain and compacted), each with `purchase_ref`, read in one statement
     that also notes the request on the key's purchase: a replay costs no extra statement."""
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default) has no data-modifying CTE: read only, no note.
+        return list(
+            IdempotencyRecord.objects.filter(
+                scope=request.scope, key__in=[request.key, hashed]
+            ).annotate(purchase_ref=F("purchase__ref"))
+        )
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
