@@ -45,3 +45,30 @@ def bulk_update_columns(objs: Iterable[Model], fields: Sequence[str]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, arrays)
         return int(cursor.rowcount)
+
+
+def insert_unless_conflict(obj: Model, *, conflict: str) -> bool:
+    """INSERT `obj` unless a unique index refuses it: `INSERT ... ON CONFLICT <conflict> DO
+    NOTHING RETURNING pk`, one statement and never a failing INSERT (no ERROR in the
+    database's log, no savepoint to roll back). Sets obj.pk and returns True when the row
+    went in; False when `conflict` (e.g. `(quote_key) WHERE state = 'open'`, naming a
+    partial unique index) already had one. PostgreSQL and SQLite (3.35+) both speak it.
+    No signals, no auto_now: callers set every value.
+    """
+    meta = obj._meta
+    fields = [f for f in meta.concrete_fields if not f.primary_key]
+    quote = connection.ops.quote_name
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608 (names from models)
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT {conflict} DO NOTHING RETURNING {quote(str(meta.pk.column))}"
+    )
+    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    obj.pk = row[0]
+    obj._state.adding = False
+    return True

@@ -53,6 +53,23 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
             ),
         ]
 
+    @classmethod
+    def held(cls, *, attempt_id: int, lease_token: str, job_ref: str) -> ExecutionAttempt:
+        """The running attempt as its lease holder knows it, without reading it back: a
+        transition saved on it writes only while the attempt is still running under this
+        lease (one conditional UPDATE), else raises ConcurrentTransition."""
+        attempt = cls(
+            pk=attempt_id, lease_token=lease_token, job_ref=job_ref, state=cls.State.RUNNING
+        )
+        attempt._state.adding = False
+        attempt._lease_guard = True
+        return attempt
+
+    def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "_lease_guard", False):
+            base_qs = base_qs.filter(lease_token=self.lease_token)
+        return super()._do_update(base_qs, *args, **kwargs)
+
     @transition(field=state, source=State.RUNNING, target=State.SUCCEEDED)
     def succeed(self, *, at: Any) -> None:
         self.finished_at = at

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
+from django_fsm import ConcurrentTransition
 
 from core.changes import Change
 from fulfillment.executors import JobOutput
@@ -240,11 +241,22 @@ def execution_succeed(
     payment: PaymentEvidence,
     retention: timedelta,
     now: datetime,
+    job_ref: str = "",
 ) -> tuple[Result, Change]:
-    """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock."""
-    attempt = _locked_own_attempt(claim)
+    """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock.
+
+    `job_ref` is the job that produced the output when it was not recorded before (work that
+    finishes inside its start call): it goes on the attempt with the outcome. Raises LeaseLost
+    if another worker holds the attempt now.
+    """
+    attempt = ExecutionAttempt.held(
+        attempt_id=claim.attempt_id, lease_token=claim.lease_token, job_ref=job_ref or claim.job_ref
+    )
     attempt.succeed(at=now)
-    attempt.save(update_fields=["state", "finished_at"])
+    try:
+        attempt.save(update_fields=["state", "finished_at", "job_ref"])
+    except ConcurrentTransition as lost:
+        raise LeaseLost(claim.attempt_id) from lost
     digest = hashlib.sha256(output.content).hexdigest()
     result = Result.objects.create(
         purchase_id=purchase_id,

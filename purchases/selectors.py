@@ -26,14 +26,14 @@ PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
 
 
-def purchase_get_for_buyer(*, buyer: Buyer, ref: str) -> Purchase:
-    """Another buyer's purchase is indistinguishable from a missing one.
+def purchase_get_for_buyer(*, buyer: Buyer, ref: str, with_result: bool = False) -> Purchase:
+    """Another buyer's purchase is indistinguishable from a missing one. `with_result`: its
+    result and receipt come in the same query (for a delivery).
 
     Raises DomainError: purchase_not_found.
     """
-    purchase = (
-        Purchase.objects.select_related("quote", "offering").filter(ref=ref, buyer=buyer).first()
-    )
+    related = ("quote", "offering", "result", "receipt") if with_result else ("quote", "offering")
+    purchase = Purchase.objects.select_related(*related).filter(ref=ref, buyer=buyer).first()
     if purchase is None:
         raise DomainError(ErrorCode.PURCHASE_NOT_FOUND)
     return purchase

@@ -178,7 +178,7 @@ class PurchaseResultApi(APIView):
         summary="The stored result (202 with Retry-After while the work runs)",
     )
     def get(self, request: Request, ref: str) -> Response | HttpResponse:
-        purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref)
+        purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref, with_result=True)
         try:
             delivery = purchase_result_deliver(purchase=purchase)
         except DeliveryPending as pending:

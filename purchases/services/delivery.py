@@ -77,8 +77,7 @@ def purchase_result_deliver(
             purchase=purchase.ref,
             extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state},
         )
-    result = fulfillment_selectors.result_with_receipt(purchase_id=purchase.pk)
-    public_id = getattr(result, "receipt_public_id", None)
+    result, public_id = _result_and_receipt(purchase)
     receipt_url = (
         reverse("api:receipt-detail", kwargs={"public_id": public_id}) if public_id else ""
     )
@@ -104,6 +103,17 @@ def purchase_result_deliver(
     _delivery_record(purchase, result, str(public_id), channel, now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
+
+
+def _result_and_receipt(purchase: Purchase) -> tuple[Result | None, str | None]:
+    """The result and its receipt's public id: as read with the purchase when it was
+    (purchase_get_for_buyer(with_result=True)), else in one query."""
+    if Purchase.result.is_cached(purchase) and Purchase.receipt.is_cached(purchase):  # type: ignore[attr-defined]
+        result = getattr(purchase, "result", None)
+        receipt = getattr(purchase, "receipt", None)
+        return result, receipt.public_id if receipt else None
+    result = fulfillment_selectors.result_with_receipt(purchase_id=purchase.pk)
+    return result, getattr(result, "receipt_public_id", None)
 
 
 # One statement per fetch: stamp the result's first delivery if it has none, and put the
@@ -151,6 +161,18 @@ def _delivery_record(
         "actor": purchase.payer,
         "evidence": json.dumps(evidence),
     }
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default) has no data-modifying CTE: the same in two statements.
+        stamped = Result.objects.filter(pk=result.pk, first_delivered_at__isnull=True).update(
+            first_delivered_at=now
+        )
+        event_note(
+            subject=subjects.RESULT_DELIVERED if stamped else subjects.RESULT_REDELIVERED,
+            purchase=purchase,
+            actor=Actor.agent(purchase.payer),
+            evidence=evidence,
+        )
+        return
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
 

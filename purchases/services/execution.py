@@ -80,7 +80,7 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
         return ExecutionOutcome.ESCALATED
     executor = get_executor(claimed.executor_name)
     try:
-        output = _run(executor, claimed)
+        output, job_ref = _run(executor, claimed)
     except LeaseLost:
         logger.warning("purchase %s: lease lost to another worker", purchase_id)
         return ExecutionOutcome.LEASE_LOST
@@ -89,7 +89,7 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
             return _retry_or_give_up(purchase_id, claimed.claim, error)
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
         return ExecutionOutcome.FAILED
-    return _succeed(purchase_id, claimed.claim, output)
+    return _succeed(purchase_id, claimed.claim, output, job_ref)
 
 
 def _retry_or_give_up(
@@ -149,21 +149,26 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
         return _Claimed(claim, spec, purchase.offering.executor)
 
 
-def _run(executor: Executor, claimed: _Claimed) -> JobOutput:
+def _run(executor: Executor, claimed: _Claimed) -> tuple[JobOutput, str]:
+    """The job's output and its ref."""
     claim = claimed.claim
     job_ref = claim.job_ref
     if not job_ref or executor.finishes_in_start:
         # Safe even after a crash between "job created" and "job ref saved": the job service
         # answers a repeated start with the same idempotency key with the job it already has.
         started = executor.start(claimed.spec)
+        if started.output is not None and executor.finishes_in_start:
+            # Done within the call, and redone from the start after any crash: its ref goes
+            # on the attempt with the outcome, in the UPDATE that records it.
+            return started.output, started.job_ref
         if started.job_ref != job_ref:
             fulfillment_services.execution_record_job_ref(
                 claim=claim, job_ref=started.job_ref, now=now_or(None)
             )
         if started.output is not None:
-            return started.output
+            return started.output, started.job_ref
         job_ref = started.job_ref
-    return _wait_for_job(executor, claim, job_ref)
+    return _wait_for_job(executor, claim, job_ref), job_ref
 
 
 def _wait_for_job(executor: Executor, claim: ExecutionClaim, job_ref: str) -> JobOutput:
@@ -201,7 +206,9 @@ def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
     )
 
 
-def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> ExecutionOutcome:
+def _succeed(
+    purchase_id: int, claim: ExecutionClaim, output: JobOutput, job_ref: str
+) -> ExecutionOutcome:
     with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
@@ -219,6 +226,7 @@ def _succeed(purchase_id: int, claim: ExecutionClaim, output: JobOutput) -> Exec
                 payment=_payment_evidence(purchase),
                 retention=purchase.offering.result_retention,
                 now=now,
+                job_ref=job_ref,
             )
         except LeaseLost:
             return ExecutionOutcome.LEASE_LOST

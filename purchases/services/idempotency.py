@@ -33,7 +33,7 @@ from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
-from purchases.events import db_column, event_record, event_table_sql
+from purchases.events import db_column, event_note, event_record, event_table_sql
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
@@ -192,12 +192,14 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
     """The key's rows (plain and compacted), each with `purchase_ref`, read in one statement
     that also notes the request on the key's purchase: a replay costs no extra statement."""
     if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no data-modifying CTE: read only, no note.
-        return list(
+        # SQLite (the embedded default) has no data-modifying CTE: read, then note the same.
+        records = list(
             IdempotencyRecord.objects.filter(
                 scope=request.scope, key__in=[request.key, hashed]
             ).annotate(purchase_ref=F("purchase__ref"))
         )
+        _note_known(records, request, hashed)
+        return records
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -235,6 +237,39 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
         "created_at": timezone.now(),  # as every event: when written
     }
     return list(IdempotencyRecord.objects.raw(sql, params))
+
+
+def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed: str) -> None:
+    """What _KNOWN_NOTED_SQL notes, one statement more (for databases without its CTE)."""
+    keys = {record.key for record in records}
+    for record in records:
+        if not record.purchase_id:
+            continue
+        if record.key == request.key and record.state != IdempotencyRecord.State.COMPLETED:
+            continue
+        if record.key == hashed and request.key in keys:
+            continue
+        if record.principal != request.principal or (
+            record.key == request.key and record.request_fingerprint != request.fingerprint
+        ):
+            subject = subjects.PAYMENT_ID_CONFLICT
+        elif record.key == request.key:
+            subject = subjects.PAYMENT_ID_REPLAYED
+        else:
+            subject = subjects.PAYMENT_ID_RETENTION_EXPIRED
+        event_note(
+            subject=subject,
+            purchase=Purchase(pk=record.purchase_id),
+            actor=Actor.agent(request.principal),
+            evidence={
+                "scope": record.scope,
+                "record": record.pk,
+                "principal_matches": record.principal == request.principal,
+                "request_matches": record.request_fingerprint == request.fingerprint,
+                "answered_at": record.completed_at.isoformat() if record.completed_at else None,
+                "answer_status": record.response_status,
+            },
+        )
 
 
 def _purchase_ref(record: IdempotencyRecord) -> str | None:

@@ -12,9 +12,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef
 
 from core.actors import Actor
+from core.bulk import insert_unless_conflict
 from core.canonical import canonical_json, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.refs import new_ref
 from payments.rails import QuoteTerms
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
@@ -99,6 +101,14 @@ def _quote_find_or_open(
     key: str,
     now: datetime,
 ) -> QuoteOutcome:
+    holds_stock = offering.stock is not None
+    if not holds_stock:
+        # The common case in one statement: open it unless the key already has an open quote
+        # (the partial unique index decides; no failing INSERT). Then read that one below.
+        quote = _quote_new(buyer, offering, canonical, input_hash, key, now, holds_stock=False)
+        if insert_unless_conflict(quote, conflict="(quote_key) WHERE state = 'open'"):
+            _quote_note_opened(quote, offering, buyer)
+            return QuoteOutcome(quote, created=True)
     existing = (
         Quote.objects.select_for_update().filter(quote_key=key, state=Quote.State.OPEN).first()
     )
@@ -106,10 +116,26 @@ def _quote_find_or_open(
         return QuoteOutcome(existing, created=False)
     if existing is not None:
         quote_expire(quote=existing, actor=Actor.system())
-    holds_stock = offering.stock is not None
     if holds_stock and not offering_stock_take(offering_id=offering.pk):
         raise DomainError(ErrorCode.SOLD_OUT)
-    quote = Quote.objects.create(
+    quote = _quote_new(buyer, offering, canonical, input_hash, key, now, holds_stock=holds_stock)
+    quote.save(force_insert=True)
+    _quote_note_opened(quote, offering, buyer)
+    return QuoteOutcome(quote, created=True)
+
+
+def _quote_new(
+    buyer: Buyer,
+    offering: Offering,
+    canonical: dict[str, Any],
+    input_hash: str,
+    key: str,
+    now: datetime,
+    *,
+    holds_stock: bool,
+) -> Quote:
+    return Quote(
+        public_id=new_ref("qt"),
         offering=offering,
         buyer=buyer,
         quote_key=key,
@@ -123,6 +149,9 @@ def _quote_find_or_open(
         holds_stock=holds_stock,
         expires_at=now + settings.TOLLBOOTH["QUOTE_TTL"],
     )
+
+
+def _quote_note_opened(quote: Quote, offering: Offering, buyer: Buyer) -> None:
     event_record(
         subject="quote",
         quote=quote,
@@ -131,11 +160,10 @@ def _quote_find_or_open(
         evidence={
             "offering": offering.slug,
             "price": str(quote.price),
-            "input_hash": input_hash,
-            "holds_stock": holds_stock,
+            "input_hash": quote.input_hash,
+            "holds_stock": quote.holds_stock,
         },
     )
-    return QuoteOutcome(quote, created=True)
 
 
 def quote_expire(*, quote: Quote, actor: Actor) -> None:
