@@ -21,7 +21,7 @@ from core.actors import Actor
 from payments.models import PaymentAttempt
 from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
 from purchases import event_subjects as subjects
-from purchases.events import db_column, event_record, event_table_sql
+from purchases.events import db_column, event_note, event_record, event_table_sql
 from purchases.models import Purchase, PurchaseEvent
 
 
@@ -109,6 +109,23 @@ def payment_drop_record(
         "last_sent_at": last_sent.isoformat() if last_sent else None,
         "looked_up_at": now.isoformat(),
     }
+    if connection.vendor != "postgresql":
+        # SQLite (the embedded default) has no jsonb containment: the same in two statements.
+        noted = PurchaseEvent.objects.filter(
+            purchase_id=attempt.purchase_id,
+            subject=subjects.PAYMENT_DROPPED,
+            evidence__attempt=attempt.pk,
+            evidence__submission=submission,
+        ).exists()
+        if not noted:
+            event_note(
+                subject=subjects.PAYMENT_DROPPED,
+                purchase=Purchase(pk=attempt.purchase_id),
+                actor=actor,
+                reason_code=outcome.reason_code,
+                evidence=evidence,
+            )
+        return
     events, event_columns = event_table_sql()
     sql = _DROP_SQL.format(
         events=events,

@@ -19,7 +19,8 @@ from purchases.services.idempotency import (
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 
-pytestmark = pytest.mark.django_db
+# Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 KEY = "pay-0001-aaaaaaaaaaaa"
 
 

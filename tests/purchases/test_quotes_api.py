@@ -11,7 +11,8 @@ from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory
 
-pytestmark = pytest.mark.django_db
+# Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def post_quote(client: APIClient, offering: str, data: dict) -> tuple[int, dict]:

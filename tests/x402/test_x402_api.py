@@ -16,7 +16,8 @@ from purchases.models import IdempotencyRecord, Offering, Purchase
 from purchases.services.execution import purchase_execute
 from tests.x402.e2e import NETWORK, PRICE, ask, sign_payment
 
-pytestmark = pytest.mark.django_db
+# Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 PAY_ID = "x402-payment-id-000001"
 
 

@@ -17,6 +17,9 @@ from purchases.services.execution import purchase_execute
 from tests.integration.helpers import race
 from tests.x402.e2e import PRICE, ask, sign_payment
 
+# Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
+pytestmark = pytest.mark.embedded
+
 PAY_ID = "x402-recovery-id-000001"
 
 

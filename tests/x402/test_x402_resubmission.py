@@ -21,6 +21,9 @@ from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
+# Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
+pytestmark = pytest.mark.embedded
+
 PAY_ID = "x402-resubmit-id-0000001"
 RESUBMITTED = "payment_attempt.resubmitted"
 REFUSED = "payment_attempt.resubmit_refused"
