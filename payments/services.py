@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-from django.db.models import F, Sum
+from django.db import connection, transaction
+from django.db.models import F, Model, Sum
+from django.utils import timezone
 
 from core.changes import Change
 from payments.models import (
@@ -45,6 +46,79 @@ def _balance_add(*, buyer_id: int, asset: str, amount: int) -> None:
         [LedgerBalance(buyer_id=buyer_id, asset=asset, amount=0)], ignore_conflicts=True
     )
     LedgerBalance.objects.filter(buyer_id=buyer_id, asset=asset).update(amount=F("amount") + amount)
+
+
+# The debit and its entry in one statement: the entry is written only if the conditional
+# UPDATE of the running balance (which locks, checks and debits at once) moved it.
+_DEBIT_SQL = """
+WITH debited AS (
+    UPDATE {balances} SET {amount} = {amount} - %(amount)s
+    WHERE {buyer} = %(buyer)s AND {asset} = %(asset)s AND {amount} >= %(amount)s
+    RETURNING 1
+)
+INSERT INTO {entries} ({columns})
+SELECT %(buyer)s, %(asset)s, -%(amount)s, %(kind)s, %(reference)s, %(purchase)s, '', %(now)s
+FROM debited
+RETURNING {entry_pk}
+"""
+
+
+def ledger_debit(
+    *, buyer_id: int, asset: str, amount: int, reference: str, purchase_id: int
+) -> LedgerEntry | None:
+    """Debit the running balance and post the purchase's debit entry, or neither: None when
+    the balance is short. One statement on PostgreSQL; two elsewhere (the balance UPDATE
+    still decides). Caller's transaction."""
+    assert transaction.get_connection().in_atomic_block
+    entry = LedgerEntry(
+        buyer_id=buyer_id,
+        asset=asset,
+        amount=-amount,
+        kind=LedgerEntry.Kind.PURCHASE_DEBIT,
+        reference=reference,
+        purchase_id=purchase_id,
+        created_at=timezone.now(),
+    )
+    if connection.vendor != "postgresql":
+        debited = LedgerBalance.objects.filter(
+            buyer_id=buyer_id, asset=asset, amount__gte=amount
+        ).update(amount=F("amount") - amount)
+        if not debited:
+            return None
+        entry.save(force_insert=True)
+        return entry
+    quote = connection.ops.quote_name
+
+    def column(model: type[Model], name: str) -> str:
+        return quote(str(model._meta.get_field(name).column))  # type: ignore[union-attr]
+
+    fields = ("buyer", "asset", "amount", "kind", "reference", "purchase", "memo", "created_at")
+    sql = _DEBIT_SQL.format(
+        balances=quote(LedgerBalance._meta.db_table),
+        amount=column(LedgerBalance, "amount"),
+        buyer=column(LedgerBalance, "buyer"),
+        asset=column(LedgerBalance, "asset"),
+        entries=quote(LedgerEntry._meta.db_table),
+        columns=", ".join(column(LedgerEntry, name) for name in fields),
+        entry_pk=column(LedgerEntry, "id"),
+    )
+    params: dict[str, Any] = {
+        "amount": amount,
+        "buyer": buyer_id,
+        "asset": asset,
+        "kind": entry.kind,
+        "reference": reference,
+        "purchase": purchase_id,
+        "now": entry.created_at,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    entry.pk = row[0]
+    entry._state.adding = False
+    return entry
 
 
 class LedgerReferenceConflict(ValueError):

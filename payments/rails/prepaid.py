@@ -7,13 +7,12 @@ from datetime import datetime
 from typing import Any, ClassVar
 
 from django.db import transaction
-from django.db.models import F
 
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
-from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
 from payments.rails.base import Charge, Presentation, QuoteTerms
-from payments.services import ledger_credit, refund_mark_paid, refund_record
+from payments.services import ledger_credit, ledger_debit, refund_mark_paid, refund_record
 from payments.x402.types import SettlementOutcome, SettlementStatus
 
 PREPAID_NETWORK = "prepaid"
@@ -35,17 +34,25 @@ class PrepaidRail:
     def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
         """Debit the balance and record a succeeded attempt, atomically.
 
-        One conditional UPDATE of the running balance locks, checks and debits at once: two
-        debits of one buyer never interleave and never overdraw. Raises DomainError:
+        One conditional UPDATE of the running balance locks, checks and debits at once (with
+        its ledger entry, payments.services.ledger_debit): two debits of one buyer never
+        interleave and never overdraw. Raises DomainError:
         insufficient_funds.
         """
         assert transaction.get_connection().in_atomic_block
         assert charge.buyer_id is not None
         terms = charge.terms
-        debited = LedgerBalance.objects.filter(
-            buyer_id=charge.buyer_id, asset=terms.asset, amount__gte=terms.amount
-        ).update(amount=F("amount") - terms.amount)
-        if not debited:
+        # One debit per payment id: the reference is known before anything is written, so
+        # the attempt is settled in memory and written once.
+        reference = f"debit:{charge.purchase_ref}:{charge.idempotency_record_id}"
+        entry = ledger_debit(
+            buyer_id=charge.buyer_id,
+            asset=terms.asset,
+            amount=terms.amount,
+            reference=reference,
+            purchase_id=charge.purchase_id,
+        )
+        if entry is None:
             raise DomainError(ErrorCode.INSUFFICIENT_FUNDS)
         attempt = PaymentAttempt(
             purchase_id=charge.purchase_id,
@@ -57,19 +64,8 @@ class PrepaidRail:
             amount=terms.amount,
             fingerprint=charge.presentation.fingerprint,
         )
-        # One debit per payment id: the reference is known before anything is written, so
-        # the attempt is settled in memory and written once.
-        reference = f"debit:{charge.purchase_ref}:{charge.idempotency_record_id}"
         attempt.succeed(settlement_reference=reference)
         attempt.save()
-        entry = LedgerEntry.objects.create(
-            buyer_id=charge.buyer_id,
-            asset=terms.asset,
-            amount=-terms.amount,
-            kind=LedgerEntry.Kind.PURCHASE_DEBIT,
-            reference=reference,
-            purchase_id=charge.purchase_id,
-        )
         change = Change(
             subject="payment_attempt",
             from_state=PaymentAttempt.State.RECORDED,

@@ -187,6 +187,7 @@ class X402Rail:
         ).update(broadcast_started_at=now)
         if not claimed:
             return self.look_up(attempt=attempt, now=now)
+        attempt.broadcast_started_at = now
         outcome = _prepare_and_broadcast(attempt, terms, now)
         return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 
@@ -265,7 +266,7 @@ def _prepare_and_broadcast(
         return SettlementOutcome(
             SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
         )
-    x402_attempt_mark_prepared(attempt_id=attempt.pk, prepared=prepared, now=now)
+    x402_attempt_mark_prepared(attempt=attempt, prepared=prepared, now=now)
     return _broadcast(attempt, terms, prepared)
 
 

@@ -87,13 +87,21 @@ def x402_attempt_record(
 
 
 def x402_attempt_mark_prepared(
-    *, attempt_id: int, prepared: PreparedBroadcast, now: datetime
+    *, attempt: PaymentAttempt, prepared: PreparedBroadcast, now: datetime
 ) -> None:
     """Commit what we are about to broadcast (tx hash and signed bytes when known) first.
 
     One UPDATE: the first broadcast's time and the first signed transaction are kept;
-    later calls never overwrite them.
+    later calls never overwrite them. The instance is moved the same way, so the caller
+    records the outcome without reading the row back.
     """
+    attempt_id = attempt.pk
+    if attempt.broadcast_started_at is None:
+        attempt.broadcast_started_at = now
+    if prepared.tx_hash and not attempt.tx_hash:
+        attempt.tx_hash = prepared.tx_hash.lower()
+        attempt.raw_transaction = prepared.raw_transaction or ""
+        attempt.relayer_nonce = prepared.relayer_nonce
     changes: dict[str, Any] = {
         "broadcast_started_at": Coalesce("broadcast_started_at", Value(now)),
         "updated_at": now,

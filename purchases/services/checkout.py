@@ -24,6 +24,8 @@ from typing import Generic, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Subquery
+from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
 from core.errors import DomainError, ErrorCode
@@ -159,7 +161,7 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
     except _Duplicate as found:
         return _answer_duplicate(checkout, found.purchase, quote, claim)
     return _settle_and_answer(
-        checkout, purchase, attempt.pk, claim, fresh=True, recorded=(attempt, terms)
+        checkout, purchase, attempt.pk, claim, fresh=True, recorded=(purchase, attempt, terms)
     )
 
 
@@ -200,8 +202,12 @@ def _quote_named(request: PaymentRequest, *, lock: bool = False) -> Quote:
     a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
     exists). Raises DomainError: quote_not_found.
     """
-    quotes = Quote.objects.select_related("offering").filter(
-        public_id=request.presentation.quote_id or ""
+    # The paying wallet's owner (spend caps bind it) comes with the quote, not in a query.
+    owner = BuyerWallet.objects.filter(address=request.presentation.payer.lower())
+    quotes = (
+        Quote.objects.select_related("offering")
+        .filter(public_id=request.presentation.quote_id or "")
+        .annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
     )
     if request.offering is not None:
         quotes = quotes.filter(offering=request.offering)
@@ -240,7 +246,14 @@ def _record(
     and what the rail's record raises (insufficient_funds).
     """
     try:
-        return _record_once(checkout, quote, terms, duplicate_key, claim, search_from)
+        try:
+            return _record_once(checkout, quote, terms, duplicate_key, claim, search_from)
+        except ConcurrentTransition:
+            # The quote moved since it was read (another payment, expiry): nothing was
+            # written; again under its lock, which says what happened to it.
+            return _record_once(
+                checkout, quote, terms, duplicate_key, claim, search_from, lock_quote=True
+            )
     except IntegrityError:
         # Two presentations of one payment raced past verification: the database lets
         # exactly one through; verifying again names the winner's purchase.
@@ -257,7 +270,12 @@ def _record_once(
     duplicate_key: str,
     claim: KeyClaim,
     search_from: int | None,
+    *,
+    lock_quote: bool = False,
 ) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
+    """`lock_quote`: read the quote again under its lock first. Without it, a quote read
+    open (before verification, unlocked) is accepted by an UPDATE conditional on its still
+    being open, which is then the lock; ConcurrentTransition if it is not."""
     request, rail = checkout.request, checkout.rail
     actor, now = request.actor, request.now
     # A rail that settles when recorded runs this inside _record_and_answer's transaction:
@@ -274,7 +292,7 @@ def _record_once(
             )
             if duplicate is not None:
                 raise _Duplicate(duplicate)
-        if not rail.settles_when_recorded:
+        if lock_quote or (not rail.settles_when_recorded and quote.state != Quote.State.OPEN):
             quote = (
                 Quote.objects.select_for_update(of=("self",))
                 .select_related("offering")
@@ -290,8 +308,16 @@ def _record_once(
         else:
             purchase.payment_begin()
         if is_new:
+            was = _quote_accept(quote)  # before the purchase: the quote's row is the lock
             purchase.save()
-            _quote_accept(quote, purchase, actor)
+            event_record(
+                subject="quote",
+                quote=quote,
+                purchase=purchase,
+                actor=actor,
+                from_state=was,
+                to_state=quote.state,
+            )
         else:
             purchase.save(update_fields=[*_MOVED_FIELDS, "updated_at"])
         attempt, change = rail.record(
@@ -349,7 +375,7 @@ def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: 
     """
     presentation, now = request.presentation, request.now
     purchase = purchase_open_for_payment(quote=quote, now=now)
-    capped = request.buyer or quote.buyer or _wallet_owner(presentation.payer)
+    capped = request.buyer or quote.buyer or _wallet_owner(quote, presentation.payer)
     if capped is not None:
         # Spend caps bind the paying wallet's owner whichever rail it pays on.
         buyer_spend_cap_check(
@@ -377,7 +403,11 @@ def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: 
     return purchase
 
 
-def _wallet_owner(address: str) -> Buyer | None:
+def _wallet_owner(quote: Quote, address: str) -> Buyer | None:
+    """The buyer the paying wallet is registered to, if any (as read with the quote)."""
+    if hasattr(quote, "payer_owner_id"):
+        owner_id = quote.payer_owner_id
+        return Buyer.objects.get(pk=owner_id) if owner_id is not None else None
     wallet = BuyerWallet.objects.select_related("buyer").filter(address=address.lower()).first()
     return wallet.buyer if wallet else None
 
@@ -404,18 +434,13 @@ def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None
     return purchase
 
 
-def _quote_accept(quote: Quote, purchase: Purchase, actor: Actor) -> None:
-    """The first payment accepts the quote. Caller holds the quote's row lock."""
+def _quote_accept(quote: Quote) -> str:
+    """The first payment accepts the quote: one UPDATE conditional on the state it was read
+    in (ConcurrentTransition if it moved). Returns that state, for the timeline."""
+    was = quote.state
     quote.accept()
     quote.save(update_fields=["state", "holds_stock"])
-    event_record(
-        subject="quote",
-        quote=quote,
-        purchase=purchase,
-        actor=actor,
-        from_state=Quote.State.OPEN,
-        to_state=quote.state,
-    )
+    return str(was)
 
 
 def _answer_duplicate(
@@ -473,7 +498,7 @@ def _settle_and_answer(
     claim: KeyClaim,
     *,
     fresh: bool,
-    recorded: tuple[PaymentAttempt, QuoteTerms] | None = None,
+    recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
 ) -> A:
     """After commit: settle over the rail, then answer from what the purchase is now."""
     now = checkout.request.now

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
 from core.bulk import bulk_update_columns
@@ -60,17 +61,19 @@ def purchase_settle_attempt(
     *,
     attempt_id: int,
     now: datetime | None = None,
-    recorded: tuple[PaymentAttempt, QuoteTerms] | None = None,
+    recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
 ) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
     the outcome. Returns None when the attempt was already settled or failed.
 
-    `recorded`: the attempt as this request just wrote it, with its quote's terms (nothing
-    to read back).
+    `recorded`: the purchase and attempt as this request just wrote them, with the quote's
+    terms (nothing to read back, before or after).
     """
     now = now_or(now)
+    known: tuple[Purchase, PaymentAttempt] | None = None
     if recorded is not None:
-        attempt, terms = recorded
+        purchase, attempt, terms = recorded
+        known = (purchase, attempt)
     else:
         attempt = PaymentAttempt.objects.select_related("purchase__quote__offering").get(
             pk=attempt_id
@@ -81,7 +84,11 @@ def purchase_settle_attempt(
     outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
     outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
     purchase, attempt = settlement_record_outcome(
-        attempt_id=attempt.pk, purchase_id=attempt.purchase_id, outcome=outcome, now=now
+        attempt_id=attempt.pk,
+        purchase_id=attempt.purchase_id,
+        outcome=outcome,
+        now=now,
+        known=known,
     )
     return Settled(outcome, purchase, attempt)
 
@@ -112,12 +119,28 @@ def settlement_follow_up(
 
 
 def settlement_record_outcome(
-    *, attempt_id: int, purchase_id: int, outcome: SettlementOutcome, now: datetime
+    *,
+    attempt_id: int,
+    purchase_id: int,
+    outcome: SettlementOutcome,
+    now: datetime,
+    known: tuple[Purchase, PaymentAttempt] | None = None,
 ) -> tuple[Purchase, PaymentAttempt]:
-    """Lock purchase then attempt, apply the answer to both, queue the work if due.
-    Returns both as recorded."""
+    """Apply the answer to the purchase and the attempt, queue the work if due. Returns both
+    as recorded.
+
+    `known`: both as this request wrote them. Then nothing is read: each write is conditional
+    on the state written (the purchase's first: its row is the lock), and if anyone moved
+    either since, nothing is written and both are read under their locks as without `known`.
+    """
     actor = Actor.system("settlement")
     outcome, is_first_broadcast, answers = settlement_notes_take(outcome)
+    if known is not None:
+        try:
+            with transaction.atomic(), events_batched():
+                return _outcome_apply(*known, outcome, is_first_broadcast, answers, now, actor)
+        except ConcurrentTransition:
+            logger.info("attempt %s moved since it was recorded; reading it locked", attempt_id)
     with transaction.atomic(), events_batched():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
@@ -125,29 +148,40 @@ def settlement_record_outcome(
             .get(pk=purchase_id)
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
-        attempt.purchase = purchase
-        if is_first_broadcast:
-            _first_broadcast_record(purchase, attempt, outcome, answers, actor)
-        if (
-            attempt.state == PaymentAttempt.State.FAILED
-            and outcome.status == SettlementStatus.CONFIRMED
-        ):
-            # We had recorded this payment as failed, yet its money moved.
-            settlement_unexpected(
-                purchase=purchase,
-                attempt=attempt,
-                tx_hash=outcome.tx_hash or "",
-                now=now,
-                actor=actor,
-            )
-            purchase_queue_execution_if_due(purchase=purchase, actor=actor)
-            return purchase, attempt
-        change = payment_attempt_apply_outcome(attempt=attempt, outcome=outcome)
-        event_record_change(purchase=purchase, actor=actor, change=change)
-        if change is None or change.from_state == change.to_state:
-            return purchase, attempt
+        return _outcome_apply(purchase, attempt, outcome, is_first_broadcast, answers, now, actor)
+
+
+def _outcome_apply(
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    outcome: SettlementOutcome,
+    is_first_broadcast: bool,
+    answers: list[dict[str, Any]],
+    now: datetime,
+    actor: Actor,
+) -> tuple[Purchase, PaymentAttempt]:
+    attempt.purchase = purchase
+    if is_first_broadcast:
+        _first_broadcast_record(purchase, attempt, outcome, answers, actor)
+    if (
+        attempt.state == PaymentAttempt.State.FAILED
+        and outcome.status == SettlementStatus.CONFIRMED
+    ):
+        # We had recorded this payment as failed, yet its money moved.
+        settlement_unexpected(
+            purchase=purchase,
+            attempt=attempt,
+            tx_hash=outcome.tx_hash or "",
+            now=now,
+            actor=actor,
+        )
+        purchase_queue_execution_if_due(purchase=purchase, actor=actor)
+        return purchase, attempt
+    change = payment_attempt_apply_outcome(attempt=attempt, outcome=outcome, save=False)
+    event_record_change(purchase=purchase, actor=actor, change=change)
+    moved: list[str] = []
+    if change is not None and change.from_state != change.to_state:
         move = _payment_move(purchase, outcome, now)
-        moved: list[str] = []
         if move is not None:
             transition, arguments = move
             moved = purchase_transition(
@@ -160,8 +194,10 @@ def settlement_record_outcome(
                 save=False,
             )
         moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
-        if moved:
-            purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE
+    if moved:
+        purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE; first
+    if change is not None:
+        attempt.save(update_fields=[*OUTCOME_FIELDS, "updated_at"])
     return purchase, attempt
 
 
