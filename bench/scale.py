@@ -13,9 +13,11 @@ Figures:
   peak RSS / the same process's RSS before the export (the goal, <= 150 MB, in the detail).
 
 The rows are seeded once with generate_series into the bench's own database
-(`<DATABASE_URL's name>_bench_scale`), and reused while they are there.
+(`tollbooth_bench_scale_<scale>` on DATABASE_URL's server, or BENCH_SCALE_DATABASE), and
+reused while they are there.
 
-Run: `DATABASE_URL=postgres://... REDIS_URL=... .venv/bin/python -m bench.scale [smoke|full]`
+Run: `DATABASE_URL=postgres://... REDIS_URL=... .venv/bin/python -m bench.scale [smoke|full]
+[reconciliation] [admin] [export]` (no figure names: all three).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ PAY_TO = "0x" + "5e" * 20
 def _bench_database_url(scale: Scale) -> str:
     base = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollbooth")
     parts = urlsplit(base)
-    name = f"tollbooth_bench_scale_{scale.value}"
+    # A name of one's own keeps two people's runs (and seeds) apart on one server.
+    name = os.environ.get("BENCH_SCALE_DATABASE") or f"tollbooth_bench_scale_{scale.value}"
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
@@ -281,18 +284,23 @@ def _admin(count: int) -> list[Figure]:
 _PLAIN_STATIC = "django.contrib.staticfiles.storage.StaticFilesStorage"
 
 
-def _admin_pages(count: int) -> list[Figure]:
+def _bench_user() -> Any:
+    """The superuser every admin figure (and the export's process) logs in as."""
     from django.contrib.auth.models import User
+
+    return User.objects.filter(username="bench").first() or User.objects.create_user(
+        username="bench", is_staff=True, is_superuser=True
+    )
+
+
+def _admin_pages(count: int) -> list[Figure]:
     from django.test import Client
     from django.urls import reverse
 
     from purchases.models import Purchase
 
-    user = User.objects.filter(username="bench").first() or User.objects.create_user(
-        username="bench", is_staff=True, is_superuser=True
-    )
     client = Client()
-    client.force_login(user)
+    client.force_login(_bench_user())
     # A row in the middle of the seeded ones (their ids are the seed's own numbers).
     target = Purchase.objects.filter(ref__startswith="pur_seed").order_by("pk")[count // 2]
     probe = target.pk
@@ -327,7 +335,7 @@ def _admin_pages(count: int) -> list[Figure]:
                 detail=(
                     f"{median_ms:.0f} ms median ({min(millis):.0f}-{max(millis):.0f}), "
                     f"{queries} queries; goal <= 300 ms and <= 10 queries: "
-                    f"{'met' if ok else 'MISSED'}"
+                    f"{'met' if ok else 'MISSED'}; load average {os.getloadavg()[0]:.1f}"
                 ),
                 extra={"ms": f"{median_ms:.1f}", "queries": str(queries)},
             )
@@ -339,6 +347,16 @@ def _admin_pages(count: int) -> list[Figure]:
 _EXPORT_CHILD = """
 import os, resource, sys, time
 import django
+
+def peak_kb():
+    # VmHWM: this process's own peak. ru_maxrss is not: Linux carries the parent's across
+    # fork and exec, so a bench process grown by the admin figures would read as ours.
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(x.split()[1]) for x in status if x.startswith("VmHWM:"))
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
 django.setup()
 from django.test.utils import setup_test_environment
 setup_test_environment()
@@ -349,20 +367,24 @@ from payments.models import Refund
 client = Client()
 client.force_login(User.objects.get(username="bench"))
 first = Refund.objects.order_by("pk").values_list("pk", flat=True).first()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+url = reverse("admin:payments_refund_changelist") + "?state=all"
+# Warm: the first request's imports and code paths, on one ticked row (a batch of one).
+warm = client.post(url, {"action": "export_csv", "index": "0", "_selected_action": [first]})
+assert sum(chunk.count(b"\\n") for chunk in warm.streaming_content) == 2
+before = peak_kb()
 print(f"before {before}", flush=True)
 started = time.perf_counter()
 response = client.post(
-    reverse("admin:payments_refund_changelist") + "?state=all",
+    url,
     {"action": "export_csv", "select_across": "1", "index": "0", "_selected_action": [first]},
 )
 lines = 0
 for chunk in response.streaming_content:
     lines += chunk.count(b"\\n")
     if lines % 50000 < chunk.count(b"\\n") + 1:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rss = peak_kb()
         print(f"progress {lines} {rss} {time.perf_counter() - started:.1f}", flush=True)
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss = peak_kb()
 print(f"done {lines} {rss} {time.perf_counter() - started:.1f}", flush=True)
 """
 
@@ -372,6 +394,7 @@ def _export(count: int, timeout: int) -> Figure:
 
     # Its own process on the test settings, whatever the runner set Django up with, on the
     # database this process seeded (Django may have been set up before this module ran).
+    _bench_user()  # the export may run without the admin figures before it
     db = connection.settings_dict
     credentials = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
     env = {
@@ -399,6 +422,8 @@ def _export(count: int, timeout: int) -> Figure:
     before = next(int(x.split()[1]) for x in lines if x.startswith("before"))
     last = [x for x in lines if x.startswith(("progress", "done"))][-1].split()
     rows, peak_kb, seconds = int(last[1]) - 1, int(last[2]), float(last[3])
+    progress = [x.split() for x in lines if x.startswith("progress")]
+    first_seconds = float((progress[0] if progress else last)[3])
     peak_mb = peak_kb / 1024
     state = "complete" if finished and last[0] == "done" else f"STOPPED at {timeout} s"
     return Figure(
@@ -407,7 +432,8 @@ def _export(count: int, timeout: int) -> Figure:
         detail=(
             f"{rows:,} rows in {seconds:.1f} s ({state}); peak RSS {peak_mb:.0f} MB "
             f"(before {before / 1024:.0f} MB; goal <= 150 MB: "
-            f"{'met' if peak_mb <= 150 and state == 'complete' else 'MISSED'})"
+            f"{'met' if peak_mb <= 150 and state == 'complete' else 'MISSED'}); "
+            f"first row after {first_seconds:.1f} s; load average {os.getloadavg()[0]:.1f}"
         ),
         extra={"peak_rss_mb": f"{peak_mb:.0f}", "rows": str(rows), "seconds": f"{seconds:.1f}"},
     )
@@ -429,10 +455,16 @@ def _show(figure: Figure) -> None:
 
 if __name__ == "__main__":
     chosen = Scale(sys.argv[1]) if len(sys.argv) > 1 else Scale.SMOKE
+    wanted = set(sys.argv[2:]) or {"reconciliation", "admin", "export"}
     sizes = SIZES[chosen]
     _setup_django(chosen)
     _seed(sizes["purchases"])
-    _show(_reconciliation(sizes["settlements"]))  # each figure as soon as it is measured
-    for admin_figure in _admin(sizes["purchases"]):
-        _show(admin_figure)
-    _show(_export(sizes["purchases"], sizes["export_timeout"]))
+    print(f"load average {os.getloadavg()[0]:.1f} before", file=sys.stderr)
+    if "reconciliation" in wanted:  # each figure as soon as it is measured
+        _show(_reconciliation(sizes["settlements"]))
+    if "admin" in wanted:
+        for admin_figure in _admin(sizes["purchases"]):
+            _show(admin_figure)
+    if "export" in wanted:
+        _show(_export(sizes["purchases"], sizes["export_timeout"]))
+    print(f"load average {os.getloadavg()[0]:.1f} after", file=sys.stderr)

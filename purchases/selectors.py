@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, Sum
 from django.db.models.functions import Lower, TruncDate
 from django.urls import reverse
@@ -16,6 +18,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
+from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
 from payments.models import PaymentAttempt, Refund
 from purchases.case_file import CaseFacts, EscalationFact, RefundFact
@@ -228,9 +231,67 @@ def quote_representation(*, quote: Quote) -> dict[str, Any]:
     }
 
 
-def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
-    """What the case file's "Now" is derived from (purchases.case_file.purchase_case)."""
-    attempts = list(purchase.payment_attempts.order_by("pk"))
+@dataclass(frozen=True)
+class CaseRecords:
+    """Every row the case file shows about one purchase, each table read once: the purchase
+    page (Now box, strip, inlines) reads nothing per row. An attempt's refunds are already
+    on it (`attempt.refunds.all()` reads no row), taken from the purchase's refunds."""
+
+    attempts: tuple[PaymentAttempt, ...]
+    executions: tuple[ExecutionAttempt, ...]
+    refunds: tuple[Refund, ...]
+    escalations: tuple[Escalation, ...]
+    result: Result | None
+    receipt: Receipt | None
+
+
+def _related_one(purchase: Purchase, name: str) -> Any:
+    """The purchase's result or receipt: from its select_related join when it was made
+    (None when the join found nothing), else read."""
+    descriptor = getattr(Purchase, name)
+    if not descriptor.is_cached(purchase):
+        getter = {
+            "result": fulfillment_selectors.result_for_purchase,
+            "receipt": fulfillment_selectors.receipt_for_purchase,
+        }[name]
+        return getter(purchase_id=purchase.pk)
+    try:
+        return getattr(purchase, name)
+    except ObjectDoesNotExist:
+        return None
+
+
+def purchase_case_records(*, purchase: Purchase) -> CaseRecords:
+    """Four queries (attempts, executions, refunds, escalations), plus one each for the
+    result and the receipt unless the purchase was read with select_related("result",
+    "receipt")."""
+    refunds = tuple(payment_selectors.refunds_for_purchase(purchase_id=purchase.pk))
+    attempts = tuple(purchase.payment_attempts.order_by("pk"))
+    for attempt in attempts:
+        # A refund names the purchase of the payment it returns (payments.services): the
+        # attempt's own are among the purchase's, so they are handed over as a prefetch.
+        mine = [r for r in refunds if r.payment_attempt_id == attempt.pk]
+        queryset = attempt.refunds.all()
+        queryset._result_cache = mine
+        queryset._prefetch_done = True  # type: ignore[attr-defined]
+        attempt._prefetched_objects_cache = {"refunds": queryset}  # type: ignore[attr-defined]
+    return CaseRecords(
+        attempts=attempts,
+        executions=tuple(fulfillment_selectors.execution_attempts(purchase_id=purchase.pk)),
+        refunds=refunds,
+        escalations=tuple(purchase.escalations.order_by("pk")),
+        result=_related_one(purchase, "result"),
+        receipt=_related_one(purchase, "receipt"),
+    )
+
+
+def purchase_case_facts(
+    *, purchase: Purchase, now: datetime, records: CaseRecords | None = None
+) -> CaseFacts:
+    """What the case file's "Now" is derived from (purchases.case_file.purchase_case); from
+    `records` when the page has read them already."""
+    records = records or purchase_case_records(purchase=purchase)
+    attempts = records.attempts
     pending = [
         a
         for a in attempts
@@ -241,9 +302,9 @@ def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
     grace_cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
     look_up_safe = [a for a in pending if a.broadcast_started_at or a.created_at <= grace_cutoff]
     windows = [a.valid_before_at for a in attempts if a.valid_before_at]
-    live_execution = purchase.execution_attempts.filter(state="running").first()
-    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
-    open_escalations = purchase.escalations.filter(state=Escalation.State.OPEN).order_by("pk")
+    live_execution = next((e for e in records.executions if e.state == "running"), None)
+    result = records.result
+    open_escalations = [e for e in records.escalations if e.state == Escalation.State.OPEN]
     # While a settlement is pending, reconciliation keeps the attempt's reason current (the
     # purchase's is the one it was parked with): the case reads the fresher one.
     reason_code = (pending[-1].reason_code if pending else "") or purchase.reason_code
@@ -266,10 +327,7 @@ def purchase_case_facts(*, purchase: Purchase, now: datetime) -> CaseFacts:
         escalations=tuple(
             EscalationFact(e.pk, e.owner, e.reason_code, e.deadline_at) for e in open_escalations
         ),
-        refunds=tuple(
-            RefundFact(r.pk, r.state, r.reason_code, r.amount)
-            for r in payment_selectors.refunds_for_purchase(purchase_id=purchase.pk)
-        ),
+        refunds=tuple(RefundFact(r.pk, r.state, r.reason_code, r.amount) for r in records.refunds),
     )
 
 

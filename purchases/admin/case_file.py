@@ -17,7 +17,6 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from core.admin import RoleScoping, amount_human, role_scoping
-from fulfillment import selectors as fulfillment_selectors
 from payments.models import LedgerBalance, PaymentAttempt, Refund
 from payments.x402.networks import explorer_tx_url
 from purchases.case_file import (
@@ -28,6 +27,7 @@ from purchases.case_file import (
     relative,
 )
 from purchases.models import Escalation, Purchase, PurchaseEvent
+from purchases.selectors import CaseRecords
 from purchases.services import case_actions
 from purchases.timeline import event_label, evidence_items, utc_seconds
 
@@ -65,8 +65,12 @@ def action_url(purchase: Purchase, action: Action) -> str:
 
 
 # --- what the page shows ---------------------------------------------------------------
-def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dict[str, Any]:
-    case = case_actions.purchase_case_now(purchase=purchase, now=now)
+def case_context(
+    request: HttpRequest, purchase: Purchase, now: datetime, records: CaseRecords
+) -> dict[str, Any]:
+    """Everything from `records` (read once for the page) and the purchase's own joins: one
+    query more for the timeline, one for a buyer's balance, none per row."""
+    case = case_actions.purchase_case_now(purchase=purchase, now=now, records=records)
     scoping = role_scoping(request, Purchase)
     allowed = [a for a in case.actions if scoping.may_run(a.value)]
     return {
@@ -85,7 +89,7 @@ def case_context(request: HttpRequest, purchase: Purchase, now: datetime) -> dic
             }
             for a in allowed
         ],
-        "case_strip": lifecycle_strip(purchase, scoping),
+        "case_strip": lifecycle_strip(purchase, records, scoping),
         "case_timeline": timeline_rows(purchase)
         if role_scoping(request, PurchaseEvent).has_scope
         else [],
@@ -101,11 +105,10 @@ def _notes(case: Case, escalations: RoleScoping) -> list[str]:
     return [escalated_note(case.owner) if note == full else note for note in case.notes]
 
 
-def _current_stage(purchase: Purchase) -> str:
+def _current_stage(purchase: Purchase, records: CaseRecords) -> str:
     """Where the purchase is now: an open remedy first, then the payment, then the work."""
-    open_remedy = (
-        purchase.escalations.filter(state=Escalation.State.OPEN).exists()
-        or purchase.refunds.filter(state__in=(Refund.State.PROPOSED, Refund.State.OWED)).exists()
+    open_remedy = any(e.state == Escalation.State.OPEN for e in records.escalations) or any(
+        r.state in (Refund.State.PROPOSED, Refund.State.OWED) for r in records.refunds
     )
     if open_remedy:
         return "remedy"
@@ -117,7 +120,7 @@ def _current_stage(purchase: Purchase) -> str:
     return "settle"  # paying, pending, failed or void: the settlement decides
 
 
-def _stage_status(key: str, purchase: Purchase, current: str) -> str:
+def _stage_status(key: str, purchase: Purchase, records: CaseRecords, current: str) -> str:
     """green done, amber current, red problem, grey waiting."""
     pay, run = purchase.payment_state, purchase.fulfillment_state
     problem = {
@@ -126,11 +129,11 @@ def _stage_status(key: str, purchase: Purchase, current: str) -> str:
     }
     done = {
         "quote": purchase.quote.state == "accepted",
-        "authorize": purchase.payment_attempts.exists(),
+        "authorize": bool(records.attempts),
         "execute": run == Purchase.FulfillmentState.SUCCEEDED,
         "settle": pay == Purchase.PaymentState.PAID,
-        "remedy": purchase.refunds.filter(state=Refund.State.PAID).exists()
-        or purchase.escalations.filter(state=Escalation.State.RESOLVED).exists(),
+        "remedy": any(r.state == Refund.State.PAID for r in records.refunds)
+        or any(e.state == Escalation.State.RESOLVED for e in records.escalations),
     }
     if problem.get(key):
         return "problem"
@@ -139,20 +142,22 @@ def _stage_status(key: str, purchase: Purchase, current: str) -> str:
     return "done" if done[key] else "waiting"
 
 
-def lifecycle_strip(purchase: Purchase, scoping: RoleScoping) -> list[dict[str, Any]]:
-    current = _current_stage(purchase)
+def lifecycle_strip(
+    purchase: Purchase, records: CaseRecords, scoping: RoleScoping
+) -> list[dict[str, Any]]:
+    current = _current_stage(purchase, records)
     evidence = {
         "quote": _quote_evidence(purchase),
-        "authorize": _authorize_evidence(purchase),
-        "execute": _execute_evidence(purchase),
-        "settle": _settle_evidence(purchase),
-        "remedy": _remedy_evidence(purchase),
+        "authorize": _authorize_evidence(purchase, records),
+        "execute": _execute_evidence(purchase, records),
+        "settle": _settle_evidence(purchase, records),
+        "remedy": _remedy_evidence(purchase, records),
     }
     return [
         {
             "key": key,
             "title": title,
-            "status": _stage_status(key, purchase, current),
+            "status": _stage_status(key, purchase, records, current),
             "is_current": key == current,
             "evidence": [i for i in evidence[key] if scoping.sees(i["field"])],
         }
@@ -187,9 +192,9 @@ def _attempt_note(attempt: PaymentAttempt) -> str:
     return ""
 
 
-def _authorize_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+def _authorize_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
     items = []
-    for attempt in purchase.payment_attempts.order_by("pk").prefetch_related("refunds"):
+    for attempt in records.attempts:
         note = _attempt_note(attempt)
         items += [
             _item(
@@ -207,9 +212,9 @@ def _authorize_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     return items or [_item("attempts", "none", field="case_authorization")]
 
 
-def _execute_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+def _execute_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
     items = []
-    for run in fulfillment_selectors.execution_attempts(purchase_id=purchase.pk):
+    for run in records.executions:
         items += [
             _item(
                 f"execution {run.pk}", f"{run.state} · {run.tries} tries", field="case_execution"
@@ -218,7 +223,7 @@ def _execute_evidence(purchase: Purchase) -> list[dict[str, Any]]:
             _item("started", utc_seconds(run.started_at), field="case_execution"),
             _item("finished", utc_seconds(run.finished_at), field="case_execution"),
         ]
-    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
+    result = records.result
     if result is not None:
         items += [
             _item("result SHA-256", result.sha256, field="result_sha256"),
@@ -230,17 +235,17 @@ def _execute_evidence(purchase: Purchase) -> list[dict[str, Any]]:
                 field="result_first_delivered_at",
             ),
         ]
-    receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=purchase.pk)
+    receipt = records.receipt
     items += [_item("receipt", receipt.public_id, field="receipt_id")] if receipt else []
     return items or [_item("executions", "none", field="case_execution")]
 
 
-def _settle_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+def _settle_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
     items = [
         _item("amount", money(purchase.amount, purchase), field="amount"),
         _item("network", purchase.network, field="network"),
     ]
-    for attempt in purchase.payment_attempts.order_by("pk"):
+    for attempt in records.attempts:
         if attempt.tx_hash:
             link = explorer_tx_url(network=attempt.network, tx_hash=attempt.tx_hash)
             items.append(
@@ -271,16 +276,16 @@ def _settle_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     return items
 
 
-def _remedy_evidence(purchase: Purchase) -> list[dict[str, Any]]:
+def _remedy_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
     items = []
-    for refund in purchase.refunds.order_by("pk"):
+    for refund in records.refunds:
         items += [
             _item(
                 f"refund {refund.pk}", f"{refund.state} · {refund.reason_code}", field="case_remedy"
             ),
             _item("amount", money(refund.amount, purchase), field="case_remedy"),
         ]
-    for escalation in purchase.escalations.order_by("pk"):
+    for escalation in records.escalations:
         items += [
             _item(
                 f"escalation {escalation.pk}",

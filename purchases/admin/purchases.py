@@ -12,9 +12,10 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_value, unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Case, IntegerField, QuerySet, Value, When
 from django.db.models.expressions import OrderBy
+from django.forms.models import BaseInlineFormSet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -27,7 +28,6 @@ from core.admin import (
     RoleScopedAdmin,
     amount_human,
 )
-from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerBalance, PaymentAttempt, Refund
 from purchases.admin.case_actions import case_action_view
@@ -52,7 +52,7 @@ from purchases.models import (
     Purchase,
     Quote,
 )
-from purchases.selectors import purchase_search_ids
+from purchases.selectors import CaseRecords, purchase_case_records, purchase_search_ids
 from purchases.services.buyers import (
     api_key_issue,
     buyer_create,
@@ -69,8 +69,31 @@ admin.site.index_title = "Purchases, escalations and refunds"
 
 
 # --- purchase: the timeline and every record hanging under it ----------------------------
+CASE_RECORDS = "_case_records"  # the page's CaseRecords, kept on the purchase it shows
+
+
+class CaseRecordsFormSet(BaseInlineFormSet):
+    """An inline's rows from the case records the page read once (`CASE_RECORDS` on the
+    purchase, set by PurchaseAdmin.changeform_view), not a query of its own."""
+
+    records_field = ""
+
+    def get_queryset(self) -> Any:
+        records = getattr(self.instance, CASE_RECORDS, None)
+        if records is None:
+            return super().get_queryset()
+        if not hasattr(self, "_queryset"):
+            self._queryset = list(getattr(records, self.records_field))
+        return self._queryset
+
+
+def _records_formset(field: str) -> type[CaseRecordsFormSet]:
+    return type(f"{field.title()}FormSet", (CaseRecordsFormSet,), {"records_field": field})
+
+
 class PaymentAttemptInline(ReadOnlyInline):
     model = PaymentAttempt
+    formset = _records_formset("attempts")
     ordering = ("pk",)
     fields = (
         "created_at",
@@ -98,6 +121,7 @@ class PaymentAttemptInline(ReadOnlyInline):
 
 class ExecutionAttemptInline(ReadOnlyInline):
     model = ExecutionAttempt
+    formset = _records_formset("executions")
     ordering = ("pk",)
     fields = (
         "started_at",
@@ -113,6 +137,7 @@ class ExecutionAttemptInline(ReadOnlyInline):
 
 class RefundInline(ReadOnlyInline):
     model = Refund
+    formset = _records_formset("refunds")
     ordering = ("pk",)
     fields = (
         "created_at",
@@ -128,6 +153,7 @@ class RefundInline(ReadOnlyInline):
 
 class EscalationInline(ReadOnlyInline):
     model = Escalation
+    formset = _records_formset("escalations")
     ordering = ("pk",)
     fields = (
         "created_at",
@@ -165,7 +191,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         "rail",
         "offering",
     )
-    list_select_related = ("offering", "buyer")
+    list_select_related = ("offering",)  # no column shows the quote or the buyer
     # At a million rows: exact, indexed look-ups (see get_search_results), no full count,
     # a bounded one (CappedCountPaginator), and no date drill-down (its year list scans
     # the whole table).
@@ -238,8 +264,34 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         purchase = self.get_object(request, unquote(object_id)) if object_id else None
         context = dict(extra_context or {})
         if purchase is not None:
-            context.update(case_context(request, purchase, timezone.now()))
+            # Read once for the whole page: the case file, the result fields and the inlines.
+            records = purchase_case_records(purchase=purchase)
+            setattr(purchase, CASE_RECORDS, records)
+            context.update(case_context(request, purchase, timezone.now(), records))
         return super().changeform_view(request, object_id, form_url, context)
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Purchase | None:
+        """The purchase with its quote, offering, buyer, result (without its body) and
+        receipt in one query, read once per request (the change view asks twice)."""
+        cache: dict[tuple[str, str | None], Purchase | None] = request.__dict__.setdefault(
+            "_admin_purchases", {}
+        )
+        key = (object_id, from_field)
+        if key not in cache:
+            queryset = (
+                self.get_queryset(request)
+                .select_related("quote", "buyer", "result", "receipt")
+                .defer("result__body")
+            )
+            opts = Purchase._meta
+            field = opts.pk if from_field is None else opts.get_field(from_field)
+            try:
+                cache[key] = queryset.get(**{field.name: field.to_python(object_id)})
+            except (Purchase.DoesNotExist, ValidationError, ValueError):
+                cache[key] = None
+        return cache[key]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Purchase], search_term: str
@@ -250,9 +302,10 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         return queryset.filter(pk__in=purchase_search_ids(term=search_term, kinds=kinds)), False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Purchase]:
-        # The page shows the quote, offering and buyer: one query, not four (a count ignores
-        # these joins, and the list joins them by primary key for its 100 rows only).
-        return super().get_queryset(request).select_related("quote", "offering", "buyer")
+        # Every page shows the offering (the list's amount column, the change page): joined,
+        # not read per row (a count ignores the join, and the list joins it by primary key
+        # for its 100 rows only). The change page joins the rest (get_object).
+        return super().get_queryset(request).select_related("offering")
 
     @admin.display(description="amount (asset units)")
     def amount_human(self, obj: Purchase) -> str:
@@ -260,11 +313,16 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
             f"{amount_human(obj.amount, obj.offering.asset_decimals)} {obj.offering.asset_symbol}"
         )
 
+    def _records(self, obj: Purchase) -> CaseRecords:
+        # Five fields read the result and receipt: from the page's case records.
+        records = getattr(obj, CASE_RECORDS, None)
+        if records is None:
+            records = purchase_case_records(purchase=obj)
+            setattr(obj, CASE_RECORDS, records)
+        return records
+
     def _result_field(self, obj: Purchase, name: str) -> str:
-        # Four fields read one result: fetched once per page (kept on the instance).
-        if not hasattr(obj, "_admin_result"):
-            obj._admin_result = fulfillment_selectors.result_for_purchase(purchase_id=obj.pk)  # type: ignore[attr-defined]
-        result = obj._admin_result  # type: ignore[attr-defined]
+        result = self._records(obj).result
         # Formatted like the model fields around it (dates localised, None as "-").
         return display_for_value(getattr(result, name, None), "-")
 
@@ -286,7 +344,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
 
     @admin.display(description="receipt")
     def receipt_id(self, obj: Purchase) -> str:
-        receipt = fulfillment_selectors.receipt_for_purchase(purchase_id=obj.pk)
+        receipt = self._records(obj).receipt
         return receipt.public_id if receipt is not None else "-"
 
 

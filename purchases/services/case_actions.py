@@ -24,7 +24,7 @@ from payments.x402.networks import UnknownNetwork
 from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
-from purchases.selectors import purchase_capability_url, purchase_case_facts
+from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
 from purchases.services.remedies import escalation_open, escalation_resolve
 from purchases.services.settlement import purchase_queue_execution_if_due, purchase_settle_attempt
 from purchases.services.sweeper import purchase_execution_stage
@@ -47,9 +47,12 @@ class ActionDone:
     evidence: dict[str, Any]
 
 
-def purchase_case_now(*, purchase: Purchase, now: datetime | None = None) -> Case:
+def purchase_case_now(
+    *, purchase: Purchase, now: datetime | None = None, records: CaseRecords | None = None
+) -> Case:
     now = now_or(now)
-    return purchase_case(purchase_case_facts(purchase=purchase, now=now), now=now)
+    facts = purchase_case_facts(purchase=purchase, now=now, records=records)
+    return purchase_case(facts, now=now)
 
 
 def _require(purchase_id: int, action: Action, now: datetime) -> Purchase:

@@ -11,8 +11,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -24,13 +25,16 @@ from purchases.models import Escalation, IdempotencyRecord, Offering, OutboxMess
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.remedies import escalation_open
 from tests.admin.test_admin import _change, _changelist, _messages, _paid_prepaid_purchase, _staff
+from tests.admin.test_admin_scale import PURCHASE_PAGE_MAX_QUERIES
 from tests.factories import (
     PAYER,
     SELLER,
     USDC_LOCAL,
     BuyerFactory,
+    EscalationFactory,
     PaymentAttemptFactory,
     PurchaseFactory,
+    RefundFactory,
     fund,
 )
 
@@ -150,6 +154,42 @@ def test_now_box_strip_and_timeline_in_each_state(cases: Cases, support: Client)
         rows = re.findall(r'data-testid="case-event"', page)
         assert len(rows) == purchase.events.count(), name
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), name
+
+
+def _page_queries(client: Client, purchase: Purchase) -> int:
+    url = _change(purchase)
+    client.get(url)  # warms the process's ContentType cache, as any running server has it
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(url).status_code == 200
+    return len(queries.captured_queries)
+
+
+# A staff member in a role group costs three reads a superuser does not: the role's group
+# names (core.admin) and Django's user and group permissions.
+ROLE_QUERIES = 3
+
+
+@pytest.mark.postgres
+def test_the_page_reads_each_table_once_whatever_the_case_holds(
+    cases: Cases, superuser: Client, support: Client
+) -> None:
+    """Session, user, the purchase with its joins (quote, offering, buyer, result, receipt),
+    one query per table the case file shows (attempts, executions, refunds, escalations,
+    events) and a buyer's balance: none per row, in the Now box, the strip, the timeline or
+    the inlines."""
+    for name in ("done", "pending", "late", "unknown", "stalled"):
+        purchase = getattr(cases, name)
+        assert _page_queries(superuser, purchase) <= PURCHASE_PAGE_MAX_QUERIES, name
+        assert _page_queries(support, purchase) <= PURCHASE_PAGE_MAX_QUERIES + ROLE_QUERIES, name
+    before = _page_queries(support, cases.late)
+    for _ in range(3):
+        attempt = PaymentAttemptFactory.create(purchase=cases.late, failed=True, tx=TX)
+        RefundFactory.create(payment_attempt=attempt)  # each a late transfer owed back
+        EscalationFactory.create(purchase=cases.late)
+        EscalationFactory.create(purchase=cases.late, resolved=True)
+    page = support.get(_change(cases.late)).content.decode()
+    assert page.count("late transfer: refund owed") == 4  # each attempt's row
+    assert _page_queries(support, cases.late) == before
 
 
 def test_deadline_is_absolute_to_the_second_and_relative(cases: Cases, support: Client) -> None:
