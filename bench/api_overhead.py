@@ -301,7 +301,7 @@ def run(scale: Scale) -> list[Figure]:
             shape,
             per_unit="purchases/s",
         ),
-        # No goal: says how much of the replay's gap the two throttles' Redis round trips are.
+        # No goal: says how much of the replay's gap the throttle (one Redis round trip) is.
         _figure(
             "(diagnostic) replay without throttles vs bare endpoint",
             list(zip(rates["bare"], rates["replay_unthrottled"], strict=True)),

@@ -1,19 +1,23 @@
 """Rate limits on the paid URLs and quotes: per API key, and per client address.
 
-Counters live in Django's cache (Redis when REDIS_URL is set, so every web process shares
-them). Rates are read from settings at each request, so they can be changed by environment
+Both limits of a request are decided together in one Redis round trip (core/rate_limit.py:
+a sliding window per scope, checked and counted by one Lua script), in the default cache's
+Redis when REDIS_URL is set, so every web process shares them; process memory otherwise.
+Rates are read from settings at each request, so they can be changed by environment
 (docs/security.md). A refusal is `429 throttled` with `Retry-After`.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest
 from rest_framework.request import Request
-from rest_framework.throttling import BaseThrottle, SimpleRateThrottle
+from rest_framework.throttling import BaseThrottle
 
+from core.rate_limit import Window, parse_rate, rate_limit_hit
 from purchases.models import Buyer
 
 
@@ -22,35 +26,33 @@ def client_address(request: HttpRequest) -> str:
     return BaseThrottle().get_ident(request)  # type: ignore[arg-type]
 
 
-class _SettingsRateThrottle(SimpleRateThrottle):
-    def get_rate(self) -> str | None:
-        return str(settings.TOLLBOOTH["THROTTLE_RATES"][self.scope])
+class PaidRequestThrottle(BaseThrottle):
+    """Requests per API key (keyed requests) and per client address (every request, keyed or
+    not; NUM_PROXIES says which hop to trust), settings' scopes `api_key` and
+    `client_address`. A request refused by either is counted by neither."""
+
+    # The clock, as DRF's throttles have it (a test may set its own).
+    timer = staticmethod(time.time)
+
+    def __init__(self) -> None:
+        self.wait_seconds: float | None = None
+
+    def windows(self, request: Request) -> list[Window]:
+        rates = settings.TOLLBOOTH["THROTTLE_RATES"]
+        scopes = [("client_address", self.get_ident(request))]
+        if isinstance(request.user, Buyer):
+            scopes.insert(0, ("api_key", request.user.ref))
+        return [
+            Window(f"{scope}:{ident}", *parse_rate(str(rates[scope]))) for scope, ident in scopes
+        ]
 
     def allow_request(self, request: Request, view: Any) -> bool:
-        # Rates are re-read per request (settings may change them); DRF parses once in __init__.
-        self.rate = self.get_rate()
-        self.num_requests, self.duration = self.parse_rate(self.rate)
-        return super().allow_request(request, view)
+        decision = rate_limit_hit(windows=self.windows(request), now=self.timer())
+        self.wait_seconds = None if decision.allowed else decision.wait
+        return decision.allowed
+
+    def wait(self) -> float | None:
+        return self.wait_seconds
 
 
-class ApiKeyThrottle(_SettingsRateThrottle):
-    """Requests per API key (buyer); anonymous requests are left to the address limit."""
-
-    scope = "api_key"
-
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
-        if not isinstance(request.user, Buyer):
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": request.user.ref}
-
-
-class ClientAddressThrottle(_SettingsRateThrottle):
-    """Requests per client address, keyed or not (NUM_PROXIES says which hop to trust)."""
-
-    scope = "client_address"
-
-    def get_cache_key(self, request: Request, view: Any) -> str | None:
-        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
-
-
-PAID_THROTTLES: list[type[SimpleRateThrottle]] = [ApiKeyThrottle, ClientAddressThrottle]
+PAID_THROTTLES: list[type[BaseThrottle]] = [PaidRequestThrottle]

@@ -1,0 +1,127 @@
+"""Sliding-window rate limits: every window of one request checked and counted at once.
+
+A window is "at most `limit` hits in any `seconds`": a log of hit times, as DRF's
+SimpleRateThrottle keeps, so the rates mean what they meant. All of a request's windows (its
+API key, its client address) are decided together and all-or-nothing: a hit is counted in
+every window or, if any window is full, in none (a refused request uses up no quota).
+
+Where the default cache is Redis (every web process shares it), the decision is one Lua
+script, so one round trip whatever the number of windows, and atomic: concurrent requests
+can never both take the last place. Otherwise (the embedded demo's process memory) the same
+algorithm runs under a process lock.
+
+If Redis cannot be reached the error propagates: the request is refused with a 500, as it
+was when the counters went through Django's cache (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
+
+# KEYS: one sorted set per window (member: one hit, score: its time in seconds).
+# ARGV: now, the hit's member, then limit and seconds for each key in order.
+# Returns {1, 0} if counted in every window, else {0, milliseconds until it would be}.
+_SLIDING_WINDOWS_LUA = """
+local now = tonumber(ARGV[1])
+local wait = 0
+for i, key in ipairs(KEYS) do
+    local limit = tonumber(ARGV[1 + 2 * i])
+    local seconds = tonumber(ARGV[2 + 2 * i])
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now - seconds)
+    local count = redis.call('ZCARD', key)
+    if count >= limit then
+        local freed = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+        local key_wait = seconds
+        if freed[2] then
+            key_wait = tonumber(freed[2]) + seconds - now
+        end
+        wait = math.max(wait, key_wait)
+    end
+end
+if wait > 0 then
+    return {0, math.ceil(wait * 1000)}
+end
+for i, key in ipairs(KEYS) do
+    redis.call('ZADD', key, now, ARGV[2])
+    redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2 + 2 * i]) * 1000))
+end
+return {1, 0}
+"""
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_local_lock = threading.Lock()
+_script: Any = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """At most `limit` hits in any `seconds`, counted under `name` (e.g. "api_key:buy_...")."""
+
+    name: str
+    limit: int
+    seconds: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    # Seconds until the request would be allowed (0 when it is).
+    wait: float = 0.0
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """DRF's rate form `<n>/<sec|min|hour|day>` (only the unit's first letter counts)."""
+    count, _, period = rate.partition("/")
+    return int(count), _UNITS[period[0]]
+
+
+def rate_limit_hit(*, windows: list[Window], now: float) -> Decision:
+    """Count one hit in every window, or in none if any is full (then: how long to wait).
+
+    Raises whatever the cache's Redis raises when it cannot be reached (a 500 upstream).
+    """
+    if not windows:
+        return Decision(True)
+    cache = caches["default"]
+    keys = [cache.make_key(f"throttle:{window.name}") for window in windows]
+    if isinstance(cache, RedisCache):
+        return _redis_hit(cache, keys, windows, now)
+    return _local_hit(cache, keys, windows, now)
+
+
+def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: float) -> Decision:
+    global _script  # registered once per process, on first use
+    client = cache._cache.get_client(keys[0], write=True)
+    if _script is None:
+        _script = client.register_script(_SLIDING_WINDOWS_LUA)
+    # The hit's member in each sorted set: unique, so two hits in the same microsecond count twice.
+    args: list[Any] = [repr(now), f"{now:.6f}:{secrets.token_hex(6)}"]
+    for window in windows:
+        args += [window.limit, window.seconds]
+    # EVALSHA: one round trip (redis-py loads the script once if the server lacks it).
+    allowed, wait_ms = _script(keys=keys, args=args, client=client)
+    return Decision(bool(allowed), int(wait_ms) / 1000)
+
+
+def _local_hit(cache: Any, keys: list[str], windows: list[Window], now: float) -> Decision:
+    with _local_lock:
+        logs = []
+        wait = 0.0
+        for key, window in zip(keys, windows, strict=True):
+            log = [t for t in cache.get(key, []) if t > now - window.seconds]
+            logs.append(log)
+            if len(log) >= window.limit:
+                freed = sorted(log)[len(log) - window.limit] if window.limit > 0 else now
+                wait = max(wait, freed + window.seconds - now)
+        if wait > 0:
+            return Decision(False, math.ceil(wait * 1000) / 1000)
+        for key, window, log in zip(keys, windows, logs, strict=True):
+            cache.set(key, [*log, now], window.seconds)
+        return Decision(True)
