@@ -47,13 +47,19 @@ def bulk_update_columns(objs: Iterable[Model], fields: Sequence[str]) -> int:
         return int(cursor.rowcount)
 
 
-def insert_unless_conflict(obj: Model, *, conflict: str) -> bool:
+def insert_unless_conflict(
+    obj: Model, *, conflict: str, also: tuple[str, list[Any]] | None = None
+) -> bool:
     """INSERT `obj` unless a unique index refuses it: `INSERT ... ON CONFLICT <conflict> DO
     NOTHING RETURNING pk`, one statement and never a failing INSERT (no ERROR in the
     database's log, no savepoint to roll back). Sets obj.pk and returns True when the row
     went in; False when `conflict` (e.g. `(quote_key) WHERE state = 'open'`, naming a
     partial unique index) already had one. PostgreSQL and SQLite (3.35+) both speak it.
     No signals, no auto_now: callers set every value.
+
+    `also`: (sql, params) of a statement that follows the INSERT in the same statement, as
+    a data-modifying CTE reading the new row from `inserted` (PostgreSQL only: pass None
+    elsewhere and write it after).
     """
     meta = obj._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
@@ -64,6 +70,10 @@ def insert_unless_conflict(obj: Model, *, conflict: str) -> bool:
         f"ON CONFLICT {conflict} DO NOTHING RETURNING {quote(str(meta.pk.column))}"
     )
     params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    if also is not None:
+        also_sql, also_params = also
+        sql = f"WITH inserted AS ({sql}), also AS ({also_sql}) SELECT * FROM inserted"  # noqa: S608 (both built from models)
+        params += also_params
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
@@ -72,3 +82,28 @@ def insert_unless_conflict(obj: Model, *, conflict: str) -> bool:
     obj.pk = row[0]
     obj._state.adding = False
     return True
+
+
+def insert_after(obj: Model, *, new_id_into: str | None = None) -> tuple[str, list[Any]]:
+    """`obj`'s INSERT as the `also` of insert_unless_conflict (PostgreSQL): written only if
+    that row went in, with its id in the field `new_id_into` when given. Every value is cast
+    to its column's type (they are a SELECT's outputs, not VALUES)."""
+    meta = obj._meta
+    quote = connection.ops.quote_name
+    columns: list[str] = []
+    values: list[str] = []
+    params: list[Any] = []
+    for field in meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(quote(str(field.column)))
+        if field.name == new_id_into:
+            values.append("inserted.id")
+            continue
+        values.append(f"%s::{field.cast_db_type(connection)}")
+        params.append(field.get_db_prep_save(field.pre_save(obj, add=True), connection))
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(columns)}) "  # noqa: S608 (names from models)
+        f"SELECT {', '.join(values)} FROM inserted"
+    )
+    return sql, params

@@ -15,11 +15,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransition
 
+from core.bulk import insert_after, insert_unless_conflict
 from core.changes import Change
+from core.refs import new_ref
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 
@@ -243,11 +245,12 @@ def execution_succeed(
     now: datetime,
     job_ref: str = "",
 ) -> tuple[Result, Change]:
-    """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock.
+    """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock
+    (or has just moved the purchase by a conditional UPDATE, which is the lock).
 
     `job_ref` is the job that produced the output when it was not recorded before (work that
     finishes inside its start call): it goes on the attempt with the outcome. Raises LeaseLost
-    if another worker holds the attempt now.
+    if another worker holds the attempt now: nothing is written then.
     """
     attempt = ExecutionAttempt.held(
         attempt_id=claim.attempt_id, lease_token=claim.lease_token, job_ref=job_ref or claim.job_ref
@@ -258,7 +261,7 @@ def execution_succeed(
     except ConcurrentTransition as lost:
         raise LeaseLost(claim.attempt_id) from lost
     digest = hashlib.sha256(output.content).hexdigest()
-    result = Result.objects.create(
+    result = Result(
         purchase_id=purchase_id,
         execution=attempt,
         content_type=output.content_type,
@@ -268,7 +271,8 @@ def execution_succeed(
         created_at=now,
         expires_at=now + retention,
     )
-    Receipt.objects.create(
+    receipt = Receipt(
+        public_id=new_ref("rcp"),
         purchase_id=purchase_id,
         payer=payment.payer,
         amount=payment.amount,
@@ -278,18 +282,33 @@ def execution_succeed(
         body_sha256=digest,
         delivered_at=now,
     )
-    change = Change(
+    # The receipt goes in the result's statement where the database can (PostgreSQL).
+    also = insert_after(receipt) if connection.vendor == "postgresql" else None
+    if not insert_unless_conflict(result, conflict="(purchase_id)", also=also):
+        raise RuntimeError(f"purchase {purchase_id} already has a result")  # one lease, one run
+    if also is None:
+        receipt.save(force_insert=True)
+    return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
+
+
+def execution_success_change(*, claim: ExecutionClaim, output: JobOutput, job_ref: str) -> Change:
+    """What execution_succeed changes, known before it writes (for the timeline's order)."""
+    return Change(
         subject="execution_attempt",
         from_state=ExecutionAttempt.State.RUNNING,
-        to_state=attempt.state,
+        to_state=ExecutionAttempt.State.SUCCEEDED,
         evidence={
-            "attempt": attempt.pk,
-            "job_ref": attempt.job_ref,
-            "sha256": digest,
-            "size": result.size,
+            "attempt": claim.attempt_id,
+            "job_ref": job_ref or claim.job_ref,
+            "sha256": hashlib.sha256(output.content).hexdigest(),
+            "size": len(output.content),
         },
     )
-    return result, change
+
+
+def execution_check_lease(*, claim: ExecutionClaim) -> None:
+    """Raises LeaseLost unless the attempt is still running under our lease (locks it)."""
+    _locked_own_attempt(claim)
 
 
 def execution_end(

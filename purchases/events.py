@@ -11,6 +11,7 @@ from django.db import connection, models, transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
+from core.bulk import insert_after
 from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
 
@@ -108,6 +109,16 @@ def event_table_sql() -> tuple[str, str]:
     actor, reason_code, evidence, created_at."""
     table = connection.ops.quote_name(PurchaseEvent._meta.db_table)
     return table, ", ".join(db_column(PurchaseEvent, name) for name in _INSERT_FIELDS)
+
+
+def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[Any]] | None:
+    """`event` as the INSERT that follows the INSERT of the row it is about, in one statement
+    (core.bulk.insert_unless_conflict's `also`): the new row's id goes into the event's
+    `about` field ("quote" or "purchase"). None where there is no data-modifying CTE
+    (SQLite): record the event after the row, as usual."""
+    if connection.vendor != "postgresql":
+        return None
+    return insert_after(event, new_id_into=about)
 
 
 def db_column(model: type[models.Model], field_name: str) -> str:

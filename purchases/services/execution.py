@@ -13,6 +13,7 @@ from enum import StrEnum
 
 from django.conf import settings
 from django.db import transaction
+from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
 from core.clock import now_or
@@ -62,6 +63,7 @@ class _Claimed:
     claim: ExecutionClaim
     spec: JobSpec
     executor_name: str
+    purchase: Purchase  # as claimed (with its payment evidence annotated)
 
 
 def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
@@ -89,7 +91,7 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
             return _retry_or_give_up(purchase_id, claimed.claim, error)
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
         return ExecutionOutcome.FAILED
-    return _succeed(purchase_id, claimed.claim, output, job_ref)
+    return _succeed(claimed, output, job_ref)
 
 
 def _retry_or_give_up(
@@ -120,6 +122,7 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
             .select_related("offering", "quote")
+            .annotate(**payment_selectors.payment_evidence_of_purchase())
             .get(pk=purchase_id)
         )
         if purchase.fulfillment_state not in (RUN.QUEUED, RUN.RUNNING):
@@ -146,7 +149,7 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             input=purchase.quote.canonical_input,
             idempotency_key=claim.job_idempotency_key,
         )
-        return _Claimed(claim, spec, purchase.offering.executor)
+        return _Claimed(claim, spec, purchase.offering.executor, purchase)
 
 
 def _run(executor: Executor, claimed: _Claimed) -> tuple[JobOutput, str]:
@@ -206,20 +209,47 @@ def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
     )
 
 
-def _succeed(
-    purchase_id: int, claim: ExecutionClaim, output: JobOutput, job_ref: str
-) -> ExecutionOutcome:
-    with transaction.atomic(), events_batched():
-        purchase = (
-            Purchase.objects.select_for_update(of=("self",))
-            .select_related("offering")
-            .annotate(**payment_selectors.payment_evidence_of_purchase())
-            .get(pk=purchase_id)
-        )
-        actor = Actor.system("executor")
-        now = now_or(None)
+def _succeed(claimed: _Claimed, output: JobOutput, job_ref: str) -> ExecutionOutcome:
+    """Store the result and move the purchase. A purchase claimed paid is moved on the row as
+    claimed: its conditional UPDATE (still running, still paid) is the lock and nothing is
+    read again; if it moved meanwhile, it is read again under its lock."""
+    if claimed.purchase.payment_state == Purchase.PaymentState.PAID:
         try:
-            _result, change = fulfillment_services.execution_succeed(
+            return _succeed_once(claimed.purchase, claimed, output, job_ref)
+        except ConcurrentTransition:
+            logger.info("purchase %s moved while it ran; reading it locked", claimed.purchase.pk)
+    return _succeed_once(None, claimed, output, job_ref)
+
+
+def _succeed_once(
+    known: Purchase | None, claimed: _Claimed, output: JobOutput, job_ref: str
+) -> ExecutionOutcome:
+    claim = claimed.claim
+    actor = Actor.system("executor")
+    try:
+        with transaction.atomic(), events_batched():
+            if known is None:
+                purchase = (
+                    Purchase.objects.select_for_update(of=("self",))
+                    .select_related("offering")
+                    .annotate(**payment_selectors.payment_evidence_of_purchase())
+                    .get(pk=claimed.purchase.pk)
+                )
+                fulfillment_services.execution_check_lease(claim=claim)  # before anything moves
+            else:
+                purchase = known
+            now = now_or(None)
+            change = fulfillment_services.execution_success_change(
+                claim=claim, output=output, job_ref=job_ref
+            )
+            event_record_change(purchase=purchase, actor=actor, change=change)
+            purchase_transition(
+                purchase=purchase,
+                transition=purchase.fulfillment_succeed,
+                actor=actor,
+                update_fields=["reason_code"],
+            )
+            fulfillment_services.execution_succeed(
                 purchase_id=purchase.pk,
                 claim=claim,
                 output=output,
@@ -228,16 +258,9 @@ def _succeed(
                 now=now,
                 job_ref=job_ref,
             )
-        except LeaseLost:
-            return ExecutionOutcome.LEASE_LOST
-        event_record_change(purchase=purchase, actor=actor, change=change)
-        purchase_transition(
-            purchase=purchase,
-            transition=purchase.fulfillment_succeed,
-            actor=actor,
-            update_fields=["reason_code"],
-        )
-        fulfillment_notify(purchase=purchase)
+            fulfillment_notify(purchase=purchase)
+    except LeaseLost:
+        return ExecutionOutcome.LEASE_LOST  # nothing written: the block rolled back
     return ExecutionOutcome.SUCCEEDED
 
 

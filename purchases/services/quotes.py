@@ -18,7 +18,7 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from core.refs import new_ref
 from payments.rails import QuoteTerms
-from purchases.events import event_record
+from purchases.events import event_after_insert, event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.offerings import offering_stock_release, offering_stock_take
 
@@ -106,8 +106,11 @@ def _quote_find_or_open(
         # The common case in one statement: open it unless the key already has an open quote
         # (the partial unique index decides; no failing INSERT). Then read that one below.
         quote = _quote_new(buyer, offering, canonical, input_hash, key, now, holds_stock=False)
-        if insert_unless_conflict(quote, conflict="(quote_key) WHERE state = 'open'"):
-            _quote_note_opened(quote, offering, buyer)
+        # Its event goes in the same statement where the database can (PostgreSQL).
+        also = event_after_insert(_quote_opened_event(quote, offering, buyer), about="quote")
+        if insert_unless_conflict(quote, conflict="(quote_key) WHERE state = 'open'", also=also):
+            if also is None:
+                _quote_note_opened(quote, offering, buyer)
             return QuoteOutcome(quote, created=True)
     existing = (
         Quote.objects.select_for_update().filter(quote_key=key, state=Quote.State.OPEN).first()
@@ -151,18 +154,33 @@ def _quote_new(
     )
 
 
+def _quote_opened_evidence(quote: Quote, offering: Offering) -> dict[str, Any]:
+    return {
+        "offering": offering.slug,
+        "price": str(quote.price),
+        "input_hash": quote.input_hash,
+        "holds_stock": quote.holds_stock,
+    }
+
+
+def _quote_opened_event(quote: Quote, offering: Offering, buyer: Buyer) -> PurchaseEvent:
+    actor = Actor.agent(buyer.ref)
+    return PurchaseEvent(
+        subject="quote",
+        actor_type=actor.type,
+        actor=actor.name,
+        to_state=Quote.State.OPEN,
+        evidence=_quote_opened_evidence(quote, offering),
+    )
+
+
 def _quote_note_opened(quote: Quote, offering: Offering, buyer: Buyer) -> None:
     event_record(
         subject="quote",
         quote=quote,
         actor=Actor.agent(buyer.ref),
         to_state=quote.state,
-        evidence={
-            "offering": offering.slug,
-            "price": str(quote.price),
-            "input_hash": quote.input_hash,
-            "holds_stock": quote.holds_stock,
-        },
+        evidence=_quote_opened_evidence(quote, offering),
     )
 
 
