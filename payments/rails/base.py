@@ -86,6 +86,11 @@ class PaymentRail(Protocol):
     def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
         """Cheap checks with no network I/O. Raises DomainError with the payer's fix."""
 
+    def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
+        """Raises DomainError naming the purchase the presentation's payment already pays, if
+        any (verify may skip this where the payment id already proves it; the database's
+        refusal of a second attempt brings the orchestration here)."""
+
     def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int | None:
         """What only the money's keeper can say (the chain). Returns where a later look-up
         may start (a block number), or None. Raises DomainError."""

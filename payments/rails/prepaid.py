@@ -28,6 +28,9 @@ class PrepaidRail:
     def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
         return None  # the API key proved the buyer; the balance is judged by the debit
 
+    def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
+        return None  # a debit is its own payment: nothing else can already hold it
+
     def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
         return None  # checked atomically by the debit itself, never read ahead of it
 

@@ -137,11 +137,10 @@ class X402Rail:
         requirements = self.requirements(terms=terms)
         _check_accepted(presentation.accepted or {}, requirements)
         authorization: Authorization = presentation.evidence
-        taken = x402_attempt_for_authorization(
-            network=terms.network, payer=authorization.payer, nonce=authorization.nonce
-        )
-        if taken is not None:
-            raise DomainError(ErrorCode.AUTHORIZATION_IN_USE, purchase=taken.purchase.ref)
+        if not presentation.key.startswith(AUTHORIZATION_KEY_PREFIX):
+            # Keyed by the authorization itself, the payment id is already its only live use
+            # (one key, one claim). A client's id may present one another id already pays.
+            self.refuse_if_taken(presentation=presentation, terms=terms)
         try:
             verify_payment_offline(
                 authorization=authorization,
@@ -151,6 +150,15 @@ class X402Rail:
             )
         except VerificationFailed as failure:
             raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
+
+    def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
+        """Raises DomainError: authorization_in_use, naming the purchase it already pays."""
+        authorization: Authorization = presentation.evidence
+        taken = x402_attempt_for_authorization(
+            network=terms.network, payer=authorization.payer, nonce=authorization.nonce
+        )
+        if taken is not None:
+            raise DomainError(ErrorCode.AUTHORIZATION_IN_USE, purchase=taken.purchase.ref)
 
     def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int:
         """Nonce unused and balance sufficient, on chain. Returns the chain head after the

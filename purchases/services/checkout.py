@@ -256,10 +256,8 @@ def _record(
             )
     except IntegrityError:
         # Two presentations of one payment raced past verification: the database lets
-        # exactly one through; verifying again names the winner's purchase.
-        checkout.rail.verify(
-            presentation=checkout.request.presentation, terms=terms, now=checkout.request.now
-        )
+        # exactly one through; the rail names the winner's purchase.
+        checkout.rail.refuse_if_taken(presentation=checkout.request.presentation, terms=terms)
         raise
 
 

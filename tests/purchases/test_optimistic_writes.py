@@ -22,7 +22,7 @@ TX = "0x" + "ab" * 32
 
 
 def test_an_outcome_for_rows_moved_since_they_were_recorded_is_applied_under_their_locks():
-    attempt = PaymentAttemptFactory(purchase__payment_state=Purchase.PaymentState.PAYING)
+    attempt = PaymentAttemptFactory.create(purchase__payment_state=Purchase.PaymentState.PAYING)
     held = (Purchase.objects.get(pk=attempt.purchase_id), PaymentAttempt.objects.get(pk=attempt.pk))
     # Meanwhile a look-up found it pending: both rows move on under their locks.
     with transaction.atomic():
@@ -52,7 +52,7 @@ def test_an_outcome_for_rows_moved_since_they_were_recorded_is_applied_under_the
 
 
 def test_work_that_finishes_after_its_purchase_was_given_up_stores_nothing():
-    attempt = PaymentAttemptFactory(
+    attempt = PaymentAttemptFactory.create(
         purchase__paid=True, purchase__prepaid=True, succeeded=True, rail="prepaid"
     )
     claimed = execution._claim(attempt.purchase_id, "w1")
@@ -74,7 +74,7 @@ def test_work_that_finishes_after_its_purchase_was_given_up_stores_nothing():
 def test_work_on_a_purchase_claimed_paid_succeeds_without_reading_it_again(
     django_assert_max_num_queries,
 ):
-    attempt = PaymentAttemptFactory(
+    attempt = PaymentAttemptFactory.create(
         purchase__paid=True, purchase__prepaid=True, succeeded=True, rail="prepaid"
     )
     claimed = execution._claim(attempt.purchase_id, "w1")
