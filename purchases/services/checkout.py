@@ -41,6 +41,7 @@ from purchases.services.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
     purchase_duplicate_find,
+    purchase_duplicate_of_quote,
     purchase_duplicate_record,
     quote_release_if_unpaid,
 )
@@ -145,13 +146,16 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
     if rail.settles_when_recorded:
         # Nothing to ask anyone outside the database: everything happens under the locks.
         return _record_and_answer(checkout, claim)
-    quote = _quote_named(request)
+    quote = _quote_named(request, with_duplicate=True)
     terms = quote_terms(quote=quote)
     rail.verify(presentation=request.presentation, terms=terms, now=request.now)
     duplicate_key = _duplicate_key(request, quote)
-    # A duplicate is answered before anything is asked of the chain.
-    duplicate = purchase_duplicate_find(
-        offering=quote.offering, duplicate_key=duplicate_key, now=request.now
+    # A duplicate is answered before anything is asked of the chain (found with the quote).
+    duplicate_id = quote.duplicate_id  # type: ignore[attr-defined]  # annotated
+    duplicate = (
+        Purchase.objects.select_related("offering", "quote").get(pk=duplicate_id)
+        if duplicate_id is not None
+        else None
     )
     if duplicate is not None:
         return _answer_duplicate(checkout, duplicate, quote, claim)
@@ -195,8 +199,11 @@ def _duplicate_key(request: PaymentRequest, quote: Quote) -> str:
     )
 
 
-def _quote_named(request: PaymentRequest, *, lock: bool = False) -> Quote:
-    """The quote the payment names, if this payer may pay it.
+def _quote_named(
+    request: PaymentRequest, *, lock: bool = False, with_duplicate: bool = False
+) -> Quote:
+    """The quote the payment names, if this payer may pay it. `with_duplicate`: with the id
+    of the purchase this payment would repeat (`duplicate_id`, None if none) in the read.
 
     A quote opened with an API key is its buyer's: paid with that key, or without a key from
     a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
@@ -209,6 +216,16 @@ def _quote_named(request: PaymentRequest, *, lock: bool = False) -> Quote:
         .filter(public_id=request.presentation.quote_id or "")
         .annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
     )
+    if with_duplicate:
+        buyer_ref = request.buyer.ref if request.buyer else None
+        quotes = quotes.annotate(
+            duplicate_id=purchase_duplicate_of_quote(
+                payer=request.presentation.payer,
+                buyer_ref=buyer_ref,
+                copy_label=request.copy_label,
+                now=request.now,
+            )
+        )
     if request.offering is not None:
         quotes = quotes.filter(offering=request.offering)
     if lock:

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
+from django.db.models import CharField, DateTimeField, ExpressionWrapper, OuterRef, Subquery, Value
+from django.db.models.functions import SHA256, Concat
 
 from core.actors import Actor
 from core.canonical import sha256_hex
@@ -49,6 +52,48 @@ def duplicate_key_for(
     return sha256_hex(
         "|".join([payer.lower(), buyer_ref or "", offering.slug, input_hash, copy_label])
     )
+
+
+class _Sha256Hex(SHA256):
+    """Hex SHA-256 of a text, as core.canonical.sha256_hex computes it. On PostgreSQL with
+    the built-in sha256() (Django's SHA256 there needs the pgcrypto extension)."""
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return super().as_sql(
+            compiler,
+            connection,
+            template="encode(sha256(convert_to(%(expressions)s, 'UTF8')), 'hex')",
+            **extra,
+        )
+
+
+def purchase_duplicate_of_quote(
+    *, payer: str, buyer_ref: str | None, copy_label: str, now: datetime
+) -> Subquery:
+    """For annotating a Quote query (the offering joined): the id of the purchase a payment
+    of that quote would repeat, as purchase_duplicate_find says, with the key computed by
+    the database (SHA256 of the same fields), so reading the quote looks for it too."""
+    key = _Sha256Hex(
+        Concat(
+            Value(f"{payer.lower()}|{buyer_ref or ''}|"),
+            OuterRef("offering__slug"),
+            Value("|"),
+            OuterRef("input_hash"),
+            Value(f"|{copy_label}"),
+            output_field=CharField(),
+        )
+    )
+    since = ExpressionWrapper(
+        Value(now, output_field=DateTimeField()) - OuterRef("offering__duplicate_window"),
+        output_field=DateTimeField(),
+    )
+    repeated = Purchase.objects.filter(
+        offering_id=OuterRef("offering_id"),
+        duplicate_key=key,
+        created_at__gt=since,
+        payment_state__in=_REPEATABLE_STATES,
+    ).order_by("-pk")
+    return Subquery(repeated.values("pk")[:1])
 
 
 def purchase_duplicate_find(
