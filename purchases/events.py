@@ -8,6 +8,7 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.db import connection, models, transaction
+from django.db.models.sql import InsertQuery
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
@@ -119,6 +120,33 @@ def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[A
     if connection.vendor != "postgresql":
         return None
     return insert_after(event, new_id_into=about)
+
+
+def events_flush_with(sql: str, params: list[Any]) -> None:
+    """Run `sql` (one write of the flow's last step) with the events batched so far, in one
+    statement (a data-modifying CTE): the batch is written now, not at the block's end.
+    Inside `events_batched`, on PostgreSQL; elsewhere `sql` runs alone and the batch waits
+    for the block's end as usual."""
+    batch = _batch.get()
+    if connection.vendor != "postgresql" or not batch:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        return
+    query = InsertQuery(PurchaseEvent)
+    fields: list[models.Field[Any, Any]] = [
+        field
+        for field in (PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
+        if isinstance(field, models.Field)
+    ]
+    rows: list[models.Model] = list(batch)
+    query.insert_values(fields, rows)
+    [(insert_sql, insert_params)] = query.get_compiler(connection=connection).as_sql()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH step AS ({sql}), noted AS ({insert_sql}) SELECT 1",
+            [*params, *insert_params],
+        )
+    batch.clear()
 
 
 def db_column(model: type[models.Model], field_name: str) -> str:

@@ -33,7 +33,13 @@ from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
-from purchases.events import db_column, event_note, event_record, event_table_sql
+from purchases.events import (
+    db_column,
+    event_note,
+    event_record,
+    event_table_sql,
+    events_flush_with,
+)
 from purchases.models import IdempotencyRecord, Purchase
 
 logger = logging.getLogger(__name__)
@@ -415,9 +421,21 @@ def payment_id_mark_recorded(*, claim: KeyClaim, purchase: Purchase) -> None:
     Names the purchase on the key at once, for in-flight answers. Runs in the recording
     transaction.
     """
-    IdempotencyRecord.objects.filter(pk=claim.record_id, lease_token=claim.lease_token).update(
-        purchase=purchase, recovery_point=IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    sql = (
+        f"UPDATE {table} SET {db_column(IdempotencyRecord, 'purchase')} = %s, "  # noqa: S608 (names from the model)
+        f"{db_column(IdempotencyRecord, 'recovery_point')} = %s "
+        f"WHERE {db_column(IdempotencyRecord, 'id')} = %s "
+        f"AND {db_column(IdempotencyRecord, 'lease_token')} = %s"
     )
+    params = [
+        purchase.pk,
+        IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED,
+        claim.record_id,
+        claim.lease_token,
+    ]
+    # The recording transaction's last write: its events go in the same statement.
+    events_flush_with(sql, params)
 
 
 def payment_id_store_answer(
