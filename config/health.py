@@ -7,7 +7,8 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
 
 - `/healthz`: the process is up and serving. No I/O at all, so a slow database never gets a
   healthy process restarted.
-- `/readyz`: the database, the broker and each configured x402 network's RPC answer, each
+- `/readyz`: the database, the broker, each configured x402 network's RPC and, for a
+  network settled through a facilitator, that facilitator (`GET /supported`) answer, each
   within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
   that long. 200 when every check passes, 503 otherwise. Each check reports `ok` and its
   latency; a failure names only the error's type (a message could carry a host or an RPC
@@ -74,6 +75,18 @@ class WrongChain(Exception):
     pass
 
 
+def _facilitator_check(facilitator_url: str) -> Callable[[], None]:
+    """A facilitator that settles for us answers its discovery endpoint (`GET /supported`)."""
+
+    def check() -> None:
+        answer = requests.get(
+            f"{facilitator_url.rstrip('/')}/supported", timeout=CHECK_TIMEOUT_SECONDS
+        )
+        answer.raise_for_status()
+
+    return check
+
+
 def _configured_networks() -> dict[str, dict[str, Any]]:
     """Networks we can settle on: a token and a way to settle (relayer key or facilitator)."""
     facilitator = bool(settings.X402_FACILITATOR_URL)
@@ -96,6 +109,9 @@ def readiness_checks() -> dict[str, Callable[[], None]]:
     }
     for caip2, raw in _configured_networks().items():
         checks[f"rpc:{caip2}"] = _rpc_check(raw["rpc_url"], int(raw["chain_id"]))
+        if raw.get("mode") != "direct":
+            url = raw.get("facilitator_url") or settings.X402_FACILITATOR_URL
+            checks[f"facilitator:{caip2}"] = _facilitator_check(url)
     return checks
 
 

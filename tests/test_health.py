@@ -3,6 +3,7 @@ I/O for liveness, each readiness check bounded and reported, never a trace."""
 
 from __future__ import annotations
 
+import http.server
 import socket
 import threading
 import time
@@ -73,6 +74,67 @@ def test_an_unreachable_rpc_is_503_naming_only_the_error_type(settings):
     assert body["checks"]["database"]["ok"] is True
     assert "secret-provider-key" not in answer.content.decode()
     assert "Traceback" not in answer.content.decode()
+
+
+class _Supported(http.server.BaseHTTPRequestHandler):
+    status = 200
+
+    def do_GET(self) -> None:
+        code = self.status if self.path.endswith("/supported") else 404
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"kinds": []}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def facilitator_url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Supported)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/some-path"
+    server.shutdown()
+    server.server_close()
+
+
+def _facilitated(settings: Any, facilitator: str) -> None:
+    local = settings.X402_NETWORKS[NETWORK]
+    settings.X402_FACILITATOR_URL = ""
+    settings.X402_NETWORKS = {
+        NETWORK: {
+            **local,
+            "token_address": "0x" + "1" * 40,
+            "mode": "facilitator",
+            "facilitator_url": facilitator,
+        },
+    }
+
+
+def test_a_network_settled_through_a_facilitator_checks_that_facilitator(settings, facilitator_url):
+    _facilitated(settings, facilitator_url)
+    checks = health.readiness_checks()
+    assert set(checks) == {"database", "broker", f"rpc:{NETWORK}", f"facilitator:{NETWORK}"}
+    checks[f"facilitator:{NETWORK}"]()  # answers /supported: ready
+
+    _Supported.status = 503
+    try:
+        with pytest.raises(Exception, match="503"):
+            checks[f"facilitator:{NETWORK}"]()
+    finally:
+        _Supported.status = 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unreachable_facilitator_is_503_naming_only_the_error_type(settings):
+    _facilitated(settings, f"http://127.0.0.1:{_closed_port()}/secret-facilitator-key")
+    answer = Client().get("/readyz")
+    assert answer.status_code == 503
+    check = answer.json()["checks"][f"facilitator:{NETWORK}"]
+    assert (check["ok"], check["error"]) == (False, "ConnectionError")
+    assert "secret-facilitator-key" not in answer.content.decode()
 
 
 def test_networks_without_a_way_to_settle_are_not_checked(settings):
