@@ -122,31 +122,36 @@ def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[A
     return insert_after(event, new_id_into=about)
 
 
-def events_flush_with(sql: str, params: list[Any]) -> None:
-    """Run `sql` (one write of the flow's last step) with the events batched so far, in one
-    statement (a data-modifying CTE): the batch is written now, not at the block's end.
-    Inside `events_batched`, on PostgreSQL; elsewhere `sql` runs alone and the batch waits
-    for the block's end as usual."""
+def events_flush_with(
+    sql: str, params: list[Any], *, returning: bool = False
+) -> list[tuple[Any, ...]]:
+    """Run `sql` (one write of the flow) with the events batched so far, in one statement (a
+    data-modifying CTE): the batch is written now, not at the block's end (events recorded
+    later still are). Inside `events_batched`, on PostgreSQL; elsewhere `sql` runs alone and
+    the batch waits for the block's end as usual. `returning`: `sql` has a RETURNING clause;
+    its rows are returned."""
     batch = _batch.get()
-    if connection.vendor != "postgresql" or not batch:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-        return
-    query = InsertQuery(PurchaseEvent)
-    fields: list[models.Field[Any, Any]] = [
-        field
-        for field in (PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
-        if isinstance(field, models.Field)
-    ]
-    rows: list[models.Model] = list(batch)
-    query.insert_values(fields, rows)
-    [(insert_sql, insert_params)] = query.get_compiler(connection=connection).as_sql()
     with connection.cursor() as cursor:
+        if connection.vendor != "postgresql" or not batch:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall()) if returning else []
+        query = InsertQuery(PurchaseEvent)
+        fields: list[models.Field[Any, Any]] = [
+            field
+            for field in (PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
+            if isinstance(field, models.Field)
+        ]
+        rows: list[models.Model] = list(batch)
+        query.insert_values(fields, rows)
+        [(insert_sql, insert_params)] = query.get_compiler(connection=connection).as_sql()
+        result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(
-            f"WITH step AS ({sql}), noted AS ({insert_sql}) SELECT 1",
+            f"WITH step AS ({sql}), noted AS ({insert_sql}) {result}",
             [*params, *insert_params],
         )
+        written = list(cursor.fetchall()) if returning else []
     batch.clear()
+    return written
 
 
 def db_column(model: type[models.Model], field_name: str) -> str:

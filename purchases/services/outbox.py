@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.db.models import F, Field
 
 from core.clock import now_or
+from purchases.events import events_flush_with
 from purchases.models import JobRun, OutboxMessage
 from purchases.services.job_runs import job_run
 
@@ -80,13 +81,12 @@ def outbox_stage(
         _db_value("created_at", now),
         _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"]),
     ]
-    # ON CONFLICT DO NOTHING, not a failing INSERT: a duplicate is the normal case, not an error.
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT, params)
-        row = cursor.fetchone()
-    if row is None:
+    # ON CONFLICT DO NOTHING, not a failing INSERT: a duplicate is the normal case, not an
+    # error. The flow's timeline events so far are written in the same statement.
+    rows = events_flush_with(_INSERT, params, returning=True)
+    if not rows:
         return None
-    message_id = int(row[0])
+    message_id = int(rows[0][0])
     # robust: a failing relay must never turn a committed change into an error for the caller.
     transaction.on_commit(
         partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs), robust=True
