@@ -29,7 +29,7 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from core.actors import AGENT, Actor
-from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
+from core.errors import DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
@@ -47,6 +47,13 @@ payment_id_conflicts = Counter(
 
 @dataclass(frozen=True)
 class StoredAnswer:
+    """A payment id's recorded answer, replayed byte for byte when the request comes again.
+
+    Opaque here: the API's answers (purchases.api.x402_answers, prepaid_answers) decide its
+    status, body and headers; this module only stores it with the work it answers for and
+    hands it back.
+    """
+
     status: int
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
@@ -471,14 +478,16 @@ def idempotent_request(
     *,
     request: KeyedRequest,
     work: Callable[[KeyClaim], T],
+    refused: Callable[[DomainError], StoredAnswer],
     render: Callable[[StoredAnswer, bool], T],
 ) -> T:
     """The one wrapper: claim the key, replay its answer, or do the work under it.
 
     `work` stores its own answer in the transaction of what it did. A DomainError it raises
-    becomes the key's stored answer, except the codes about the key itself (request.unstored),
-    which give the key back and propagate; anything unanticipated gives the key back and
-    propagates (a 500), so the next retry starts afresh from the recovery point.
+    becomes the key's stored answer (as `refused(error)` answers it), except the codes about
+    the key itself (request.unstored), which give the key back and propagate; anything
+    unanticipated gives the key back and propagates (a 500), so the next retry starts afresh
+    from the recovery point.
     `render(answer, is_replay)` turns a stored answer into what the caller returns.
     """
     claim = payment_id_claim(request=request)
@@ -491,9 +500,7 @@ def idempotent_request(
             payment_id_release(claim=claim)
             raise
         error.purchase = ref_if_exists(error.purchase)
-        answer = StoredAnswer(
-            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
-        )
+        answer = refused(error)
         payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
         return render(answer, False)
     except Exception:
