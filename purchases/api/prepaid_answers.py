@@ -8,7 +8,7 @@ from datetime import datetime
 from core.clock import now_or
 from core.errors import DomainError
 from payments.models import PaymentAttempt
-from purchases.api.answers import DUPLICATE_HEADER, refusal_answer
+from purchases.api.answers import DUPLICATE_HEADER, recorded_answer, refusal_answer
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
 from purchases.services.idempotency import StoredAnswer
@@ -23,19 +23,19 @@ class PrepaidAnswers:
 
     def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
         status = purchase_status(purchase=purchase, now=self.now, created_with=attempt)
-        return StoredAnswer(201, status, {}, purchase.ref)
+        return recorded_answer(201, status, {}, purchase.ref)
 
     def settled(
         self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
     ) -> tuple[StoredAnswer, tuple[StoredAnswer, bool]]:
-        stored = StoredAnswer(
+        stored = recorded_answer(
             201, purchase_status(purchase=purchase, now=self.now), {}, purchase.ref
         )
         return stored, (stored, False)
 
     def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
         body = {**purchase_status(purchase=purchase, now=self.now), "duplicate_of": purchase.ref}
-        return StoredAnswer(200, body, {DUPLICATE_HEADER: purchase.ref}, purchase.ref)
+        return recorded_answer(200, body, {DUPLICATE_HEADER: purchase.ref}, purchase.ref)
 
     def refused(self, error: DomainError) -> StoredAnswer:
         return refusal_answer(error)

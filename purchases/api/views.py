@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.services import ledger_balance
-from purchases.api.answers import COPY_HEADER
+from purchases.api.answers import COPY_HEADER, sent_bytes
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.api.serializers import (
     ProblemSerializer,
@@ -151,7 +151,9 @@ class QuotePurchaseApi(APIView):
             headers["Location"] = f"/api/v1/purchases/{answer.purchase_ref}"
         # The stored bytes, not a re-rendering: a replay is byte for byte the first answer.
         response = HttpResponse(
-            answer.raw, status=answer.status, content_type=content_type or "application/json"
+            sent_bytes(answer),
+            status=answer.status,
+            content_type=content_type or "application/json",
         )
         for name, value in headers.items():
             response[name] = value

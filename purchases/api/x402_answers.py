@@ -14,7 +14,7 @@ from core.clock import now_or
 from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail
 from payments.x402.wire import payment_response_header
-from purchases.api.answers import DUPLICATE_HEADER, refusal_answer
+from purchases.api.answers import DUPLICATE_HEADER, recorded_answer, refusal_answer, sent_bytes
 from purchases.models import Purchase
 from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.idempotency import StoredAnswer
@@ -146,7 +146,7 @@ class X402Answers:
     stored byte for byte."""
 
     def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
-        return StoredAnswer(200, None, {}, purchase.ref, is_live=True)
+        return recorded_answer(200, None, {}, purchase.ref, is_live=True)
 
     def settled(
         self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
@@ -157,12 +157,14 @@ class X402Answers:
             )
         )
         if purchase.payment_state != PAY.FAILED:
-            return StoredAnswer(answer.status, None, {}, purchase.ref, is_live=True), answer
-        stored = StoredAnswer(answer.status, answer.body, answer.headers, purchase.ref)
+            return recorded_answer(answer.status, None, {}, purchase.ref, is_live=True), answer
+        stored = recorded_answer(answer.status, answer.body, answer.headers, purchase.ref)
         return stored, _as_sent(stored)
 
     def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
-        return StoredAnswer(200, None, {DUPLICATE_HEADER: purchase.ref}, purchase.ref, is_live=True)
+        return recorded_answer(
+            200, None, {DUPLICATE_HEADER: purchase.ref}, purchase.ref, is_live=True
+        )
 
     def refused(self, error: DomainError) -> StoredAnswer:
         return refusal_answer(error)
@@ -183,4 +185,4 @@ def _as_sent(stored: StoredAnswer) -> X402Answer:
     """A stored answer, byte for byte as it was first sent."""
     headers = dict(stored.headers)
     content_type = headers.pop("Content-Type", "application/json")
-    return X402Answer(stored.status, stored.raw or b"", headers, content_type=content_type)
+    return X402Answer(stored.status, sent_bytes(stored), headers, content_type=content_type)

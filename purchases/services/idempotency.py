@@ -12,7 +12,6 @@ payment attempts link to it.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import F
 from django.urls import reverse
@@ -62,11 +60,6 @@ class StoredAnswer:
     is_live: bool = False
     # The body exactly as sent: replays are byte for byte, whatever jsonb does to key order.
     raw: bytes | None = None
-
-    def __post_init__(self) -> None:
-        if self.raw is None and self.body is not None:
-            encoded = json.dumps(self.body, cls=DjangoJSONEncoder, ensure_ascii=False)
-            object.__setattr__(self, "raw", encoded.encode())
 
 
 @dataclass(frozen=True)
