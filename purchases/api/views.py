@@ -16,6 +16,8 @@ from rest_framework.views import APIView
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.services import ledger_balance
+from purchases.api.answers import COPY_HEADER, sent_bytes
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.api.serializers import (
     ProblemSerializer,
     PurchaseCreateInputSerializer,
@@ -25,7 +27,6 @@ from purchases.api.throttles import PAID_THROTTLES
 from purchases.models import Buyer, Offering
 from purchases.selectors import purchase_get_for_buyer, purchase_status, quote_representation
 from purchases.services.delivery import DeliveryPending, purchase_result_deliver, receipt_public
-from purchases.services.duplicates import COPY_HEADER
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 
@@ -139,6 +140,7 @@ class QuotePurchaseApi(APIView):
             buyer=_buyer(request),
             quote_id=public_id,
             payment_id=request.headers.get("Idempotency-Key"),
+            answers=PrepaidAnswers(),
             copy_label=request.headers.get(COPY_HEADER),
         )
         headers: dict[str, Any] = dict(answer.headers)
@@ -149,7 +151,9 @@ class QuotePurchaseApi(APIView):
             headers["Location"] = f"/api/v1/purchases/{answer.purchase_ref}"
         # The stored bytes, not a re-rendering: a replay is byte for byte the first answer.
         response = HttpResponse(
-            answer.raw, status=answer.status, content_type=content_type or "application/json"
+            sent_bytes(answer),
+            status=answer.status,
+            content_type=content_type or "application/json",
         )
         for name, value in headers.items():
             response[name] = value

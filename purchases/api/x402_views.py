@@ -15,11 +15,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
+from purchases.api.x402_answers import (
+    X402Answer,
+    X402Answers,
+    x402_capability_answer,
+    x402_offer_answer,
+)
 from purchases.models import Buyer
-from purchases.services.duplicates import COPY_HEADER
-from purchases.services.x402_answers import X402Answer, x402_answer_for_capability
 from purchases.services.x402_checkout import x402_pay
 from purchases.services.x402_offers import (
     x402_catalog,
@@ -85,6 +90,7 @@ class X402PaidApi(APIView):
                 offering_slug=offering,
                 payment_header=header,
                 buyer=_buyer(request),
+                answers=X402Answers(),
                 copy_label=request.headers.get(COPY_HEADER),
             )
         )
@@ -99,14 +105,13 @@ class X402PaidApi(APIView):
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
             return self._pay(request, offering, header)
-        return _render(
-            x402_offer(
-                offering_slug=offering,
-                raw_input=request.data,
-                buyer=_buyer(request),
-                resource_url=request.build_absolute_uri(request.path),
-            )
+        offer = x402_offer(
+            offering_slug=offering,
+            raw_input=request.data,
+            buyer=_buyer(request),
+            resource_url=request.build_absolute_uri(request.path),
         )
+        return _render(x402_offer_answer(offer))
 
     @extend_schema(
         parameters=[PAYMENT_SIGNATURE, COPY],
@@ -117,23 +122,21 @@ class X402PaidApi(APIView):
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
             return self._pay(request, offering, header)
-        return _render(
-            x402_offer_from_query(
-                offering_slug=offering,
-                params=request.query_params.dict(),
-                buyer=_buyer(request),
-                resource_url=request.build_absolute_uri(request.path),
-            )
+        offer = x402_offer_from_query(
+            offering_slug=offering,
+            params=request.query_params.dict(),
+            buyer=_buyer(request),
+            resource_url=request.build_absolute_uri(request.path),
         )
+        return _render(x402_offer_answer(offer))
 
     @extend_schema(exclude=True)
     def head(self, request: Request, offering: str) -> Response | HttpResponse:
         # Never settles and writes nothing: the price-only 402, whatever headers came.
-        return _render(
-            x402_offer_price_only(
-                offering_slug=offering, resource_url=request.build_absolute_uri(request.path)
-            )
+        offer = x402_offer_price_only(
+            offering_slug=offering, resource_url=request.build_absolute_uri(request.path)
         )
+        return _render(x402_offer_answer(offer))
 
 
 class X402PurchaseCapabilityApi(APIView):
@@ -155,7 +158,7 @@ class X402PurchaseCapabilityApi(APIView):
         summary="Poll a purchase by its capability URL (from a 202's Location); no API key",
     )
     def get(self, request: Request, ref: str, token: str) -> Response | HttpResponse:
-        return _render(x402_answer_for_capability(ref=ref, token=token))
+        return _render(x402_capability_answer(ref=ref, token=token))
 
 
 class X402DiscoveryApi(APIView):

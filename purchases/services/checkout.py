@@ -96,6 +96,10 @@ class CheckoutAnswers(Protocol[A_co]):
         """A new payment repeating `purchase`; stored, then rendered."""
         ...
 
+    def refused(self, error: DomainError) -> StoredAnswer:
+        """A refusal (a DomainError not about the key itself); stored, then rendered."""
+        ...
+
     def render(self, stored: StoredAnswer, is_replay: bool) -> A_co:
         """A stored answer as the API sends it (a live one from the purchase as it is now)."""
         ...
@@ -132,6 +136,7 @@ def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
             unstored=request.unstored,
         ),
         work=lambda claim: _pay_claimed(checkout, claim),
+        refused=answers.refused,
         render=answers.render,
     )
 

@@ -5,8 +5,8 @@ Stock x402 clients never resend a payment: after a timeout they sign a new autho
 payer (and API key, when one is sent) asking for the same offering with the same canonical
 input. Inside the offering's duplicate window such a payment is answered with the existing
 purchase and never broadcast; its authorization expires unused. A deliberate second copy
-carries a `Tollbooth-Copy` label, which is part of the identity, so a retried copy is still
-deduplicated against itself.
+carries a copy label (the API's `Tollbooth-Copy` header), which is part of the identity, so
+a retried copy is still deduplicated against itself.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
 from purchases.services.quotes import quote_expire
 
-COPY_HEADER = "Tollbooth-Copy"
-DUPLICATE_HEADER = "Tollbooth-Duplicate-Of"
 _COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A payment in one of these states is the purchase a retry repeats; a failed one is not.
 _REPEATABLE_STATES = (

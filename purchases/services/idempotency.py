@@ -12,7 +12,6 @@ payment attempts link to it.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
 from django.db.models import F
 from django.urls import reverse
@@ -29,7 +27,7 @@ from django.utils import timezone
 from prometheus_client import Counter
 
 from core.actors import AGENT, Actor
-from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
+from core.errors import DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
@@ -53,6 +51,13 @@ payment_id_conflicts = Counter(
 
 @dataclass(frozen=True)
 class StoredAnswer:
+    """A payment id's recorded answer, replayed byte for byte when the request comes again.
+
+    Opaque here: the API's answers (purchases.api.x402_answers, prepaid_answers) decide its
+    status, body and headers; this module only stores it with the work it answers for and
+    hands it back.
+    """
+
     status: int
     body: Any
     headers: dict[str, str] = field(default_factory=dict)
@@ -61,11 +66,6 @@ class StoredAnswer:
     is_live: bool = False
     # The body exactly as sent: replays are byte for byte, whatever jsonb does to key order.
     raw: bytes | None = None
-
-    def __post_init__(self) -> None:
-        if self.raw is None and self.body is not None:
-            encoded = json.dumps(self.body, cls=DjangoJSONEncoder, ensure_ascii=False)
-            object.__setattr__(self, "raw", encoded.encode())
 
 
 @dataclass(frozen=True)
@@ -489,14 +489,16 @@ def idempotent_request(
     *,
     request: KeyedRequest,
     work: Callable[[KeyClaim], T],
+    refused: Callable[[DomainError], StoredAnswer],
     render: Callable[[StoredAnswer, bool], T],
 ) -> T:
     """The one wrapper: claim the key, replay its answer, or do the work under it.
 
     `work` stores its own answer in the transaction of what it did. A DomainError it raises
-    becomes the key's stored answer, except the codes about the key itself (request.unstored),
-    which give the key back and propagate; anything unanticipated gives the key back and
-    propagates (a 500), so the next retry starts afresh from the recovery point.
+    becomes the key's stored answer (as `refused(error)` answers it), except the codes about
+    the key itself (request.unstored), which give the key back and propagate; anything
+    unanticipated gives the key back and propagates (a 500), so the next retry starts afresh
+    from the recovery point.
     `render(answer, is_replay)` turns a stored answer into what the caller returns.
     """
     claim = payment_id_claim(request=request)
@@ -509,9 +511,7 @@ def idempotent_request(
             payment_id_release(claim=claim)
             raise
         error.purchase = ref_if_exists(error.purchase)
-        answer = StoredAnswer(
-            error.spec.status, error.as_problem(), PROBLEM_HEADERS, error.purchase
-        )
+        answer = refused(error)
         payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
         return render(answer, False)
     except Exception:

@@ -1,20 +1,22 @@
 """The prepaid API's payment: a quote paid from the buyer's balance under an
-Idempotency-Key, answered 201 with the purchase's status (stored with the debit)."""
+Idempotency-Key; the answer (purchases.api.prepaid_answers) is stored with the debit."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TypeVar
 
 from core.canonical import fingerprint
 from core.clock import now_or
 from core.errors import ErrorCode
-from payments.models import PaymentAttempt, Rail
+from payments.models import Rail
 from payments.rails import Presentation
-from purchases.models import Buyer, Purchase
-from purchases.selectors import purchase_status
-from purchases.services.checkout import PaymentRequest, purchase_pay
-from purchases.services.duplicates import DUPLICATE_HEADER, copy_label_validate
-from purchases.services.idempotency import StoredAnswer, payment_id_validate
+from purchases.models import Buyer
+from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.services.duplicates import copy_label_validate
+from purchases.services.idempotency import payment_id_validate
+
+A = TypeVar("A")
 
 PREPAID_SCOPE = "prepaid"
 # Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
@@ -32,14 +34,15 @@ def purchase_pay_prepaid(
     buyer: Buyer,
     quote_id: str,
     payment_id: str | None,
+    answers: CheckoutAnswers[A],
     copy_label: str | None = None,
     now: datetime | None = None,
-) -> tuple[StoredAnswer, bool]:
-    """Pay a quote from the buyer's balance. Returns (answer, is_replay).
+) -> A:
+    """Pay a quote from the buyer's balance; returns what `answers` render.
 
     A new key for what this buyer already bought (same offering and input, same copy label)
-    inside the offering's duplicate window is answered 200 with that purchase, marked as a
-    duplicate, and nothing is debited.
+    inside the offering's duplicate window is answered with that purchase, as a duplicate,
+    and nothing is debited.
     Raises DomainError: idempotency_key_missing, idempotency_key_invalid, copy_label_invalid,
     payment_identifier_conflict, payment_in_flight (never stored). Every other domain
     outcome (quote_not_found, quote_expired, quote_already_paid, insufficient_funds,
@@ -64,31 +67,5 @@ def purchase_pay_prepaid(
             now=now_or(now),
             unstored=UNSTORED_CODES,
         ),
-        answers=PrepaidAnswers(now_or(now)),
+        answers=answers,
     )
-
-
-class PrepaidAnswers:
-    """201 with the purchase's status, stored with the debit; a duplicate is 200."""
-
-    def __init__(self, now: datetime) -> None:
-        self.now = now
-
-    def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
-        status = purchase_status(purchase=purchase, now=self.now, created_with=attempt)
-        return StoredAnswer(201, status, {}, purchase.ref)
-
-    def settled(
-        self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
-    ) -> tuple[StoredAnswer, tuple[StoredAnswer, bool]]:
-        stored = StoredAnswer(
-            201, purchase_status(purchase=purchase, now=self.now), {}, purchase.ref
-        )
-        return stored, (stored, False)
-
-    def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
-        body = {**purchase_status(purchase=purchase, now=self.now), "duplicate_of": purchase.ref}
-        return StoredAnswer(200, body, {DUPLICATE_HEADER: purchase.ref}, purchase.ref)
-
-    def render(self, stored: StoredAnswer, is_replay: bool) -> tuple[StoredAnswer, bool]:
-        return stored, is_replay

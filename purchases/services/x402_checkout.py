@@ -1,26 +1,27 @@
-"""The x402 paid URL's payment: a PAYMENT-SIGNATURE for an offering, answered with the
-result, a pending 202 naming the transaction and the status URL, or the failure.
+"""The x402 paid URL's payment: a PAYMENT-SIGNATURE for an offering, answered (by the
+answers the API passes in, purchases.api.x402_answers) with the result, pending, or the
+failure.
 
 Every payment is keyed: by the client's payment id when it sends one, otherwise by what its
 signature makes unique, `(network, payer, EIP-3009 nonce)` (payments.rails.x402). The
 orchestration is purchases.services.checkout; this module says only how x402 clients are
-asked and answered.
+asked.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TypeVar
 
 from core.clock import now_or
 from core.errors import ErrorCode
-from payments.models import PaymentAttempt
 from payments.rails.x402 import x402_presentation
-from purchases.models import Buyer, Purchase
-from purchases.services.checkout import PaymentRequest, purchase_pay
-from purchases.services.duplicates import DUPLICATE_HEADER, copy_label_validate
-from purchases.services.idempotency import StoredAnswer
-from purchases.services.x402_answers import X402Answer, x402_answer_for_purchase
+from purchases.models import Buyer
+from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.services.duplicates import copy_label_validate
 from purchases.services.x402_offers import x402_route
+
+A = TypeVar("A")
 
 X402_SCOPE = "x402"
 # Answered fresh every time; never stored as the payment id's answer.
@@ -39,15 +40,16 @@ def x402_pay(
     offering_slug: str,
     payment_header: str,
     buyer: Buyer | None,
+    answers: CheckoutAnswers[A],
     copy_label: str | None = None,
     now: datetime | None = None,
-) -> X402Answer:
+) -> A:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
 
     Raises DomainError (never stored): payment_signature_malformed, payment_identifier_invalid,
     copy_label_invalid, invalid_payload, payment_in_flight, payment_identifier_conflict,
-    verification_unavailable, authorization_in_use. Every other outcome is returned, and
-    stored or live.
+    verification_unavailable, authorization_in_use. Every other outcome is returned as
+    `answers` render it, and stored or live.
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
@@ -60,7 +62,7 @@ def x402_pay(
         now=now_or(now),
         unstored=UNSTORED_CODES,
     )
-    return purchase_pay(request=_for_route(request, offering_slug), answers=X402Answers())
+    return purchase_pay(request=_for_route(request, offering_slug), answers=answers)
 
 
 def _for_route(request: PaymentRequest, offering_slug: str) -> PaymentRequest:
@@ -75,44 +77,3 @@ def _for_route(request: PaymentRequest, offering_slug: str) -> PaymentRequest:
         now=request.now,
         unstored=request.unstored,
     )
-
-
-class X402Answers:
-    """A settled payment is answered live (from the purchase as it is at each replay); a
-    failed one is stored byte for byte."""
-
-    def recorded(self, *, purchase: Purchase, attempt: PaymentAttempt) -> StoredAnswer:
-        return StoredAnswer(200, None, {}, purchase.ref, is_live=True)
-
-    def settled(
-        self, *, purchase: Purchase, attempt: PaymentAttempt | None, fresh: bool
-    ) -> tuple[StoredAnswer, X402Answer]:
-        answer = x402_answer_for_purchase(
-            purchase=purchase, reconcile=False, fresh=fresh, attempt=attempt
-        )
-        if purchase.payment_state != Purchase.PaymentState.FAILED:
-            return StoredAnswer(answer.status, None, {}, purchase.ref, is_live=True), answer
-        stored = StoredAnswer(answer.status, answer.body, answer.headers, purchase.ref)
-        return stored, _as_sent(stored)
-
-    def duplicate(self, *, purchase: Purchase) -> StoredAnswer:
-        return StoredAnswer(200, None, {DUPLICATE_HEADER: purchase.ref}, purchase.ref, is_live=True)
-
-    def render(self, stored: StoredAnswer, is_replay: bool) -> X402Answer:
-        if stored.is_live and stored.purchase_ref:
-            purchase = Purchase.objects.select_related("offering").get(ref=stored.purchase_ref)
-            answer = x402_answer_for_purchase(purchase=purchase, reconcile=True)
-            return X402Answer(
-                answer.status,
-                answer.body,
-                {**answer.headers, **stored.headers},
-                answer.content_type,
-            )
-        return _as_sent(stored)
-
-
-def _as_sent(stored: StoredAnswer) -> X402Answer:
-    """A stored answer, byte for byte as it was first sent."""
-    headers = dict(stored.headers)
-    content_type = headers.pop("Content-Type", "application/json")
-    return X402Answer(stored.status, stored.raw or b"", headers, content_type=content_type)

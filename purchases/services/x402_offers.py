@@ -1,8 +1,9 @@
-"""What an x402 buyer is offered before paying: the 402, and the catalogue of paid URLs.
+"""What an x402 buyer is offered before paying (answered 402 by purchases.api.x402_answers),
+and the catalogue of paid URLs.
 
-A 402 for a given input names the quote it opened (`accepts[].extra.quote`). A 402 without
-usable input (a bare GET, any HEAD) is price-only: the requirements without a quote, so
-tools that only read offers can grade the URL, and nothing is written for it.
+An offer for a given input names the quote it opened (`accepts[].extra.quote`). An offer
+without usable input (a bare GET, any HEAD) is price-only: the requirements without a quote,
+so tools that only read offers can grade the URL, and nothing is written for it.
 """
 
 from __future__ import annotations
@@ -19,21 +20,32 @@ from django.db import transaction
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
-from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
+from core.errors import DomainError, ErrorCode
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
-from purchases.services.x402_answers import (
-    X402Answer,
-    x402_requirements,
-    x402_requirements_for_offering,
-)
+from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
 
 # JSON-schema scalar types a query-string value can be read as (GET buys).
 _QUERY_SCALARS = {"string", "integer", "boolean"}
+
+
+@dataclass(frozen=True)
+class X402Offer:
+    """What a buyer is asked to pay: the PaymentRequired `document` and its wire encoding.
+
+    `quote`: the public id of the quote it opened; None for a price-only offer, which says
+    what input the offering takes (`input_schema`) and what was wrong with the one sent.
+    """
+
+    payment_required: str  # `document`, encoded for the wire
+    document: dict[str, Any]
+    quote: str | None
+    input_schema: dict[str, Any] | None = None
+    input_errors: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,8 +100,8 @@ def x402_offer(
     buyer: Buyer | None,
     resource_url: str,
     now: datetime | None = None,
-) -> X402Answer:
-    """No payment yet: 402 with PAYMENT-REQUIRED naming the quote it created (or reopened).
+) -> X402Offer:
+    """No payment yet: the offer naming the quote it created (or reopened).
 
     Raises DomainError: offering_not_found, invalid_input, sold_out.
     """
@@ -107,15 +119,12 @@ def x402_offer(
         resource_url=resource_url,
         description=route.offering.title,
     )
-    error = DomainError(
-        ErrorCode.PAYMENT_REQUIRED, extra={"quote": quote.public_id, "paymentRequired": document}
-    )
-    return X402Answer(402, error.as_problem(), {"PAYMENT-REQUIRED": header, **PROBLEM_HEADERS})
+    return X402Offer(header, document, quote.public_id)
 
 
 def x402_offer_price_only(
     *, offering_slug: str, resource_url: str, input_errors: list[Any] | None = None
-) -> X402Answer:
+) -> X402Offer:
     """The offer without a quote: what it costs and what input it takes. Writes nothing.
 
     Raises DomainError: offering_not_found.
@@ -127,17 +136,7 @@ def x402_offer_price_only(
         resource_url=resource_url,
         description=route.offering.title,
     )
-    error = DomainError(
-        ErrorCode.PAYMENT_REQUIRED,
-        "Send the input (JSON body, or query parameters for flat inputs) to get a quote.",
-        extra={
-            "quote": None,
-            "paymentRequired": document,
-            "input_schema": route.offering.input_schema,
-            **({"errors": input_errors} if input_errors else {}),
-        },
-    )
-    return X402Answer(402, error.as_problem(), {"PAYMENT-REQUIRED": header, **PROBLEM_HEADERS})
+    return X402Offer(header, document, None, route.offering.input_schema, input_errors)
 
 
 def x402_offer_from_query(
@@ -147,8 +146,8 @@ def x402_offer_from_query(
     buyer: Buyer | None,
     resource_url: str,
     now: datetime | None = None,
-) -> X402Answer:
-    """An unpaid GET: a quoted 402 when the query string is a valid input, else price-only.
+) -> X402Offer:
+    """An unpaid GET: a quoted offer when the query string is a valid input, else price-only.
 
     Raises DomainError: offering_not_found, sold_out.
     """

@@ -14,6 +14,7 @@ from fulfillment.executors.http_job import HttpJobExecutor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import LedgerEntry, Refund
 from payments.services import ledger_balance
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.services.execution import (
     ExecutionOutcome,
@@ -45,7 +46,9 @@ def paid_purchase(buyer, *, duration_ms=300, fail=False, escalate=False, key="ex
     offering = OfferingFactory.create(slug="word_stats", http_job=True, escalating=escalate)
     data = {"text": "the cat and the hat", "duration_ms": duration_ms, "fail": fail}
     quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=data).quote
-    answer, _ = purchase_pay_prepaid(buyer=buyer, quote_id=quote.public_id, payment_id=key)
+    answer, _ = purchase_pay_prepaid(
+        answers=PrepaidAnswers(), buyer=buyer, quote_id=quote.public_id, payment_id=key
+    )
     assert answer.status == 201, answer.body
     return Purchase.objects.get(ref=answer.purchase_ref)
 

@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from fulfillment.models import ExecutionAttempt
 from payments.models import Refund
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
@@ -42,7 +43,10 @@ def paid_purchase(buyer) -> Purchase:
     data = {"text": "the cat and the hat", "duration_ms": 100, "fail": False}
     quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=data).quote
     answer, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=quote.public_id, payment_id="execution-tries-key-01"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=quote.public_id,
+        payment_id="execution-tries-key-01",
     )
     assert answer.status == 201, answer.body
     return Purchase.objects.get(ref=answer.purchase_ref)

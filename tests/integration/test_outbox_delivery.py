@@ -15,6 +15,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services import outbox
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
@@ -61,7 +62,10 @@ def test_a_job_staged_while_the_broker_is_down_is_delivered_once_it_is_back(
 
     # Nothing listens on the port: the broker is down when the payment commits.
     answer, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=quote.public_id, payment_id="outbox-broker-down-0001"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=quote.public_id,
+        payment_id="outbox-broker-down-0001",
     )
 
     purchase = Purchase.objects.get(ref=answer.purchase_ref)
@@ -90,10 +94,11 @@ django.setup()
 from purchases.models import Buyer
 from purchases.services import outbox
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
+from purchases.api.prepaid_answers import PrepaidAnswers
 outbox._relay_staged = lambda **_: os.kill(os.getpid(), signal.SIGKILL)
 purchase_pay_prepaid(
     buyer=Buyer.objects.get(pk=int(sys.argv[1])), quote_id=sys.argv[2],
-    payment_id="outbox-killed-after-commit-01",
+    payment_id="outbox-killed-after-commit-01", answers=PrepaidAnswers(),
 )
 """
 

@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services import outbox
 from purchases.services.outbox import outbox_prune, outbox_relay_due, outbox_stage
@@ -58,7 +59,9 @@ def no_immediate_relay(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _pay(buyer: Any, offering: Any, payment_id: str) -> Purchase:
     quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=CSV_INPUT).quote
-    answer, _ = purchase_pay_prepaid(buyer=buyer, quote_id=quote.public_id, payment_id=payment_id)
+    answer, _ = purchase_pay_prepaid(
+        answers=PrepaidAnswers(), buyer=buyer, quote_id=quote.public_id, payment_id=payment_id
+    )
     return Purchase.objects.get(ref=answer.purchase_ref)
 
 
@@ -72,7 +75,10 @@ def test_a_rolled_back_payment_leaves_no_job_and_a_committed_one_exactly_one(buy
     quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=CSV_INPUT).quote
     with pytest.raises(RuntimeError, match="after the payment"), transaction.atomic():
         purchase_pay_prepaid(
-            buyer=buyer, quote_id=quote.public_id, payment_id="outbox-rollback-0001"
+            answers=PrepaidAnswers(),
+            buyer=buyer,
+            quote_id=quote.public_id,
+            payment_id="outbox-rollback-0001",
         )
         raise RuntimeError("something failed after the payment, in the same transaction")
 

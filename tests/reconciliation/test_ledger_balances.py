@@ -7,6 +7,7 @@ import pytest
 
 from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun
 from purchases.services import housekeeping
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
@@ -27,7 +28,10 @@ def test_balance_follows_the_ledger_and_a_difference_is_reported(offering):
     buyer = BuyerFactory.create()
     fund(buyer, 600_000)
     answer, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=_quote(buyer, offering, "a"), payment_id="ledger-balance-0001"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=_quote(buyer, offering, "a"),
+        payment_id="ledger-balance-0001",
     )
     assert answer.status == 201
     assert ledger_balance(buyer_id=buyer.pk, asset=USDC_LOCAL) == 600_000 - 250_000
@@ -49,7 +53,10 @@ def test_racing_payments_never_overdraw(offering):
     answers = race(
         len(quotes),
         lambda i: purchase_pay_prepaid(
-            buyer=buyer, quote_id=quotes[i], payment_id=f"ledger-race-{i:010d}"
+            answers=PrepaidAnswers(),
+            buyer=buyer,
+            quote_id=quotes[i],
+            payment_id=f"ledger-race-{i:010d}",
         )[0],
     )
     statuses = [answer.status for answer in answers]

@@ -9,6 +9,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
 from purchases.services import housekeeping
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
@@ -35,7 +36,10 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     Quote.objects.filter(pk=recent.pk).update(expires_at=start + timedelta(hours=25))
     paid = keyed_quote(buyer, offering, "paid")
     paid_answer, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=paid.public_id, payment_id="purge-test-payment-01"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=paid.public_id,
+        payment_id="purge-test-payment-01",
     )
     assert paid_answer.status == 201
     open_quote = keyed_quote(buyer, offering, "open")
@@ -73,7 +77,10 @@ def test_old_duplicate_guards_are_pruned_and_a_new_payment_recreates_its_own(
 
     quote = keyed_quote(buyer, offering, "guarded")
     answer, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=quote.public_id, payment_id="guard-test-payment-01"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=quote.public_id,
+        payment_id="guard-test-payment-01",
     )
     assert answer.status == 201
     DuplicateGuard.objects.create(key="f" * 64)
@@ -98,7 +105,10 @@ def test_a_guard_outlives_the_longest_duplicate_window_so_a_retry_inside_it_is_s
     offering.save(update_fields=["duplicate_window"])
     quote = keyed_quote(buyer, offering, "long-window")
     first, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=quote.public_id, payment_id="long-window-payment-1"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=quote.public_id,
+        payment_id="long-window-payment-1",
     )
     assert first.status == 201
     two_days_ago = timezone.now() - timedelta(days=2)
@@ -108,7 +118,10 @@ def test_a_guard_outlives_the_longest_duplicate_window_so_a_retry_inside_it_is_s
     assert housekeeping.purge_expired_quotes()["guards_pruned"] == 0
     again = keyed_quote(buyer, offering, "long-window")
     retry, _ = purchase_pay_prepaid(
-        buyer=buyer, quote_id=again.public_id, payment_id="long-window-payment-2"
+        answers=PrepaidAnswers(),
+        buyer=buyer,
+        quote_id=again.public_id,
+        payment_id="long-window-payment-2",
     )
     assert (retry.status, retry.body["duplicate_of"]) == (200, first.purchase_ref)
     assert Purchase.objects.count() == 1

@@ -9,6 +9,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
+from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
@@ -27,7 +28,10 @@ def test_queued_work_lost_in_a_redis_restart_is_picked_up_by_the_next_beat(
     try:
         quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=CSV_INPUT).quote
         answer, _ = purchase_pay_prepaid(
-            buyer=buyer, quote_id=quote.public_id, payment_id="redis-restart-0001"
+            answers=PrepaidAnswers(),
+            buyer=buyer,
+            quote_id=quote.public_id,
+            payment_id="redis-restart-0001",
         )
         purchase = Purchase.objects.get(ref=answer.purchase_ref)
         assert purchase.fulfillment_state == "queued"

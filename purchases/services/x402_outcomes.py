@@ -1,0 +1,163 @@
+"""Where an x402 purchase stands for its buyer: failed, settling, running, refused or
+delivered. The paid URL, a resent payment and the capability URL all ask here, from the
+purchase's current state; purchases.api.x402_answers says how each is answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from core.errors import DomainError, ErrorCode
+from payments.models import PaymentAttempt
+from payments.rails import QuoteTerms
+from payments.rails.x402 import x402_requirements as requirements_for_terms
+from payments.x402.attempts import x402_attempt_live
+from payments.x402.networks import network_config
+from payments.x402.types import Requirements
+from purchases.models import Offering, Purchase, Quote
+from purchases.selectors import purchase_get_by_capability
+from purchases.services.delivery import Delivery, DeliveryPending, purchase_result_deliver
+from purchases.services.result_wait import purchase_await_result
+from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
+
+PAY = Purchase.PaymentState
+
+
+@dataclass(frozen=True)
+class PaymentFailed:
+    """The payment failed: nothing runs. `error` is payment_failed, naming the reason."""
+
+    purchase: Purchase
+    error: DomainError
+
+
+@dataclass(frozen=True)
+class SettlementPending:
+    """The money is not yet proven moved: the buyer polls, reconciliation owns it.
+    `created_with`: the attempt this request created the purchase with, if it did."""
+
+    purchase: Purchase
+    attempt: PaymentAttempt | None
+    created_with: PaymentAttempt | None
+
+
+@dataclass(frozen=True)
+class WorkPending:
+    """Paid, and the work still runs: `status` is the purchase's status document."""
+
+    purchase: Purchase
+    attempt: PaymentAttempt | None
+    status: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ResultRefused:
+    """Paid, and no result to give: `error` says why (execution_failed, result_expired...)."""
+
+    purchase: Purchase
+    attempt: PaymentAttempt | None
+    error: DomainError
+
+
+@dataclass(frozen=True)
+class ResultDelivered:
+    purchase: Purchase
+    attempt: PaymentAttempt | None
+    delivery: Delivery
+
+
+X402Outcome = PaymentFailed | SettlementPending | WorkPending | ResultRefused | ResultDelivered
+
+
+def x402_requirements(*, quote: Quote) -> Requirements:
+    """What we asked for: the `accepts` entry a quote stands for on its network."""
+    return requirements_for_terms(
+        terms=quote_terms(quote=quote), network=network_config(quote.network)
+    )
+
+
+def x402_requirements_for_offering(*, offering: Offering) -> Requirements:
+    """The price-only `accepts` entry (no quote): for discovery and input-less offers."""
+    terms = QuoteTerms(
+        quote_id="",
+        network=offering.network,
+        asset=offering.asset,
+        amount=offering.price,
+        pay_to=offering.pay_to,
+        duplicate_window_seconds=int(offering.duplicate_window.total_seconds()),
+    )
+    return requirements_for_terms(terms=terms, network=network_config(offering.network))
+
+
+def x402_outcome_for_purchase(
+    *,
+    purchase: Purchase,
+    reconcile: bool,
+    fresh: bool = False,
+    attempt: PaymentAttempt | None = None,
+    channel: str = "x402_paid_url",
+) -> X402Outcome:
+    """Where this purchase stands now: its result (delivered), pending, or the failure.
+
+    `reconcile`: settle a pending payment first. `fresh`: this request created the
+    purchase, so while its work is pending it has no result, refund, escalation or receipt
+    to read yet. `attempt`: its latest payment attempt, already read. `channel`: where a
+    delivered result goes, for the timeline.
+    """
+    if reconcile and purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
+        attempt = x402_attempt_live(purchase_id=purchase.pk)
+        if attempt is not None:
+            purchase_settle_attempt(attempt_id=attempt.pk)
+        purchase = purchase_reload(purchase=purchase)
+    if attempt is None or reconcile:
+        attempt = purchase.payment_attempts.order_by("-pk").first()
+    if purchase.payment_state == PAY.FAILED:
+        error = DomainError(
+            ErrorCode.PAYMENT_FAILED,
+            purchase=purchase.ref,
+            extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
+        )
+        return PaymentFailed(purchase, error)
+    created_with = attempt if fresh else None
+    if not purchase.is_payment_sufficient_for_execution():
+        return SettlementPending(purchase, attempt, created_with)
+    purchase = _await_work(purchase)
+    try:
+        delivery = purchase_result_deliver(
+            purchase=purchase, created_with=created_with, channel=channel
+        )
+    except DeliveryPending as pending:
+        return WorkPending(purchase, attempt, pending.status)
+    except DomainError as error:
+        return ResultRefused(purchase, attempt, error)
+    return ResultDelivered(purchase, attempt, delivery)
+
+
+def _await_work(purchase: Purchase) -> Purchase:
+    """Give a fast job the chance to answer in this round trip: up to the offering's expected
+    run time, never past the server-wide cap; then pending."""
+    wait = min(
+        purchase.offering.expected_run_time.total_seconds(),
+        float(settings.X402_RESULT_WAIT_SECONDS),
+    )
+    return purchase_await_result(purchase=purchase, wait_seconds=wait)
+
+
+def x402_outcome_for_ref(*, ref: str) -> X402Outcome:
+    """A paid purchase's outcome now, reconciling a pending settlement first (a resent
+    payment's live answer)."""
+    purchase = Purchase.objects.select_related("offering").get(ref=ref)
+    return x402_outcome_for_purchase(purchase=purchase, reconcile=True)
+
+
+def x402_outcome_for_capability(*, ref: str, token: str) -> X402Outcome:
+    """What the capability URL shows: this purchase's status, or its result once ready.
+
+    Reconciles a pending settlement first, exactly as a resent payment would.
+    Raises DomainError: purchase_not_found (wrong token, another purchase's, or no purchase).
+    """
+    purchase = purchase_get_by_capability(ref=ref, token=token)
+    return x402_outcome_for_purchase(purchase=purchase, reconcile=True, channel="capability_url")
