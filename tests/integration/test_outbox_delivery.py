@@ -55,7 +55,8 @@ def test_a_job_staged_while_the_broker_is_down_is_delivered_once_it_is_back(
 ):
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
-    producer = Celery("web-process", broker=url)
+    # Not the current app: later tests would send to this dead broker.
+    producer = Celery("web-process", broker=url, set_as_current=False)
     producer.conf.task_default_queue = settings.CELERY_TASK_DEFAULT_QUEUE
     monkeypatch.setattr(outbox, "_celery", lambda: producer)
     quote = quote_create(buyer=buyer, offering_slug=offering.slug, raw_input=CSV_INPUT).quote

@@ -217,7 +217,7 @@ def test_two_relay_loops_at_once_never_send_a_message_twice(
 ):
     # Real Redis, a queue of this test's own: count what actually reached the broker.
     queue = f"outbox-race-{uuid.uuid4().hex[:8]}"
-    producer = Celery("outbox-race", broker=settings.REDIS_URL)
+    producer = Celery("outbox-race", broker=settings.REDIS_URL, set_as_current=False)
     producer.conf.task_default_queue = queue
     monkeypatch.setattr(outbox, "_celery", lambda: producer)
     monkeypatch.setattr(outbox, "RELAY_BATCH", 10)
