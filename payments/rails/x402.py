@@ -45,8 +45,8 @@ from payments.x402.types import (
 from payments.x402.verify import (
     SETTLEMENT_MARGIN_SECONDS,
     parse_authorization,
+    verify_payment_funds,
     verify_payment_offline,
-    verify_payment_on_chain,
 )
 from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
 
@@ -168,8 +168,7 @@ class X402Rail:
         """
         reader = ChainReader(network_config(terms.network))
         try:
-            verify_payment_on_chain(authorization=presentation.evidence, reader=reader)
-            return reader.block_number()
+            return verify_payment_funds(authorization=presentation.evidence, reader=reader)
         except VerificationFailed as failure:
             raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
         except ChainUnavailable as exc:

@@ -186,6 +186,17 @@ def verify_payment_on_chain(*, authorization: Authorization, reader: ChainReader
         raise VerificationFailed("insufficient_balance", "balance is below the value")
 
 
+def verify_payment_funds(*, authorization: Authorization, reader: ChainReader) -> int:
+    """verify_payment_on_chain in one round trip; returns the chain head read with it.
+    Raise VerificationFailed, or ChainUnavailable."""
+    used, balance, head = reader.funds_state(authorization.payer, authorization.nonce)
+    if used:
+        raise VerificationFailed("authorization_used", "the nonce is already used on chain")
+    if balance < authorization.value:
+        raise VerificationFailed("insufficient_balance", "balance is below the value")
+    return head
+
+
 def verify_payment(
     *,
     authorization: Authorization,
