@@ -12,7 +12,7 @@ from django.db.models.sql import InsertQuery
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
-from core.bulk import insert_after
+from core.bulk import bulk_insert_rows, insert_after
 from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
 
@@ -41,7 +41,7 @@ def events_batched() -> Iterator[None]:
     token = _batch.set([])
     try:
         yield
-        PurchaseEvent.objects.bulk_create(_batch.get() or [])
+        bulk_insert_rows(_batch.get() or [])
     finally:
         _batch.reset(token)
 
