@@ -127,7 +127,7 @@ def bulk_insert_rows(objs: Sequence[Model], *, copy_from: int = 200) -> None:
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not f.primary_key]
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
+    columns = ", ".join(quote(f.column or f.name) for f in fields)
     sql = f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN"
     with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
         for obj in objs:
