@@ -224,9 +224,22 @@ def settlement_backlog_create(
         state="settlement_pending"
     )
     hashes: list[str] = []
-    for start in range(0, len(raw_transactions), SEND_BATCH):
-        chunk = raw_transactions[start : start + SEND_BATCH]
-        hashes += _rpc_batch(rpc_url, [("eth_sendRawTransaction", [raw]) for raw in chunk])
+    # Into the pool with automine off, then mined a block at a time: with automine on, a
+    # 500-transaction batch mining as it arrived sometimes left anvil answering nothing for
+    # minutes (the bench's set-up timed out about one run in three).
+    (automine,) = _rpc_batch(rpc_url, [("anvil_getAutomine", [])])
+    _rpc_batch(rpc_url, [("evm_setAutomine", [False])])
+    try:
+        for start in range(0, len(raw_transactions), SEND_BATCH):
+            chunk = raw_transactions[start : start + SEND_BATCH]
+            hashes += _rpc_batch(rpc_url, [("eth_sendRawTransaction", [raw]) for raw in chunk])
+        for _ in range(len(raw_transactions)):  # bound: at least one transfer per block
+            (pool,) = _rpc_batch(rpc_url, [("txpool_status", [])])
+            if int(pool["pending"], 16) == 0:
+                break
+            _rpc_batch(rpc_url, [("evm_mine", [])])
+    finally:
+        _rpc_batch(rpc_url, [("evm_setAutomine", [automine])])
     _wait_mined(rpc_url, hashes)
     return Backlog([a.pk for a in attempts], landed, expired)
 

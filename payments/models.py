@@ -83,6 +83,13 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["payer", "authorization_nonce"]),
             # Support searches by tx hash on any network (the unique index leads with network).
             models.Index(fields=["tx_hash"], name="attempt_tx_hash_scale"),
+            # Reconciliation's claim (and resume, and the relayer heal) read only the pending
+            # attempts: a few among millions, found without scanning the table.
+            models.Index(
+                fields=["network", "id"],
+                condition=Q(state__in=PENDING_ATTEMPT_STATES),
+                name="attempt_pending_scale",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

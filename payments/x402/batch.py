@@ -5,15 +5,22 @@ of pending payments that is thousands of round trips. BatchChainReader asks them
 front in JSON-RPC batches, then hands each lookup a reader that answers from that cache:
 
 1. one `eth_getBlockByNumber("latest")`: the snapshot head (number and timestamp);
-2. per chunk of `chunk_size` items, ONE batch request: `authorizationState(payer, nonce)`
-   pinned to the snapshot number, plus the receipt and the transaction of the item's hash;
-3. if some used nonce is not settled by its own transaction, ONE `eth_getLogs` of the
+2. per chunk of 2 x `chunk_size` items, ONE batch request of the first read the lookup
+   makes: the receipt of the item's hash, or (no hash) `authorizationState(payer, nonce)`
+   pinned to the snapshot number;
+3. per chunk of `chunk_size` items whose receipt did not settle them (none, or one that
+   moved something else), ONE batch of what the lookup reads next: their
+   `authorizationState`, and for a hash with no receipt whether the node knows it;
+4. if some used nonce is not settled by its own transaction, ONE `eth_getLogs` of the
    token's AuthorizationUsed events over [logs_from_block, snapshot] for all of them;
-4. if those logs name transactions whose receipts are not cached yet, ONE batch of them.
+5. if those logs name transactions whose receipts are not cached yet, ONE batch of them.
 
-So `round_trips == 1 + ceil(n / chunk_size) + L + R (+ F)`, n the distinct (payer, nonce,
-tx hash) items, L and R each 0 or 1 (steps 3 and 4), F the live fallbacks (any read the
-prefetch did not foresee: one HTTP request each).
+So `round_trips == 1 + ceil(n / 2 chunk_size) + ceil(m / chunk_size) + L + R (+ F)`, n the
+distinct (payer, nonce, tx hash) items, m those of step 3 (none when every hash we hold
+settled its payment: a backlog of landed transfers costs one call each), L and R each 0
+or 1 (steps 4 and 5), F the live fallbacks (any read the prefetch did not foresee: one
+HTTP request each). A chunk with nothing new to read is skipped. Chunks of one step are
+sent `parallel` at a time (same count of round trips, less waiting on the node).
 
 Consistency: the head is read first, in its own request, and every eth_call and the log
 query are pinned to its number; pinning to "latest" inside a batch would not do, since a
@@ -31,7 +38,9 @@ its chunk.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -56,9 +65,11 @@ from payments.x402.chain import (
 from payments.x402.lookup import _settles as settles_transfer  # the lookup's own rule
 from payments.x402.types import Authorization, NetworkConfig
 
-# One batch carries up to 3 calls per item: a node may need a while for 1,500 of them.
+# One batch carries up to 2 calls per item: a node may need a while for 1,000 of them.
 BATCH_RPC_TIMEOUT_SECONDS = 30.0
 DEFAULT_CHUNK_SIZE = 500
+# Batches of one step in flight at once: a node answers them on several cores.
+DEFAULT_PARALLEL = 2
 # geth refuses more than 1,000 alternatives in one topic position; past that, the
 # position is left open and the logs are matched here.
 MAX_TOPIC_ALTERNATIVES = 1000
@@ -68,6 +79,7 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 _BLOCK_TAGS = frozenset({"latest", "earliest", "pending", "safe", "finalized"})
 
 _T = TypeVar("_T")
+_Planned = dict[tuple[str, Any], tuple[str, list[Any]]]  # (kind, key) -> (method, params)
 StateKey = tuple[str, str]  # (lower-case payer, lower-case nonce)
 LogKey = tuple[str, str]  # (payer as a topic, lower-case nonce): topics 1 and 2 of the event
 
@@ -101,10 +113,12 @@ class _CountingSession(requests.Session):
     def __init__(self) -> None:
         super().__init__()
         self.round_trips = 0
+        self._lock = threading.Lock()  # batches of one step go out from several threads
 
     def request(self, *args: Any, **kwargs: Any) -> requests.Response:
         # Counted before sending: a refused connection was still a round trip attempted.
-        self.round_trips += 1
+        with self._lock:
+            self.round_trips += 1
         return super().request(*args, **kwargs)
 
 
@@ -270,6 +284,7 @@ class _Cache:
     # None: no log query was needed. Keys the query asked for but found no log of are absent.
     logs: dict[LogKey, list[dict[str, Any]]] | _Failure | None = None
     log_keys: set[LogKey] = field(default_factory=set)  # what the log query filtered for
+    items: set[tuple[StateKey, str | None]] = field(default_factory=set)  # every read done
 
     def store(self, kind: str, key: Any, raw: object) -> None:
         if kind == "state":
@@ -278,6 +293,10 @@ class _Cache:
             self.receipts[key] = _decoded(raw, _decode_receipt)
         else:
             self.known[key] = _decoded(raw, _decode_known)
+
+
+def _chunks(items: Sequence[_Item], size: int) -> list[Sequence[_Item]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def _item(authorization: Authorization, tx_hash: str | None) -> _Item | None:
@@ -295,8 +314,8 @@ def _item(authorization: Authorization, tx_hash: str | None) -> _Item | None:
 class BatchChainReader:
     """Prefetches the chain reads of many settlement lookups; see the module docstring.
 
-    Each item costs up to 3 calls in its chunk's batch (one without a tx hash): keep
-    3 x chunk_size within the node's batch limit (geth's default is 1,000 calls).
+    Each item costs up to 2 calls in a batch: keep 2 x chunk_size within the node's batch
+    limit (geth's default is 1,000 calls).
     """
 
     def __init__(
@@ -305,11 +324,15 @@ class BatchChainReader:
         *,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         logs_from_block: int = 0,
+        parallel: int = DEFAULT_PARALLEL,
     ) -> None:
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+        if chunk_size < 1 or parallel < 1:
+            raise ValueError(
+                f"chunk_size and parallel must be at least 1: {chunk_size}, {parallel}"
+            )
         self.network = network
         self.chunk_size = chunk_size
+        self.parallel = parallel
         self.logs_from_block = logs_from_block
         self.token = Web3.to_checksum_address(network.token_address)
         self._session = _CountingSession()
@@ -343,10 +366,16 @@ class BatchChainReader:
         cache = _Cache(self.logs_from_block)
         if unique:
             cache.head = self.snapshot()
-            for start in range(0, len(unique), self.chunk_size):
-                self._fetch_chunk(cache, unique[start : start + self.chunk_size])
+            self._run_chunks(
+                cache, [self._first_reads(cache, c) for c in _chunks(unique, 2 * self.chunk_size)]
+            )
+            unsettled = [item for item in unique if self._needs_more(cache, item)]
+            self._run_chunks(
+                cache, [self._next_reads(cache, c) for c in _chunks(unsettled, self.chunk_size)]
+            )
             self._fetch_logs(cache, unique)
             self._fetch_log_receipts(cache)
+            cache.items = {(item.key, item.tx) for item in unique}
         self._cache = cache
 
     def reader_for(self, authorization: Authorization, tx_hash: str | None) -> PrefetchedReader:
@@ -358,25 +387,67 @@ class BatchChainReader:
         raw = self.rpc.call("eth_getBlockByNumber", ["latest", False])
         return _ok(_decoded(raw, _decode_block))
 
-    def _fetch_chunk(self, cache: _Cache, chunk: Sequence[_Item]) -> None:
+    def _state_read(self, cache: _Cache, item: _Item) -> tuple[str, list[Any]]:
         assert cache.head is not None
-        block = hex(cache.head.number)
-        planned: dict[tuple[str, Any], tuple[str, list[Any]]] = {}
-        for item in chunk:
-            if item.key not in cache.states:
-                planned["state", item.key] = (
-                    "eth_call",
-                    [_state_call(self.token, item.key), block],
-                )
-            if item.tx is not None and item.tx not in cache.receipts:
-                planned["receipt", item.tx] = ("eth_getTransactionReceipt", [item.tx])
-                planned["known", item.tx] = ("eth_getTransactionByHash", [item.tx])
-        self._run(cache, planned)
+        return "eth_call", [_state_call(self.token, item.key), hex(cache.head.number)]
 
-    def _run(self, cache: _Cache, planned: dict[tuple[str, Any], tuple[str, list[Any]]]) -> None:
+    def _first_reads(self, cache: _Cache, chunk: Sequence[_Item]) -> _Planned:
+        """What the lookup reads first: the receipt of the hash we hold, else the nonce."""
+        planned: _Planned = {}
+        for item in chunk:
+            if item.tx is not None:
+                planned["receipt", item.tx] = ("eth_getTransactionReceipt", [item.tx])
+            else:
+                planned["state", item.key] = self._state_read(cache, item)
+        return planned
+
+    def _needs_more(self, cache: _Cache, item: _Item) -> bool:
+        """Whether the lookup of `item` reads on after its receipt (see lookup.py)."""
+        if item.tx is None:
+            return False  # its nonce was read with the first reads
+        receipt = cache.receipts.get(item.tx)
+        if isinstance(receipt, _Failure):
+            return False  # the lookup stops at the unreadable receipt
+        return receipt is None or not settles_transfer(receipt, item.authorization, self.network)
+
+    def _next_reads(self, cache: _Cache, chunk: Sequence[_Item]) -> _Planned:
+        """For a hash that did not settle its payment: the nonce, and whether the node knows
+        a hash it has no receipt for."""
+        planned: _Planned = {}
+        for item in chunk:
+            assert item.tx is not None
+            if item.key not in cache.states:
+                planned["state", item.key] = self._state_read(cache, item)
+            if cache.receipts.get(item.tx) is None and item.tx not in cache.known:
+                planned["known", item.tx] = ("eth_getTransactionByHash", [item.tx])
+        return planned
+
+    def _run_chunks(self, cache: _Cache, batches: list[_Planned]) -> None:
+        """Send the batches of one step, `parallel` at a time; store the answers in order.
+        A chunk whose every read an earlier one made (a shared hash or nonce) is skipped."""
+        seen: set[tuple[str, Any]] = set()
+        todo: list[_Planned] = []
+        for planned in batches:
+            fresh = {key: call for key, call in planned.items() if key not in seen}
+            seen.update(fresh)
+            if fresh:
+                todo.append(fresh)
+        if len(todo) <= 1 or self.parallel == 1:
+            for planned in todo:
+                self._run(cache, planned)
+            return
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+            answers = list(pool.map(lambda p: self.rpc.batch(list(p.values())), todo))
+        for planned, results in zip(todo, answers, strict=True):
+            self._store(cache, planned, results)
+
+    def _run(self, cache: _Cache, planned: _Planned) -> None:
         if not planned:  # everything was already read for an earlier chunk
             return
-        results = self.rpc.batch(list(planned.values()))
+        self._store(cache, planned, self.rpc.batch(list(planned.values())))
+
+    @staticmethod
+    def _store(cache: _Cache, planned: _Planned, results: list[object | _Failure]) -> None:
         for (kind, key), raw in zip(planned, results, strict=True):
             cache.store(kind, key, raw)
 
@@ -418,7 +489,7 @@ class BatchChainReader:
             for key in cache.log_keys
             for log in cache.logs.get(key, [])
         }
-        planned: dict[tuple[str, Any], tuple[str, list[Any]]] = {
+        planned: _Planned = {
             ("receipt", tx): ("eth_getTransactionReceipt", [tx])
             for tx in sorted(users - cache.receipts.keys())
         }
@@ -439,11 +510,7 @@ class PrefetchedReader(ChainReader):
         self._contract = batch.contract
         self._rpc, self._cache = batch.rpc, cache
         self._batch_snapshot = batch.snapshot
-        self.prefetched = (
-            item is not None
-            and item.key in cache.states
-            and (item.tx is None or item.tx in cache.receipts)
-        )
+        self.prefetched = item is not None and (item.key, item.tx) in cache.items
 
     def latest_block(self) -> BlockRef:
         if self._cache.head is not None:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, TypeVar, cast
 
 import requests
@@ -72,8 +73,11 @@ def is_hash32(value: object) -> bool:
     return isinstance(value, str) and _HASH32.fullmatch(value) is not None
 
 
+@lru_cache(maxsize=4096)
 def address_topic(address: str) -> HexStr:
-    """An address as an indexed event topic: left-padded to 32 bytes, lower-case hex."""
+    """An address as an indexed event topic: left-padded to 32 bytes, lower-case hex.
+    Cached: checksumming costs a keccak, and a backlog's lookups judge the same few payers'
+    and recipients' logs thousands of times over."""
     return HexStr("0x" + "0" * 24 + Web3.to_checksum_address(address)[2:].lower())
 
 

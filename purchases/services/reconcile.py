@@ -22,7 +22,7 @@ from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
 from payments.x402.attempts import x402_attempt_authorization
-from payments.x402.batch import BatchChainReader
+from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.x402.chain import ChainUnavailable
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
@@ -69,7 +69,7 @@ def reconcile_pending_settlements(
     *,
     now: datetime | None = None,
     limit: int = 20_000,
-    chunk_size: int = 300,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
     progress: ProgressFn | None = None,
 ) -> Counter[str]:
     """Look every due pending settlement up on chain, in batches, and record what it shows."""

@@ -30,7 +30,7 @@ from purchases.events import (
     events_of_one_row,
     purchase_transition,
 )
-from purchases.models import Purchase
+from purchases.models import Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quotes import quote_terms
 from purchases.services.resubmit import payment_resubmit_if_due
@@ -242,11 +242,14 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
     with transaction.atomic(), events_batched():
         purchases = {
             p.pk: p
-            for p in Purchase.objects.select_for_update(of=("self",))
-            .select_related("offering")
+            for p in Purchase.objects.select_for_update()
             .filter(pk__in=[row.purchase_id for row in chunk])
             .order_by("pk")
         }
+        # Each offering once (a backlog shares a few), not joined and decoded per row.
+        offerings = Offering.objects.in_bulk({p.offering_id for p in purchases.values()})
+        for purchase in purchases.values():
+            purchase.offering = offerings[purchase.offering_id]
         attempts = {
             a.pk: a
             for a in PaymentAttempt.objects.select_for_update()

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from devtools.settlement_backlog import settlement_backlog_create
 from payments.models import PaymentAttempt
+from purchases.events import COPY_FROM
 from purchases.models import OutboxMessage, Purchase, PurchaseEvent
 from purchases.services import reconcile
 
@@ -89,13 +90,17 @@ def test_round_trips_do_not_grow_with_the_backlog(counted_world):
     assert small_stats["recorded_one_by_one"] == large_stats["recorded_one_by_one"] == 0
 
 
-def test_every_settlement_is_recorded_with_its_evidence(counted_world):
+# 25 + 10 write their 95 events with one INSERT; 80 + 40 write 320, past COPY_FROM, by COPY.
+@pytest.mark.parametrize(("landed_count", "expired_count"), [(25, 10), (80, 40)])
+def test_every_settlement_is_recorded_with_its_evidence(counted_world, landed_count, expired_count):
+    assert 3 * 80 + 2 * 40 >= COPY_FROM > 3 * 25 + 2 * 10
     world, proxy = counted_world
-    backlog, _, _ = _reconcile_backlog(world, proxy, landed=25, expired=10)
+    backlog, stats, _ = _reconcile_backlog(world, proxy, landed_count, expired_count)
+    assert stats["recorded_one_by_one"] == 0  # all of it through the bulk writer
     attempts = PaymentAttempt.objects.filter(pk__in=backlog.attempt_ids).select_related("purchase")
     landed = [a for a in attempts if a.tx_hash]
     expired = [a for a in attempts if not a.tx_hash]
-    assert len(landed) == 25 and len(expired) == 10
+    assert len(landed) == landed_count and len(expired) == expired_count
     for attempt in landed:
         assert attempt.state == "succeeded"
         assert attempt.block_number and attempt.settlement_reference == attempt.tx_hash
@@ -122,11 +127,17 @@ def test_every_settlement_is_recorded_with_its_evidence(counted_world):
             "authorization_expired_unused",
         )
         assert purchase.fulfillment_state == "not_started"
+        timeline = list(PurchaseEvent.objects.filter(purchase=purchase).order_by("pk"))
+        assert [(e.subject, e.to_state, e.actor) for e in timeline] == [
+            ("payment_attempt", "failed", "settlement"),
+            ("purchase.payment", "failed", "settlement"),
+        ]
+        assert timeline[0].evidence["attempt"] == attempt.pk and timeline[0].created_at
     # One staged execution per paid purchase, none for a failed one.
     staged = OutboxMessage.objects.filter(job="purchase_execute")
     assert sorted(m.kwargs["purchase_id"] for m in staged) == sorted(a.purchase_id for a in landed)
-    assert Purchase.objects.filter(payment_state="paid").count() == 25
-    assert world.seller_balance() == 25 * world.offering.price
+    assert Purchase.objects.filter(payment_state="paid").count() == landed_count
+    assert world.seller_balance() == landed_count * world.offering.price
     # A second run finds nothing due and writes nothing twice.
     events = PurchaseEvent.objects.count()
     assert reconcile.reconcile_pending_settlements(now=timezone.now())["claimed"] == 0
