@@ -17,7 +17,7 @@ from tests.conftest import CSV_INPUT
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 # Ceilings as measured after each step of the redesign (issue 9): lower them as statements
 # go, never raise them. The issue's targets: end to end 25, pay 12, replay 3.
-CEILING = {"end_to_end": 24, "pay": 10, "replay": 3}
+CEILING = {"end_to_end": 24, "pay": 10, "replay": 2}
 KEY = "budget-key-000000000001"
 
 

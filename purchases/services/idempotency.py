@@ -141,10 +141,18 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     """
     hashed = payment_id_hash(request.key)
     token = secrets.token_hex(8)
-    record_id = _insert_if_absent(request, token, hashed)
-    if record_id is not None:
-        return KeyClaim(record_id, token, is_new=True)
-    known = {record.key: record for record in _known_noted(request, hashed)}
+    if connection.vendor == "postgresql":
+        # One statement: claim the key, or read (and note) what it already has.
+        rows = _claim_or_known(request, token, hashed)
+        claimed = next((row.claimed_id for row in rows if row.claimed_id is not None), None)  # type: ignore[attr-defined]
+        if claimed is not None:
+            return KeyClaim(int(claimed), token, is_new=True)
+        known = {record.key: record for record in rows}
+    else:
+        record_id = _insert_if_absent(request, token, hashed)
+        if record_id is not None:
+            return KeyClaim(record_id, token, is_new=True)
+        known = {record.key: record for record in _known_noted(request, hashed)}
     record = known.get(request.key)
     if record is not None and record.state == IdempotencyRecord.State.COMPLETED:
         _refuse_if_another_request(record, request)
@@ -206,6 +214,11 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
         )
         _note_known(records, request, hashed)
         return records
+    sql, params = _known_noted_sql(request, hashed)
+    return list(IdempotencyRecord.objects.raw(sql, params))
+
+
+def _known_noted_sql(request: KeyedRequest, hashed: str) -> tuple[str, dict[str, Any]]:
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
@@ -242,7 +255,7 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
         "completed": IdempotencyRecord.State.COMPLETED,
         "created_at": timezone.now(),  # as every event: when written
     }
-    return list(IdempotencyRecord.objects.raw(sql, params))
+    return sql, params
 
 
 def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed: str) -> None:
@@ -288,9 +301,9 @@ def _purchase_ref(record: IdempotencyRecord) -> str | None:
     return record.purchase.ref if record.purchase else None
 
 
-def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
-    """INSERT ... ON CONFLICT DO NOTHING RETURNING id: the new key's id, or None if the key
-    exists (in flight, answered, or compacted to `hashed`)."""
+def _insert_sql(request: KeyedRequest, token: str, hashed: str) -> tuple[str, dict[str, Any]]:
+    """INSERT ... SELECT ... WHERE NOT EXISTS (the compacted key) ON CONFLICT DO NOTHING
+    RETURNING id, with named parameters."""
     record = IdempotencyRecord(
         scope=request.scope,
         key=request.key,
@@ -305,18 +318,50 @@ def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | N
     quote = connection.ops.quote_name
     sql = (
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 - names come from the model
-        f"SELECT {', '.join(['%s'] * len(fields))} "
+        f"SELECT {', '.join(f'%(v{i})s' for i in range(len(fields)))} "
         f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
-        f"WHERE {quote('scope')} = %s AND {quote('key')} = %s) "
+        f"WHERE {quote('scope')} = %(scope)s AND {quote('key')} = %(hashed)s) "
         f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
         f"RETURNING {quote(meta.pk.column)}"
     )
-    params = [f.get_db_prep_save(getattr(record, f.attname), connection) for f in fields]
-    params += [request.scope, hashed]
+    params: dict[str, Any] = {
+        f"v{i}": f.get_db_prep_save(getattr(record, f.attname), connection)
+        for i, f in enumerate(fields)
+    }
+    params.update(scope=request.scope, hashed=hashed)
+    return sql, params
+
+
+def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
+    """The new key's id, or None if the key exists (in flight, answered, or compacted to
+    `hashed`)."""
+    sql, params = _insert_sql(request, token, hashed)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return int(row[0]) if row else None
+
+
+def _claim_or_known(request: KeyedRequest, token: str, hashed: str) -> list[IdempotencyRecord]:
+    """PostgreSQL: the claim's INSERT and the known-key read (with its note) in one statement.
+    A new key comes back as one row with only `claimed_id`; a known key as its rows (the
+    INSERT wrote nothing), each with `claimed_id` None. Neither (a racing first claim the
+    statement's snapshot cannot see yet): no row."""
+    insert_sql, params = _insert_sql(request, token, hashed)
+    known_sql, known_params = _known_noted_sql(request, hashed)
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    # The read is the known-key statement with the claim as its first CTE: its rows, then the
+    # claimed id on a row of NULL columns of the same shape (a join on false).
+    known_ctes = known_sql.strip()
+    assert known_ctes.startswith("WITH ") and known_ctes.endswith("SELECT * FROM known")
+    ctes = known_ctes[len("WITH ") : -len("SELECT * FROM known")]
+    rows = (
+        "SELECT k.*, NULL::bigint AS claimed_id FROM known k UNION ALL "  # noqa: S608 - names from the model
+        f"SELECT r.*, NULL AS purchase_ref, c.id AS claimed_id FROM claimed c "
+        f"LEFT JOIN {table} r ON false"
+    )
+    sql = f"WITH claimed AS ({insert_sql}), {ctes}{rows}"
+    return list(IdempotencyRecord.objects.raw(sql, {**params, **known_params}))
 
 
 def _stored(record: IdempotencyRecord) -> StoredAnswer:
