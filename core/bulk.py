@@ -74,6 +74,12 @@ def insert_unless_conflict(
         also_sql, also_params = also
         sql = f"WITH inserted AS ({sql}), also AS ({also_sql}) SELECT * FROM inserted"  # noqa: S608 (both built from models)
         params += also_params
+    return insert_returning_pk(obj, sql, params)
+
+
+def insert_returning_pk(obj: Model, sql: str, params: Any) -> bool:
+    """Run `sql`, an INSERT of `obj`'s row ending in `RETURNING <pk>` (it may write nothing),
+    and make `obj` that saved row. Returns whether a row was written."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()

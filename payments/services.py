@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.db.models import F, Model, Sum
 from django.utils import timezone
 
+from core.bulk import insert_returning_pk
 from core.changes import Change
 from payments.models import (
     LIVE_ATTEMPT_STATES,
@@ -111,14 +112,7 @@ def ledger_debit(
         "purchase": purchase_id,
         "now": entry.created_at,
     }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    entry.pk = row[0]
-    entry._state.adding = False
-    return entry
+    return entry if insert_returning_pk(entry, sql, params) else None
 
 
 class LedgerReferenceConflict(ValueError):
