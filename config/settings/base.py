@@ -448,3 +448,7 @@ CELERY_BEAT_SCHEDULE = {
     # Refund-owed alerts that a crashed process never sent.
     "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }
+# A periodic run no worker took before the next one was due is dropped (Celery's `expires`):
+# after a worker outage the queue holds one run of each job, not one per missed tick.
+for _entry in CELERY_BEAT_SCHEDULE.values():
+    _entry.setdefault("options", {"expires": float(_entry["schedule"])})  # type: ignore[arg-type]
