@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_value, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -498,8 +499,26 @@ class EscalationAdmin(ReadOnlyModelAdmin):
 
 
 # --- what is sold, and who buys it -------------------------------------------------------
+class OfferingForm(forms.ModelForm):
+    """The admin builds it for Offering with its fieldsets' fields."""
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        network, asset = data.get("network"), data.get("asset")
+        token = str((settings.X402_NETWORKS.get(str(network)) or {}).get("token_address") or "")
+        if token and asset and str(asset).lower() != token.lower():
+            # x402 buyers sign for the asset we name; we settle the network's token.
+            self.add_error(
+                "asset",
+                f"On {network} x402 payments are in the network's token {token}: "
+                "the asset must be that address, or no x402 payment could settle.",
+            )
+        return data
+
+
 @admin.register(Offering)
 class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
+    form = OfferingForm
     list_display = (
         "slug",
         "title",

@@ -589,6 +589,35 @@ def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client
     assert offering.version == 2
 
 
+def test_an_offering_on_an_x402_network_is_paid_in_that_networks_token(
+    superuser: Client, settings: Any
+) -> None:
+    token = "0x" + "7c" * 20
+    network = dict(settings.X402_NETWORKS["eip155:31337"], token_address=token)
+    settings.X402_NETWORKS = {**settings.X402_NETWORKS, "eip155:31337": network}
+    offering = OfferingFactory.create(network="eip155:31337", asset="0x" + "a0" * 20)
+    shown = model_to_dict(offering)
+    form = {
+        **{k: "" if v is None else v for k, v in shown.items() if k not in ("id", "version")},
+        "input_schema": json.dumps(shown["input_schema"]),
+        "volatile_fields": json.dumps(shown["volatile_fields"]),
+        "result_retention": "7 00:00:00",
+        "duplicate_window": "00:10:00",
+        "expected_run_time": "00:00:10",
+    }
+    refused = superuser.post(_change(offering), {**form, "price": "300000"})
+    assert refused.status_code == 200
+    assert f"the network&#x27;s token {token}" in refused.content.decode()
+    offering.refresh_from_db()
+    assert offering.price != 300_000  # nothing written
+    accepted = superuser.post(
+        _change(offering), {**form, "asset": token.upper().replace("0X", "0x")}
+    )
+    assert accepted.status_code == 302, accepted.content
+    offering.refresh_from_db()
+    assert offering.asset.lower() == token
+
+
 def test_idempotency_record_shows_no_editable_response(world: World, superuser: Client) -> None:
     record = IdempotencyRecord.objects.get(scope="prepaid")
     page = superuser.get(_change(record)).content.decode()
