@@ -307,20 +307,28 @@ def refund_decide(
             )
         ]
         if approve and refund.method == Refund.Method.LEDGER_CREDIT and buyer_id is not None:
-            entry = ledger_credit(
-                buyer_id=buyer_id,
-                asset=refund.asset,
-                amount=refund.amount,
-                kind=LedgerEntry.Kind.REFUND_CREDIT,
-                reference=f"refund:{refund.pk}",
-                purchase_id=refund.purchase_id,
-                memo=refund.reason_code,
-            )
-            refund, paid = refund_mark_paid(
-                refund_id=refund.pk, reference=entry.reference, by=by, now=now
+            refund, paid = refund_pay_by_ledger_credit(
+                refund=refund, buyer_id=buyer_id, by=by, now=now
             )
             changes.extend([paid] if paid else [])
     return refund, changes
+
+
+def refund_pay_by_ledger_credit(
+    *, refund: Refund, buyer_id: int, by: str, now: datetime
+) -> tuple[Refund, Change | None]:
+    """Pay a prepaid refund back to the buyer's balance, at once: the credit (its reference
+    names the refund, so it is posted once) and the refund marked paid by it."""
+    entry = ledger_credit(
+        buyer_id=buyer_id,
+        asset=refund.asset,
+        amount=refund.amount,
+        kind=LedgerEntry.Kind.REFUND_CREDIT,
+        reference=f"refund:{refund.pk}",
+        purchase_id=refund.purchase_id,
+        memo=refund.reason_code,
+    )
+    return refund_mark_paid(refund_id=refund.pk, reference=entry.reference, by=by, now=now)
 
 
 class RefundReferenceInvalid(ValueError):

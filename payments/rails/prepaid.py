@@ -10,9 +10,9 @@ from django.db import transaction
 
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
-from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.models import PaymentAttempt, Rail, Refund
 from payments.rails.base import Charge, Presentation, QuoteTerms
-from payments.services import ledger_credit, ledger_debit, refund_mark_paid, refund_record
+from payments.services import ledger_debit, refund_pay_by_ledger_credit, refund_record
 from payments.x402.types import SettlementOutcome, SettlementStatus
 
 PREPAID_NETWORK = "prepaid"
@@ -121,16 +121,7 @@ class PrepaidRail:
         )
         if not changes or buyer_id is None:
             return refund, changes
-        entry = ledger_credit(
-            buyer_id=buyer_id,
-            asset=attempt.asset,
-            amount=attempt.amount,
-            kind=LedgerEntry.Kind.REFUND_CREDIT,
-            reference=f"refund:{refund.pk}",
-            purchase_id=attempt.purchase_id,
-            memo=reason_code,
-        )
-        refund, paid = refund_mark_paid(
-            refund_id=refund.pk, reference=entry.reference, by=paid_by, now=now
+        refund, paid = refund_pay_by_ledger_credit(
+            refund=refund, buyer_id=buyer_id, by=paid_by, now=now
         )
         return refund, [*changes, *([paid] if paid else [])]
