@@ -4,6 +4,6 @@ Every change goes through a purchases service (which writes the timeline), so th
 payment records lives here too, not in payments (which never imports purchases).
 """
 
-from purchases.admin import finance, payments, purchases
+from purchases.admin import catalog, evidence, finance, payments, purchases
 
-__all__ = ["finance", "payments", "purchases"]
+__all__ = ["catalog", "evidence", "finance", "payments", "purchases"]

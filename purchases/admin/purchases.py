@@ -1,4 +1,5 @@
-"""The back office for support: purchases and their evidence, escalations, offerings, buyers.
+"""The back office for support: purchases and their evidence, and escalations (offerings and
+buyers: purchases.admin.catalog; the other evidence: purchases.admin.evidence).
 
 Thin on purpose: every change goes through one service call; state fields are never
 editable here (FSM fields are protected and the evidence admins are view-only).
@@ -10,7 +11,6 @@ from functools import partial
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_value, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -26,11 +26,10 @@ from core.admin import (
     CappedCountPaginator,
     ReadOnlyInline,
     ReadOnlyModelAdmin,
-    RoleScopedAdmin,
     amount_human,
 )
 from fulfillment.models import ExecutionAttempt
-from payments.models import LedgerBalance, PaymentAttempt, Refund
+from payments.models import PaymentAttempt, Refund
 from purchases.admin.case_actions import case_action_view
 from purchases.admin.case_file import case_context
 from purchases.admin.dashboard import dashboard_view
@@ -43,24 +42,10 @@ from purchases.admin.filters import (
 )
 from purchases.case_file import RESOLUTION_CODES
 from purchases.models import (
-    ApiKey,
-    Buyer,
-    BuyerWallet,
     Escalation,
-    IdempotencyRecord,
-    JobRun,
-    Offering,
     Purchase,
-    Quote,
 )
 from purchases.selectors import CaseRecords, purchase_case_records, purchase_search_ids
-from purchases.services.buyers import (
-    api_key_issue,
-    buyer_create,
-    buyer_wallet_add,
-    buyer_wallet_remove,
-)
-from purchases.services.offerings import offering_update
 from purchases.services.remedies import escalation_resolve
 from purchases.timeline import utc_seconds
 
@@ -496,218 +481,3 @@ class EscalationAdmin(ReadOnlyModelAdmin):
             # Someone else resolved it between the list and the lock: not ours to count.
             resolved += escalation.resolved_at == now
         return resolved
-
-
-# --- what is sold, and who buys it -------------------------------------------------------
-class OfferingForm(forms.ModelForm):
-    """The admin builds it for Offering with its fieldsets' fields."""
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        network, asset = data.get("network"), data.get("asset")
-        token = str((settings.X402_NETWORKS.get(str(network)) or {}).get("token_address") or "")
-        if token and asset and str(asset).lower() != token.lower():
-            # x402 buyers sign for the asset we name; we settle the network's token.
-            self.add_error(
-                "asset",
-                f"On {network} x402 payments are in the network's token {token}: "
-                "the asset must be that address, or no x402 payment could settle.",
-            )
-        return data
-
-
-@admin.register(Offering)
-class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
-    form = OfferingForm
-    list_display = (
-        "slug",
-        "title",
-        "price",
-        "asset_symbol",
-        "network",
-        "stock",
-        "is_active",
-        "version",
-    )
-    list_filter = ("is_active", "network", "executor", "refund_policy")
-    search_fields = ("slug", "title")
-    readonly_fields = ("version", "created_at")  # the version moves with the terms
-    fieldsets = (
-        ("What is sold", {"fields": ("slug", "title", "description", "executor", "is_active")}),
-        (
-            "Price and payment",
-            {"fields": ("price", "asset", "asset_symbol", "asset_decimals", "network", "pay_to")},
-        ),
-        ("Input", {"fields": ("input_schema", "volatile_fields", "max_input_bytes")}),
-        (
-            "Stock, delivery and remedies",
-            {
-                "fields": (
-                    "stock",
-                    "result_retention",
-                    "expected_run_time",
-                    "duplicate_window",
-                    "delivery_condition",
-                    "refund_policy",
-                    "irreversible",
-                )
-            },
-        ),
-        ("Terms version", {"fields": ("version", "created_at")}),
-    )
-
-    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        field = super().formfield_for_dbfield(db_field, request, **kwargs)
-        if db_field.name == "stock" and field is not None:
-            # Compare against the stock shown on the page, not the row re-read at save time,
-            # so stock is written only when someone actually typed a new number.
-            field.show_hidden_initial = True
-        return field
-
-    def save_model(self, request: HttpRequest, obj: Offering, form: Any, change: bool) -> None:
-        if not change:
-            super().save_model(request, obj, form, change)
-            return
-        changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        updated = offering_update(offering_id=obj.pk, changes=changes)
-        obj.version = updated.version
-
-
-class BuyerWalletForm(forms.ModelForm):
-    class Meta:
-        model = BuyerWallet
-        fields = ("address",)
-
-    def clean_address(self) -> str:
-        # Stored lower-case (as buyer_create does) so lookups by payer never miss on case.
-        return str(self.cleaned_data["address"]).strip().lower()
-
-
-class BuyerWalletInline(RoleScopedAdmin, admin.TabularInline):
-    model = BuyerWallet
-    form = BuyerWalletForm
-    extra = 0
-
-
-class ApiKeyInline(ReadOnlyInline):
-    model = ApiKey
-    show_change_link = False
-    # Never the hash: the prefix is enough to tell keys apart.
-    fields = ("prefix", "label", "created_at", "revoked_at")
-    ordering = ("-created_at",)
-
-
-@admin.register(Buyer)
-class BuyerAdmin(RoleScopedAdmin, admin.ModelAdmin):
-    list_display = ("ref", "name", "spend_cap", "is_active", "created_at")
-    list_filter = ("is_active",)
-    search_fields = ("=ref", "name", "=wallets__address")
-    readonly_fields = ("ref", "created_at")
-    inlines = (BuyerWalletInline, ApiKeyInline)
-    actions = ("issue_api_key",)
-
-    def get_fields(self, request: HttpRequest, obj: Buyer | None = None) -> list[Any]:
-        if obj is None:
-            return ["name", "spend_cap"]  # what buyer_create takes; the ref comes from it
-        return ["ref", "name", "spend_cap", "is_active", "created_at"]
-
-    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
-        if formset.model is not BuyerWallet:
-            super().save_formset(request, form, formset, change)
-            return
-        # Wallets change only through the buyer services; an edited address is a new wallet.
-        edited = formset.save(commit=False)
-        for wallet in [*formset.deleted_objects, *[w for w in edited if w.pk]]:
-            buyer_wallet_remove(wallet_id=wallet.pk)
-        for wallet in edited:
-            buyer_wallet_add(buyer=form.instance, address=wallet.address)
-
-    def save_model(self, request: HttpRequest, obj: Buyer, form: Any, change: bool) -> None:
-        if change:
-            super().save_model(request, obj, form, change)
-            return
-        created = buyer_create(name=obj.name, spend_cap=obj.spend_cap)
-        # Hand the created row to the form so the wallet inline attaches to it.
-        obj.pk, obj.ref, obj.created_at = created.pk, created.ref, created.created_at
-        obj._state.adding = False
-        obj._state.db = created._state.db
-
-    @admin.action(description="Issue API key (shown once)", permissions=["change"])
-    def issue_api_key(self, request: HttpRequest, queryset: QuerySet[Buyer]) -> HttpResponse:
-        if not self.has_change_permission(request):
-            raise PermissionDenied
-        label = f"admin:{request.user.get_username()}"
-        for buyer in queryset.order_by("pk"):
-            raw_key = api_key_issue(buyer=buyer, label=label)
-            self.message_user(request, f"API key for {buyer}: {raw_key}", messages.WARNING)
-        # Rendered here instead of redirecting, so the key is never parked in a message cookie.
-        context = {**self.admin_site.each_context(request), "title": "API keys issued"}
-        context["opts"] = self.opts
-        return TemplateResponse(request, "admin/purchases/buyer/api_key_issued.html", context)
-
-
-# --- records kept as evidence -------------------------------------------------------------
-@admin.register(Quote)
-class QuoteAdmin(ReadOnlyModelAdmin):
-    list_display = ("public_id", "offering", "buyer", "price", "state", "expires_at", "created_at")
-    list_filter = ("state", "offering")
-    list_select_related = ("offering", "buyer")
-    search_fields = ("=public_id", "=buyer__ref", "=purchase__ref")
-
-
-@admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
-    list_display = (
-        "scope",
-        "principal",
-        "purchase",
-        "state",
-        "recovery_point",
-        "response_status",
-        "created_at",
-    )
-    list_filter = ("scope", "state")
-    list_select_related = ("purchase",)
-    search_fields = ("=key", "=principal", "=purchase__ref")
-    # The stored answer is shown as evidence; the lease token is worker plumbing.
-    readonly_fields = ("buyer_prepaid_balance",)
-    fields = (
-        "scope",
-        "key",
-        "principal",
-        "buyer_prepaid_balance",
-        "request_fingerprint",
-        "purchase",
-        "state",
-        "response_status",
-        "response_headers",
-        "response_body",
-        "created_at",
-        "completed_at",
-        "locked_until",
-        "compacted_at",
-    )
-
-    @admin.display(description="buyer's prepaid balance")
-    def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:
-        # A refused prepaid payment leaves no purchase (it rolled back): its key, found by the
-        # payment id the buyer sent, is the case, and the balance explains the refusal.
-        balances = LedgerBalance.objects.filter(buyer__ref=obj.principal).order_by("asset")
-        units = {o.asset: o for o in Offering.objects.filter(asset__in=[b.asset for b in balances])}
-        shown = []
-        for balance in balances:
-            offering = units.get(balance.asset)
-            decimals, symbol = (
-                (offering.asset_decimals, offering.asset_symbol) if offering else (0, balance.asset)
-            )
-            shown.append(f"{amount_human(balance.amount, decimals)} {symbol} ({balance.amount})")
-        return "; ".join(shown) or "-"
-
-
-@admin.register(JobRun)
-class JobRunAdmin(ReadOnlyModelAdmin):
-    """What each reconciliation pass did: the operator's first stop when a metric lags."""
-
-    list_display = ("job", "started_at", "finished_at", "stats", "error")
-    list_filter = ("job",)
-    date_hierarchy = "started_at"

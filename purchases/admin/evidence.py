@@ -1,0 +1,84 @@
+"""Records kept as evidence, view-only: quotes, payment ids and housekeeping job runs."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from core.admin import (
+    ReadOnlyModelAdmin,
+    amount_human,
+)
+from payments.models import LedgerBalance
+from purchases.models import (
+    IdempotencyRecord,
+    JobRun,
+    Offering,
+    Quote,
+)
+
+
+# --- records kept as evidence -------------------------------------------------------------
+@admin.register(Quote)
+class QuoteAdmin(ReadOnlyModelAdmin):
+    list_display = ("public_id", "offering", "buyer", "price", "state", "expires_at", "created_at")
+    list_filter = ("state", "offering")
+    list_select_related = ("offering", "buyer")
+    search_fields = ("=public_id", "=buyer__ref", "=purchase__ref")
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
+    list_display = (
+        "scope",
+        "principal",
+        "purchase",
+        "state",
+        "recovery_point",
+        "response_status",
+        "created_at",
+    )
+    list_filter = ("scope", "state")
+    list_select_related = ("purchase",)
+    search_fields = ("=key", "=principal", "=purchase__ref")
+    # The stored answer is shown as evidence; the lease token is worker plumbing.
+    readonly_fields = ("buyer_prepaid_balance",)
+    fields = (
+        "scope",
+        "key",
+        "principal",
+        "buyer_prepaid_balance",
+        "request_fingerprint",
+        "purchase",
+        "state",
+        "response_status",
+        "response_headers",
+        "response_body",
+        "created_at",
+        "completed_at",
+        "locked_until",
+        "compacted_at",
+    )
+
+    @admin.display(description="buyer's prepaid balance")
+    def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:
+        # A refused prepaid payment leaves no purchase (it rolled back): its key, found by the
+        # payment id the buyer sent, is the case, and the balance explains the refusal.
+        balances = LedgerBalance.objects.filter(buyer__ref=obj.principal).order_by("asset")
+        units = {o.asset: o for o in Offering.objects.filter(asset__in=[b.asset for b in balances])}
+        shown = []
+        for balance in balances:
+            offering = units.get(balance.asset)
+            decimals, symbol = (
+                (offering.asset_decimals, offering.asset_symbol) if offering else (0, balance.asset)
+            )
+            shown.append(f"{amount_human(balance.amount, decimals)} {symbol} ({balance.amount})")
+        return "; ".join(shown) or "-"
+
+
+@admin.register(JobRun)
+class JobRunAdmin(ReadOnlyModelAdmin):
+    """What each reconciliation pass did: the operator's first stop when a metric lags."""
+
+    list_display = ("job", "started_at", "finished_at", "stats", "error")
+    list_filter = ("job",)
+    date_hierarchy = "started_at"
