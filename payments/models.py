@@ -233,6 +233,11 @@ class Refund(ConcurrentTransitionMixin, models.Model):
                 name="one_refund_per_ledger_credit",
             ),
         ]
+        indexes = [
+            # The refund CSV's order: its first row streams at once instead of after a sort
+            # of every refund (7.5 s at a million).
+            models.Index(fields=["created_at", "id"], name="refund_export_order"),
+        ]
 
     @transition(field=state, source=State.PROPOSED, target=State.OWED)
     def approve(self, *, by: str, at: Any) -> None:

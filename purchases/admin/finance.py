@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin
+from django.db import transaction
 from django.db.models import Case, CharField, OuterRef, QuerySet, Subquery, When
 from django.http import HttpRequest, StreamingHttpResponse
 from django.utils import timezone
@@ -124,16 +125,20 @@ def _csv_rows(
 ) -> Iterator[tuple[list[str], datetime]]:
     # Plain values, not model instances: a million rows stream several times faster.
     fields = [*EXPORT_FIELDS.values(), "purchase__offering__asset_decimals"]
-    for row in refunds.values_list(*fields).iterator(chunk_size=EXPORT_CHUNK_ROWS):
-        values = dict(zip(EXPORT_FIELDS, row, strict=False))
-        values.update(
-            amount_atomic=str(values["amount_atomic"]),
-            amount=str(amount_human(values["amount_atomic"], row[-1])),
-            created_at=_iso(values["created_at"]),
-            paid_at=_iso(values["paid_at"]),
-            ledger_reference=values["ledger_reference"] or "",
-        )
-        yield [values[c] for c in columns], row[EXPORT_CREATED_AT]
+    # Read inside a transaction: outside one, PostgreSQL's server-side cursor is declared
+    # WITH HOLD and filled with every row before the first is read. Inside, rows come as the
+    # index on (created_at, id) yields them, so the download starts at once.
+    with transaction.atomic():
+        for row in refunds.values_list(*fields).iterator(chunk_size=EXPORT_CHUNK_ROWS):
+            values = dict(zip(EXPORT_FIELDS, row, strict=False))
+            values.update(
+                amount_atomic=str(values["amount_atomic"]),
+                amount=str(amount_human(values["amount_atomic"], row[-1])),
+                created_at=_iso(values["created_at"]),
+                paid_at=_iso(values["paid_at"]),
+                ledger_reference=values["ledger_reference"] or "",
+            )
+            yield [values[c] for c in columns], row[EXPORT_CREATED_AT]
 
 
 @admin.register(ExportBatch)
