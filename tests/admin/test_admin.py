@@ -565,10 +565,10 @@ def test_editing_an_offering_never_puts_back_stock_taken_meanwhile(superuser: Cl
     assert offering.stock == 10  # a deliberate restock is written
 
 
-def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client) -> None:
-    offering = OfferingFactory.create()
+def _offering_form(offering: Offering) -> dict[str, Any]:
+    """The offering's change form as the admin shows it (the version is never posted)."""
     shown = model_to_dict(offering)
-    form = {
+    return {
         **{k: "" if v is None else v for k, v in shown.items() if k not in ("id", "version")},
         "input_schema": json.dumps(shown["input_schema"]),
         "volatile_fields": json.dumps(shown["volatile_fields"]),
@@ -576,6 +576,11 @@ def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client
         "duplicate_window": "00:10:00",
         "expected_run_time": "00:00:10",
     }
+
+
+def test_changing_terms_bumps_the_version_and_a_title_does_not(superuser: Client) -> None:
+    offering = OfferingFactory.create()
+    form = _offering_form(offering)
     renamed = superuser.post(_change(offering), {**form, "title": "Renamed"})
     assert renamed.status_code == 302, renamed.content
     offering.refresh_from_db()
@@ -596,15 +601,7 @@ def test_an_offering_on_an_x402_network_is_paid_in_that_networks_token(
     network = dict(settings.X402_NETWORKS["eip155:31337"], token_address=token)
     settings.X402_NETWORKS = {**settings.X402_NETWORKS, "eip155:31337": network}
     offering = OfferingFactory.create(network="eip155:31337", asset="0x" + "a0" * 20)
-    shown = model_to_dict(offering)
-    form = {
-        **{k: "" if v is None else v for k, v in shown.items() if k not in ("id", "version")},
-        "input_schema": json.dumps(shown["input_schema"]),
-        "volatile_fields": json.dumps(shown["volatile_fields"]),
-        "result_retention": "7 00:00:00",
-        "duplicate_window": "00:10:00",
-        "expected_run_time": "00:00:10",
-    }
+    form = _offering_form(offering)
     refused = superuser.post(_change(offering), {**form, "price": "300000"})
     assert refused.status_code == 200
     assert f"the network&#x27;s token {token}" in refused.content.decode()
