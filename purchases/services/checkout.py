@@ -214,13 +214,14 @@ def _quote_named(
     a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
     exists). Raises DomainError: quote_not_found.
     """
-    # The paying wallet's owner (spend caps bind it) comes with the quote, not in a query.
-    owner = BuyerWallet.objects.filter(address=request.presentation.payer.lower())
-    quotes = (
-        Quote.objects.select_related("offering")
-        .filter(public_id=request.presentation.quote_id or "")
-        .annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
+    quotes = Quote.objects.select_related("offering").filter(
+        public_id=request.presentation.quote_id or ""
     )
+    if request.buyer is None:
+        # The paying wallet's owner (spend caps bind it) comes with the quote, not in a
+        # query of its own. A buyer with an API key is capped as itself: not needed then.
+        owner = BuyerWallet.objects.filter(address=request.presentation.payer.lower())
+        quotes = quotes.annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
     if with_duplicate:
         buyer_ref = request.buyer.ref if request.buyer else None
         quotes = quotes.annotate(
