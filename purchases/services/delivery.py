@@ -247,7 +247,7 @@ def _receipt_fetch_note(receipt: Receipt, now: datetime) -> None:
         events=events,
         event_columns=event_columns,
     )
-    params = {
+    params: dict[str, Any] = {
         "now": now,
         "receipt": receipt.pk,
         "due_from": due_from,
