@@ -121,6 +121,13 @@ class Receipt(models.Model):
     transaction = models.CharField(max_length=120)
     body_sha256 = models.CharField(max_length=64)
     delivered_at = models.DateTimeField()
+    last_fetch_noted_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When a public fetch last went on the purchase's timeline: fetches are "
+        "noted at most once a window, so a GET cannot grow the timeline without bound.",
+    )
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.public_id:

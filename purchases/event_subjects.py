@@ -82,7 +82,7 @@ SUBJECTS: dict[str, str] = {
     RESULT_DELIVERED: "The result was delivered for the first time (channel, digest).",
     RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
     RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",
-    RECEIPT_FETCHED: "The public receipt was fetched.",
+    RECEIPT_FETCHED: "The public receipt was fetched (noted at most once an hour).",
     ESCALATION_ASSIGNED: "Staff set an escalation's owner, deadline and note (or opened one).",
     CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
     CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",

@@ -4,6 +4,7 @@ export batches, and each buyer's prepaid balance in asset units."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,43 +20,40 @@ from payments.models import ExportBatch, LedgerBalance, LedgerEntry, Refund
 from payments.services import export_batch_record
 from purchases.models import Offering
 
-# CSV column -> the refund field (purchases.roles names) a role must see to get it.
-CSV_COLUMNS = {
-    "purchase": "purchase",
-    "method": "method",
-    "payer": "payer",
-    "amount_atomic": "amount",
-    "amount": "amount_human",
-    "asset_symbol": "asset_symbol",
-    "asset": "asset",
-    "network": "network",
-    "transaction": "transaction",
-    "reason": "reason_code",
-    "state": "state",
-    "created_at": "created_at",
-    "paid_reference": "paid_reference",
-    "ledger_reference": "ledger_reference",
-    "paid_at": "paid_at",
-}
-CSV_HEADER = tuple(CSV_COLUMNS)
-# CSV column -> the value read for it (amounts and times are formatted after reading).
-EXPORT_FIELDS = {
-    "purchase": "purchase__ref",
-    "method": "method",
-    "payer": "payer",
-    "amount_atomic": "amount",  # "amount" (asset units) is computed from it
-    "asset_symbol": "purchase__offering__asset_symbol",
-    "asset": "asset",
-    "network": "network",
-    "transaction": "transaction",
-    "reason": "reason_code",
-    "state": "state",
-    "created_at": "created_at",
-    "paid_reference": "paid_reference",
-    "ledger_reference": "ledger_reference",
-    "paid_at": "paid_at",
-}
-EXPORT_CREATED_AT = list(EXPORT_FIELDS).index("created_at")
+
+@dataclass(frozen=True)
+class CsvColumn:
+    header: str
+    # The refund field (purchases.roles names) a role must see to get this column.
+    shown_with: str
+    # The value read for it (amounts and times are formatted after reading); None: computed
+    # from the others.
+    source: str | None
+
+
+# The refund CSV, column by column, in file order: what it is called, who sees it, what it
+# reads. The header, the role filter and the query all come from this one list.
+REFUND_CSV_COLUMNS = (
+    CsvColumn("purchase", "purchase", "purchase__ref"),
+    CsvColumn("method", "method", "method"),
+    CsvColumn("payer", "payer", "payer"),
+    CsvColumn("amount_atomic", "amount", "amount"),
+    CsvColumn("amount", "amount_human", None),  # asset units, from amount_atomic and decimals
+    CsvColumn("asset_symbol", "asset_symbol", "purchase__offering__asset_symbol"),
+    CsvColumn("asset", "asset", "asset"),
+    CsvColumn("network", "network", "network"),
+    CsvColumn("transaction", "transaction", "transaction"),
+    CsvColumn("reason", "reason_code", "reason_code"),
+    CsvColumn("state", "state", "state"),
+    CsvColumn("created_at", "created_at", "created_at"),
+    CsvColumn("paid_reference", "paid_reference", "paid_reference"),
+    CsvColumn("ledger_reference", "ledger_reference", "ledger_reference"),
+    CsvColumn("paid_at", "paid_at", "paid_at"),
+)
+# The columns read from the database, in query order.
+_READ_COLUMNS = tuple(column.header for column in REFUND_CSV_COLUMNS if column.source)
+_READ_FIELDS = tuple(source for column in REFUND_CSV_COLUMNS if (source := column.source))
+EXPORT_CREATED_AT = _READ_COLUMNS.index("created_at")
 # Rows fetched per round trip of the server-side cursor: memory stays flat at any size.
 EXPORT_CHUNK_ROWS = 2000
 
@@ -87,7 +85,7 @@ def refund_csv_response(
 
     The batch row is written when the last byte was handed to the server (core.exports);
     an abandoned download records nothing."""
-    columns = [column for column, name in CSV_COLUMNS.items() if scoping.sees(name)]
+    columns = [column.header for column in REFUND_CSV_COLUMNS if scoping.sees(column.shown_with)]
     rows = ledger_reference_of_refunds(refunds).order_by("created_at", "pk")
     created_by, started_at = request.user.get_username(), timezone.now()
     filters = _export_filters(request)
@@ -124,13 +122,13 @@ def _csv_rows(
     refunds: QuerySet[Refund], columns: list[str]
 ) -> Iterator[tuple[list[str], datetime]]:
     # Plain values, not model instances: a million rows stream several times faster.
-    fields = [*EXPORT_FIELDS.values(), "purchase__offering__asset_decimals"]
+    fields = [*_READ_FIELDS, "purchase__offering__asset_decimals"]
     # Read inside a transaction: outside one, PostgreSQL's server-side cursor is declared
     # WITH HOLD and filled with every row before the first is read. Inside, rows come as the
     # index on (created_at, id) yields them, so the download starts at once.
     with transaction.atomic():
         for row in refunds.values_list(*fields).iterator(chunk_size=EXPORT_CHUNK_ROWS):
-            values = dict(zip(EXPORT_FIELDS, row, strict=False))
+            values = dict(zip(_READ_COLUMNS, row, strict=False))
             values.update(
                 amount_atomic=str(values["amount_atomic"]),
                 amount=str(amount_human(values["amount_atomic"], row[-1])),

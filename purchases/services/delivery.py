@@ -5,17 +5,18 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import Q
 from django.urls import reverse
 
 from core.actors import AGENT, Actor
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
-from fulfillment.models import Result
+from fulfillment.models import Receipt, Result
 from payments.models import PaymentAttempt
 from purchases import event_subjects as subjects
 from purchases.events import db_column, event_note, event_table_sql
@@ -177,18 +178,42 @@ def _delivery_record(
         cursor.execute(sql, params)
 
 
-def receipt_public(*, public_id: str) -> dict[str, Any]:
-    """The public receipt, its fetch on the purchase's timeline.
+# A public receipt fetch goes on the timeline at most once per purchase per window: anyone
+# holding the link can fetch it, so noting every GET would let them grow the timeline
+# without bound (and cost a write per read). An hour still shows support when it was used.
+RECEIPT_FETCH_NOTE_WINDOW = timedelta(hours=1)
+
+# One statement: stamp the receipt if its last noted fetch is a window old (or none), and
+# note the fetch only if it did. Race-safe under READ COMMITTED: a concurrent fetch waits on
+# the row lock, then re-checks the WHERE against the stamped row and matches nothing. (An
+# INSERT ... WHERE NOT EXISTS would not be: each statement's snapshot predates the others'
+# commits, so concurrent fetches would all insert.)
+_RECEIPT_FETCH_SQL = """
+WITH stamped AS (
+    UPDATE {receipts} SET {noted_at} = %(now)s
+    WHERE {pk} = %(receipt)s AND ({noted_at} IS NULL OR {noted_at} <= %(due_from)s)
+    RETURNING 1
+)
+INSERT INTO {events} ({event_columns})
+SELECT %(purchase)s, NULL, %(subject)s, '', '', %(actor_type)s, %(actor)s, '',
+    %(evidence)s::jsonb, %(now)s
+FROM stamped
+"""
+# Receipts are public: the fetch is by whoever holds the link.
+_RECEIPT_FETCHER = Actor.agent("public")
+
+
+def receipt_public(*, public_id: str, now: datetime | None = None) -> dict[str, Any]:
+    """The public receipt. Its fetch goes on the purchase's timeline (`receipt.fetched`) if
+    none was noted in the last RECEIPT_FETCH_NOTE_WINDOW; other fetches write nothing.
     Raises DomainError: receipt_not_found."""
+    now = now_or(now)
     receipt = fulfillment_selectors.receipt_get(public_id=public_id)
     if receipt is None:
         raise DomainError(ErrorCode.RECEIPT_NOT_FOUND)
-    event_note(
-        subject=subjects.RECEIPT_FETCHED,
-        purchase=receipt.purchase,
-        actor=Actor.agent("public"),  # receipts are public: whoever holds its link
-        evidence={"receipt": receipt.public_id},
-    )
+    noted_at = receipt.last_fetch_noted_at
+    if noted_at is None or noted_at <= now - RECEIPT_FETCH_NOTE_WINDOW:
+        _receipt_fetch_note(receipt, now)
     return {
         "receipt": receipt.public_id,
         "purchase": receipt.purchase.ref,
@@ -200,3 +225,57 @@ def receipt_public(*, public_id: str) -> dict[str, Any]:
         "body_sha256": receipt.body_sha256,
         "delivered_at": receipt.delivered_at.isoformat(),
     }
+
+
+def _receipt_fetch_note(receipt: Receipt, now: datetime) -> None:
+    # Read with the receipt: the fetch it was noted before, if any (None: this is the first).
+    previous = receipt.last_fetch_noted_at
+    evidence = {
+        "receipt": receipt.public_id,
+        "previous_note_at": previous.isoformat() if previous else None,
+        "window_seconds": int(RECEIPT_FETCH_NOTE_WINDOW.total_seconds()),
+    }
+    due_from = now - RECEIPT_FETCH_NOTE_WINDOW
+    if connection.vendor != "postgresql":
+        _receipt_fetch_note_in_two_statements(receipt, now, due_from, evidence)
+        return
+    events, event_columns = event_table_sql()
+    sql = _RECEIPT_FETCH_SQL.format(
+        receipts=connection.ops.quote_name(Receipt._meta.db_table),
+        noted_at=db_column(Receipt, "last_fetch_noted_at"),
+        pk=db_column(Receipt, "id"),
+        events=events,
+        event_columns=event_columns,
+    )
+    params: dict[str, Any] = {
+        "now": now,
+        "receipt": receipt.pk,
+        "due_from": due_from,
+        "purchase": receipt.purchase_id,
+        "subject": subjects.RECEIPT_FETCHED,
+        "actor_type": _RECEIPT_FETCHER.type,
+        "actor": _RECEIPT_FETCHER.name,
+        "evidence": json.dumps(evidence),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _receipt_fetch_note_in_two_statements(
+    receipt: Receipt, now: datetime, due_from: datetime, evidence: dict[str, Any]
+) -> None:
+    # SQLite (the embedded default) has no data-modifying CTE: the same in two statements in
+    # one transaction, race-safe too (it begins IMMEDIATE: one writer at a time).
+    with transaction.atomic():
+        stamped = (
+            Receipt.objects.filter(pk=receipt.pk)
+            .filter(Q(last_fetch_noted_at__isnull=True) | Q(last_fetch_noted_at__lte=due_from))
+            .update(last_fetch_noted_at=now)
+        )
+        if stamped:
+            event_note(
+                subject=subjects.RECEIPT_FETCHED,
+                purchase=receipt.purchase,
+                actor=_RECEIPT_FETCHER,
+                evidence=evidence,
+            )

@@ -13,14 +13,15 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
-from core.admin import amount_human
+from core.admin import RoleScoping, amount_human
 from core.exports import StreamSummary, csv_stream
 from payments.models import ExportBatch, LedgerBalance, LedgerEntry, Refund
 from payments.services import RefundReferenceInvalid, ledger_credit, refund_mark_paid
-from purchases.admin.finance import ledger_reference_of_refunds
+from purchases.admin.finance import ledger_reference_of_refunds, refund_csv_response
 from purchases.admin.payments import RefundAdmin
 from purchases.roles import roles_ensure
-from tests.admin.test_admin import World, _action, _change, _changelist
+from tests.admin.test_admin import TX_HASH, World, _action, _change, _changelist
+from tests.factories import USDC_LOCAL
 
 pytestmark = pytest.mark.django_db
 
@@ -215,3 +216,28 @@ def test_the_refund_csv_order_comes_from_an_index_not_a_sort(world: World) -> No
         cursor.execute(f"EXPLAIN {sql}", params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "refund_export_order" in plan and "Sort" not in plan, plan
+
+
+def test_a_role_that_does_not_see_a_field_gets_the_refund_csv_without_its_column(
+    world: World,
+) -> None:
+    # One column list gives the header, the role filter and the values: a hidden field
+    # drops its header and its value together, every other byte as before.
+    user = User.objects.create_user(username="fin-3", is_staff=True)
+    user.groups.add(roles_ensure()["finance"])
+    request = RequestFactory().post(_changelist(Refund), {"_selected_action": [world.owed.pk]})
+    request.user = user
+    scoping = RoleScoping(request, Refund)
+    scoping.fields -= {"amount_human", "ledger_reference", "payer"}
+    owed = Refund.objects.get(pk=world.owed.pk)
+
+    response = refund_csv_response(request, Refund.objects.filter(pk=owed.pk), scoping=scoping)
+    body = b"".join(response.streaming_content)  # type: ignore[arg-type]  # sync here
+
+    expected = (
+        "purchase,method,amount_atomic,asset_symbol,asset,network,transaction,reason,state,"
+        "created_at,paid_reference,paid_at\r\n"
+        f"{world.x402.ref},pay_back,250000,USDC,{USDC_LOCAL},eip155:31337,{TX_HASH},"
+        f"late_confirmation,owed,{owed.created_at.isoformat()},,\r\n"
+    )
+    assert body == expected.encode()

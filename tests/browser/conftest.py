@@ -43,7 +43,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 ROOT = Path(__file__).resolve().parents[2]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# A run saves its pages in var/screenshots (gitignored), so testing leaves the tree clean; the
+# runbook's pictures in docs/screenshots are rewritten only when asked for.
+SCREENSHOTS = ROOT / "var" / "screenshots"
+DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
+REFRESH_SCREENSHOTS_ENV = "TOLLBOOTH_REFRESH_SCREENSHOTS"
 VIEWPORT = {"width": 1366, "height": 900}  # the support laptop the issue names
 
 # Playwright's sync API keeps an event loop in this thread; the ORM calls the tests make
@@ -239,8 +243,14 @@ def staff_page(browser: Any, browser_world: BrowserWorld) -> Iterator[Callable[[
         context.close()
 
 
+def screenshots_dir() -> Path:
+    """var/screenshots, or docs/screenshots with TOLLBOOTH_REFRESH_SCREENSHOTS=1."""
+    return DOCS_SCREENSHOTS if os.environ.get(REFRESH_SCREENSHOTS_ENV) == "1" else SCREENSHOTS
+
+
 def screenshot(page: Any, name: str) -> Path:
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / f"{name}.png"
+    directory = screenshots_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path

@@ -171,7 +171,7 @@ def test_first_delivery_redeliveries_and_receipt_fetches_are_on_the_timeline(
         assert event.evidence["first_delivered_at"] == result.first_delivered_at.isoformat()
     assert delivered.created_at == result.first_delivered_at
     [fetched] = _events(purchase, event_subjects.RECEIPT_FETCHED)
-    assert fetched.evidence == {"receipt": purchase.receipt.public_id}
+    assert fetched.evidence["receipt"] == purchase.receipt.public_id
 
 
 def test_a_result_asked_for_after_its_retention_is_on_the_timeline(client_for_buyer, offering):
