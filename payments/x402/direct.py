@@ -81,7 +81,8 @@ class DirectSettler:
     """Settler for `mode == "direct"`; stateless, safe to share between threads.
 
     Talks plain JSON-RPC (payments.x402.rpc), not web3: these few fixed calls run on every
-    paid request, and web3's machinery around them cost more CPU than the rest of them.
+    paid request, and web3's machinery around them was about two thirds of their CPU
+    (docs/benchmarks.md, bench/rpc_hot_path.py).
     """
 
     def __init__(self, *, poll_interval: float = 0.25, request_timeout: float = 10.0) -> None:
