@@ -39,6 +39,7 @@ REGISTRY = (
     "bench.api_overhead",  # replay vs bare endpoint; prepaid purchase vs one-INSERT endpoint
     "bench.x402_seller",  # paid x402 call vs the x402 SDK's FastAPI seller; settlements
     "bench.scale",  # reconciliation of 10,000 pending; admin pages and CSV at 1M rows
+    "bench.rpc_hot_path",  # a direct settlement's chain CPU: web3 (before) vs plain JSON-RPC
 )
 DEFAULT_DATABASE = "tollbooth_bench"
 NOT_PRESENT = "not present"

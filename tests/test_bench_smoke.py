@@ -73,7 +73,11 @@ def test_smoke_run_lists_every_registered_figure_with_numeric_ratios(tmp_path: P
         assert row["figure"] in result.stdout
     # This branch's own figures are always there.
     names = {row["figure"] for row in rows}
-    assert {"replay vs bare endpoint", "prepaid purchase vs one-INSERT endpoint"} <= names
+    assert {
+        "replay vs bare endpoint",
+        "prepaid purchase vs one-INSERT endpoint",
+        "direct settlement's chain CPU, web3 / plain JSON-RPC",
+    } <= names
 
 
 def _drop(database_url: str) -> None:

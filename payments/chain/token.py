@@ -9,6 +9,7 @@ floats.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from eth_abi import encode as abi_encode
 from eth_account import Account
 from eth_account.messages import SignableMessage, encode_typed_data
 from eth_typing import ChecksumAddress
@@ -30,6 +32,13 @@ DECIMALS = 6
 # Both overloads exist on USDC v2.2; the v,r,s one also on older FiatToken deployments.
 TWA_VRS = "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,uint8,bytes32,bytes32)"  # noqa: E501
 TWA_BYTES = "transferWithAuthorization(address,address,uint256,uint256,uint256,bytes32,bytes)"
+_TWA_HEAD_TYPES = ["address", "address", "uint256", "uint256", "uint256", "bytes32"]
+_TWA_VRS_TYPES = [*_TWA_HEAD_TYPES, "uint8", "bytes32", "bytes32"]
+_TWA_BYTES_TYPES = [*_TWA_HEAD_TYPES, "bytes"]
+# The 4-byte selectors, hashed once at import rather than looked up in the ABI per call.
+TWA_VRS_SELECTOR = Web3.keccak(text=TWA_VRS)[:4]
+TWA_BYTES_SELECTOR = Web3.keccak(text=TWA_BYTES)[:4]
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 
 _AUTHORIZATION_TYPES = {
     "EIP712Domain": [
@@ -198,6 +207,30 @@ def build_transfer_with_authorization_tx(
     return tx
 
 
+def transfer_with_authorization_calldata(
+    authorization: Mapping[str, Any],
+    signature: str | bytes,
+    *,
+    signature_form: Literal["vrs", "bytes"] = "vrs",
+) -> bytes:
+    """The calldata of transferWithAuthorization (either overload), the same bytes web3's
+    contract function would encode, from the ABI types and a precomputed selector: the
+    settlement's hot path builds it on every paid call."""
+    sig = _normalize_signature(signature)
+    head = [
+        _abi_address(authorization["from"], "from"),
+        _abi_address(authorization["to"], "to"),
+        _as_int(authorization["value"], "value"),
+        _as_int(authorization["validAfter"], "validAfter"),
+        _as_int(authorization["validBefore"], "validBefore"),
+        _nonce_bytes(authorization["nonce"]),
+    ]
+    if signature_form == "vrs":
+        args = abi_encode(_TWA_VRS_TYPES, [*head, sig[64], sig[:32], sig[32:64]])
+        return TWA_VRS_SELECTOR + args
+    return TWA_BYTES_SELECTOR + abi_encode(_TWA_BYTES_TYPES, [*head, sig])
+
+
 # --- value checks ---------------------------------------------------------------------------
 
 
@@ -214,6 +247,14 @@ def _as_int(value: object, field: str) -> int:
     _require_int(value, field)
     assert isinstance(value, int)
     return value
+
+
+def _abi_address(value: object, field: str) -> str:
+    """Any-case 0x + 40 hex, lower-cased: the ABI encoder then checks no EIP-55 checksum
+    (a keccak), as web3 checked none after checksumming it itself."""
+    if not isinstance(value, str) or not _ADDRESS.fullmatch(value):
+        raise ValueError(f"{field} must be an address (0x + 40 hex characters), got {value!r}")
+    return value.lower()
 
 
 def _nonce_bytes(nonce: bytes | str) -> bytes:

@@ -9,24 +9,28 @@ transaction hash, because unknown is not failed.
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from functools import lru_cache
+from typing import Any
 
-import requests
 from django.core.exceptions import ImproperlyConfigured
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
-from eth_typing import HexStr
-from eth_utils import keccak
+from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
-from web3 import Web3
-from web3.exceptions import TransactionNotFound, Web3Exception, Web3RPCError
-from web3.gas_strategies.rpc import rpc_gas_price_strategy
-from web3.types import TxParams
 
-from payments.chain.token import build_transfer_with_authorization_tx
-from payments.x402.chain import w3_for
+from payments.chain.token import transfer_with_authorization_calldata
+from payments.x402.chain import is_hash32
 from payments.x402.receipts import receipt_poll_delays
-from payments.x402.relayer import relayer_nonce_allocate
+from payments.x402.relayer import dynamic_fee_fields, relayer_nonce_allocate
+from payments.x402.rpc import (
+    TRANSPORT_FAULTS,
+    JsonRpcClient,
+    RpcCall,
+    RpcError,
+    RpcReplyInvalid,
+    quantity,
+    rpc_client_for,
+)
 from payments.x402.types import (
     Authorization,
     NetworkConfig,
@@ -51,7 +55,15 @@ _ALREADY_SENT = (
     "nonce is too low",
     "oldnonce",
 )
-_NETWORK_FAULTS = (Web3Exception, requests.RequestException, OSError)
+# A node's refusal, or no usable answer at all: either way the chain did not say.
+_NETWORK_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
+# web3's fallback where a node lacks eth_maxPriorityFeePerGas: the mean of the non-zero 5th
+# percentile tips of the last 10 blocks, kept within 1 to 1.5 gwei.
+_FEE_HISTORY_PARAMS = ("0xa", "pending", [5.0])
+_PRIORITY_FEE_BOUNDS = (1_000_000_000, 1_500_000_000)
+# (rpc_url, chain_id) pairs whose node said it serves that chain. Asked once per process:
+# a URL does not change chains under a running process, and a mismatch is never cached.
+_VERIFIED_CHAINS: set[tuple[str, int]] = set()
 
 
 class BroadcastNotPrepared(Exception):
@@ -66,7 +78,12 @@ class BroadcastNotPrepared(Exception):
 
 
 class DirectSettler:
-    """Settler for `mode == "direct"`; stateless, safe to share between threads."""
+    """Settler for `mode == "direct"`; stateless, safe to share between threads.
+
+    Talks plain JSON-RPC (payments.x402.rpc), not web3: these few fixed calls run on every
+    paid request, and web3's machinery around them was about two thirds of their CPU
+    (docs/benchmarks.md, bench/rpc_hot_path.py).
+    """
 
     def __init__(self, *, poll_interval: float = 0.25, request_timeout: float = 10.0) -> None:
         self.poll_interval = poll_interval
@@ -76,19 +93,21 @@ class DirectSettler:
         """Sign (not send) the relayer transaction. Raises BroadcastNotPrepared on a network
         fault, ImproperlyConfigured for a missing relayer key or a node on another chain."""
         account = _relayer_account(network)
-        w3 = self._web3(network)
+        wire = authorization.as_wire()
+        data = transfer_with_authorization_calldata(wire["authorization"], wire["signature"])
         try:
-            tx = _unsigned_transfer(w3, account=account, authorization=authorization,
-                                    network=network)  # fmt: skip
-            # Read last, just before allocating: the freshest view of our in-flight count.
-            chain_pending = w3.eth.get_transaction_count(account.address, "pending")
+            fees, chain_pending = _fees_and_pending_nonce(
+                self._rpc(network), address=account.address, network=network
+            )
         except _NETWORK_FAULTS as exc:
             raise BroadcastNotPrepared("rpc_error", str(exc)) from exc
         nonce = relayer_nonce_allocate(
             network=network, address=account.address, chain_pending_nonce=chain_pending
         )
-        # eth_account types its input as a plain dict; TxParams is a TypedDict.
-        signed = account.sign_transaction(cast(dict[str, Any], {**tx, "nonce": nonce}))
+        tx: dict[str, Any] = {"to": _checksummed(network.token_address), "value": 0,
+                              "data": data, "gas": TRANSFER_WITH_AUTHORIZATION_GAS,
+                              "chainId": network.chain_id, "nonce": nonce, **fees}  # fmt: skip
+        signed = account.sign_transaction(tx)
         return PreparedBroadcast(
             tx_hash=signed.hash.to_0x_hex(),
             raw_transaction=signed.raw_transaction.to_0x_hex(),
@@ -106,15 +125,15 @@ class DirectSettler:
         """Send the prepared bytes and wait up to `network.confirmation_timeout` for them to
         be mined `network.confirmations` deep. Never raises for network faults."""
         tx_hash, raw = _checked_prepared(prepared, authorization)
-        w3 = self._web3(network)
-        refused = _send(w3, raw)
+        rpc = self._rpc(network)
+        refused = _send(rpc, raw)
         if refused is not None:
             return _pending(tx_hash, "rpc_error", network, prepared, error=refused)
         deadline = time.monotonic() + network.confirmation_timeout
         delays = receipt_poll_delays(ceiling=self.poll_interval)
         while True:
             try:
-                outcome = _observe(w3, tx_hash, network, prepared)
+                outcome = _observe(rpc, tx_hash, network, prepared)
             except _NETWORK_FAULTS as exc:
                 outcome = _pending(tx_hash, "rpc_error", network, prepared, error=repr(exc))
             remaining = deadline - time.monotonic()
@@ -122,10 +141,10 @@ class DirectSettler:
                 return outcome
             time.sleep(min(next(delays), remaining))
 
-    def _web3(self, network: NetworkConfig) -> Web3:
+    def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
-        return w3_for(network, timeout=timeout)
+        return rpc_client_for(network.rpc_url, timeout=timeout)
 
 
 def _relayer_account(network: NetworkConfig) -> LocalAccount:
@@ -135,28 +154,63 @@ def _relayer_account(network: NetworkConfig) -> LocalAccount:
     return account
 
 
-def _unsigned_transfer(
-    w3: Web3, *, account: LocalAccount, authorization: Authorization, network: NetworkConfig
-) -> TxParams:
-    """The relayer's transferWithAuthorization call, fees from the node, no nonce yet."""
-    if w3.eth.get_block("latest").get("baseFeePerGas") is None:
-        # A chain without EIP-1559: have web3 fill a legacy gasPrice from eth_gasPrice.
-        w3.eth.set_gas_price_strategy(rpc_gas_price_strategy)
-    wire = authorization.as_wire()
-    tx = build_transfer_with_authorization_tx(
-        w3, network.token_address, account.address, wire["authorization"], wire["signature"],
-        gas=TRANSFER_WITH_AUTHORIZATION_GAS,
-    )  # fmt: skip
-    if tx.get("chainId") != network.chain_id:
-        raise ImproperlyConfigured(
-            f"{network.rpc_url} serves chain {tx.get('chainId')}, not {network.caip2}"
-        )
-    return tx
+@lru_cache(maxsize=64)
+def _checksummed(address: str) -> str:
+    return str(to_checksum_address(address))  # a keccak: once per token, not per call
 
 
-def _checked_prepared(
-    prepared: PreparedBroadcast, authorization: Authorization
-) -> tuple[HexStr, str]:
+def _fees_and_pending_nonce(
+    rpc: JsonRpcClient, *, address: str, network: NetworkConfig
+) -> tuple[dict[str, int], int]:
+    """The fee fields and the relayer's pending nonce, in one round trip (with the chain id,
+    the first time this URL is used for this chain). Fees as web3 filled them: EIP-1559
+    where the latest block has a base fee, else a legacy gasPrice. Both fee answers are
+    asked for, and only the one the block calls for is used (a legacy node may refuse the
+    other). The pending nonce is the freshest view of our in-flight count."""
+    calls = [
+        RpcCall("eth_getBlockByNumber", ("latest", False)),
+        RpcCall("eth_maxPriorityFeePerGas"),
+        RpcCall("eth_gasPrice"),
+        RpcCall("eth_getTransactionCount", (address, "pending")),
+    ]
+    verify_chain = (network.rpc_url, network.chain_id) not in _VERIFIED_CHAINS
+    if verify_chain:
+        calls.append(RpcCall("eth_chainId"))
+    block, priority_fee, gas_price, pending, *chain_id = rpc.batch(calls)
+    if verify_chain:
+        _check_chain(quantity(chain_id[0].value()), network)
+    header = block.value()
+    if not isinstance(header, dict):
+        raise RpcReplyInvalid(f"eth_getBlockByNumber: not a block: {str(header)[:200]}")
+    if header.get("baseFeePerGas") is None:
+        fees = {"gasPrice": quantity(gas_price.value())}
+    else:
+        try:
+            tip = quantity(priority_fee.value())
+        except RpcError:
+            tip = _fee_history_priority_fee(rpc)
+        fees = dynamic_fee_fields(base_fee=quantity(header["baseFeePerGas"]), priority_fee=tip)
+    return fees, quantity(pending.value())
+
+
+def _check_chain(served: int, network: NetworkConfig) -> None:
+    if served != network.chain_id:
+        raise ImproperlyConfigured(f"{network.rpc_url} serves chain {served}, not {network.caip2}")
+    _VERIFIED_CHAINS.add((network.rpc_url, network.chain_id))
+
+
+def _fee_history_priority_fee(rpc: JsonRpcClient) -> int:
+    history = rpc.call("eth_feeHistory", _FEE_HISTORY_PARAMS)
+    try:
+        tips = [quantity(block[0]) for block in history["reward"]]
+    except (TypeError, KeyError, IndexError) as exc:
+        raise RpcReplyInvalid(f"eth_feeHistory: no rewards: {str(history)[:200]}") from exc
+    paid = [tip for tip in tips if tip != 0]
+    low, high = _PRIORITY_FEE_BOUNDS
+    return min(max(round(sum(paid) / (len(paid) or 1)), low), high)
+
+
+def _checked_prepared(prepared: PreparedBroadcast, authorization: Authorization) -> tuple[str, str]:
     """The hash and bytes to send. Refuses bytes that do not hash to the recorded hash or do
     not carry this authorization's nonce: a mix-up is a bug, not a network fault."""
     if not prepared.tx_hash or not prepared.raw_transaction:
@@ -168,44 +222,60 @@ def _checked_prepared(
     # The calldata sits verbatim inside the signed encoding, the 32-byte nonce with it.
     if bytes(HexBytes(authorization.nonce)) not in bytes(raw):
         raise ValueError(f"{actual} does not carry authorization nonce {authorization.nonce}")
-    return HexStr(actual), prepared.raw_transaction
+    return actual, raw.to_0x_hex()
 
 
-def _send(w3: Web3, raw: str) -> str | None:
+def _send(rpc: JsonRpcClient, raw: str) -> str | None:
     """None when the node has (or had) the transaction; otherwise why it would not take it."""
     try:
-        w3.eth.send_raw_transaction(HexBytes(raw))
-    except Web3RPCError as exc:
+        rpc.call("eth_sendRawTransaction", (raw,))
+    except RpcError as exc:
         if any(marker in str(exc).lower() for marker in _ALREADY_SENT):
             return None  # sent before (a retry, or the first send's answer was lost)
         return str(exc)
-    except _NETWORK_FAULTS as exc:
+    except TRANSPORT_FAULTS as exc:
         return repr(exc)
     return None
 
 
 def _observe(
-    w3: Web3, tx_hash: HexStr, network: NetworkConfig, prepared: PreparedBroadcast
+    rpc: JsonRpcClient, tx_hash: str, network: NetworkConfig, prepared: PreparedBroadcast
 ) -> SettlementOutcome:
-    """One look at the chain. Looked up afresh each time, so a reorg is noticed."""
-    try:
-        receipt = w3.eth.get_transaction_receipt(tx_hash)
-    except TransactionNotFound:
+    """One look at the chain: the receipt and the head in one round trip. Looked up afresh
+    each time, so a reorg is noticed."""
+    receipt_answer, head = rpc.batch(
+        [RpcCall("eth_getTransactionReceipt", (tx_hash,)), RpcCall("eth_blockNumber")]
+    )
+    receipt = receipt_answer.value()
+    # No receipt, or (some nodes) one without a block: unknown, or still in the pool.
+    if receipt is None or (isinstance(receipt, dict) and receipt.get("blockNumber") is None):
         return _pending(tx_hash, "confirmation_timeout", network, prepared)
-    block = receipt["blockNumber"]
+    block, status, block_hash, gas_used = _receipt_fields(receipt)
     evidence = {"network": network.caip2, "relayer_nonce": prepared.relayer_nonce,
-                "block_number": block, "block_hash": receipt["blockHash"].to_0x_hex(),
-                "gas_used": receipt["gasUsed"]}  # fmt: skip
-    if receipt["status"] != 1:
+                "block_number": block, "block_hash": block_hash,
+                "gas_used": gas_used}  # fmt: skip
+    if status != 1:
         # The caller reconciles by (payer, nonce) before believing this.
         return SettlementOutcome(SettlementStatus.FAILED, tx_hash, "transaction_reverted",
                                  block, evidence)  # fmt: skip
-    depth = w3.eth.block_number - block + 1
+    depth = quantity(head.value()) - block + 1
     evidence["confirmations"] = depth
     if depth < network.confirmations:
         return SettlementOutcome(SettlementStatus.PENDING, tx_hash, "confirmation_timeout",
                                  block, evidence)  # fmt: skip
     return SettlementOutcome(SettlementStatus.CONFIRMED, tx_hash, "", block, evidence)
+
+
+def _receipt_fields(receipt: object) -> tuple[int, int, str, int]:
+    """(block number, status, block hash, gas used) of a mined receipt."""
+    if not isinstance(receipt, dict) or not is_hash32(receipt.get("blockHash")):
+        raise RpcReplyInvalid(f"eth_getTransactionReceipt: not a receipt: {str(receipt)[:200]}")
+    return (
+        quantity(receipt.get("blockNumber")),
+        quantity(receipt.get("status")),
+        str(receipt["blockHash"]).lower(),
+        quantity(receipt.get("gasUsed")),
+    )
 
 
 def _pending(

@@ -91,9 +91,13 @@ def relayer_fee_fields(w3: Web3) -> dict[str, int]:
     base_fee = w3.eth.get_block("latest").get("baseFeePerGas")
     if base_fee is None:
         return {"gasPrice": w3.eth.gas_price}
-    tip = w3.eth.max_priority_fee
+    return dynamic_fee_fields(base_fee=base_fee, priority_fee=w3.eth.max_priority_fee)
+
+
+def dynamic_fee_fields(*, base_fee: int, priority_fee: int) -> dict[str, int]:
+    """EIP-1559 fee fields for a transaction of ours (the same rule as web3's default)."""
     # Twice the base fee survives several full blocks of base-fee growth before it stalls.
-    return {"maxFeePerGas": 2 * base_fee + tip, "maxPriorityFeePerGas": tip}
+    return {"maxFeePerGas": 2 * base_fee + priority_fee, "maxPriorityFeePerGas": priority_fee}
 
 
 def relayer_heal(

@@ -1,10 +1,10 @@
-"""For the batch reader tests (the `rpc_proxy` fixture is in conftest.py): a recording (and,
-on demand, faulty) JSON-RPC proxy in front of a real anvil node, and cheap authorizations
-with random nonces.
+"""For the batch reader and JSON-RPC client tests (the `rpc_proxy` fixture is in
+conftest.py): a recording (and, on demand, faulty) JSON-RPC proxy in front of a real anvil
+node, and cheap authorizations with random nonces.
 
 The proxy forwards every request to the node unchanged, so the chain answering is real; it
 records what went over the wire (an independent count of round trips) and lets a test
-corrupt a reply, as a flaky or capped node would.
+corrupt a reply, or drop the connection unanswered, as a flaky or capped node would.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ class RawReply:
     status: int
     body: bytes
 
+
+# A tamper hook's answer meaning: close the connection without replying (the node did get
+# the request: its answer is what is lost).
+DROP_CONNECTION = RawReply(0, b"")
 
 # A hook gets the request body (a call, or a list of them) and the node's reply, and
 # returns the reply to send on: a JSON-able value, or a RawReply.
@@ -84,6 +88,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         reply = self.server.proxy.forward(raw)  # type: ignore[attr-defined]
+        if reply is DROP_CONNECTION:
+            self.close_connection = True
+            return
         self.send_response(reply.status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(reply.body)))
