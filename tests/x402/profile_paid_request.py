@@ -12,7 +12,8 @@ executor run inline, answered 200 with the result. The authorizations are signed
 clock starts. CPU is this process's (`time.process_time`; anvil and PostgreSQL are other
 processes). After WARM_UP requests, N are timed alone (the figure) and N more under
 cProfile (the breakdown; the profiler adds overhead of its own). PROFILE_REQUESTS sets N (default
-60); PROFILE_TOP how many of our functions to list by cumulative time (default 40).
+60); PROFILE_TOP how many of our functions to list by cumulative time (default 40);
+PROFILE_OUT a file to dump the raw profile to.
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
             f"  max {max(cpu) * 1e3:.1f}"
         )
     _print_ours(pstats.Stats(profiler), top)
+    if os.environ.get("PROFILE_OUT"):
+        profiler.dump_stats(os.environ["PROFILE_OUT"])  # for pstats, snakeviz, ...
 
 
 def _print_ours(stats: pstats.Stats, top: int) -> None:
