@@ -17,15 +17,17 @@ refused when the query is first compiled, never guessed.
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.query import RelatedPopulator, get_related_populators
 from django.db.transaction import TransactionManagementError
+from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
 
 M = TypeVar("M", bound=models.Model)
 
@@ -172,3 +174,85 @@ class PreparedQuery(Generic[M]):
         for name, position in compiled.annotations.items():
             setattr(instance, name, values[position])
         return instance  # type: ignore[return-value]
+
+
+class PreparedTransitionMixin(ConcurrentTransitionMixin):
+    """django-fsm's ConcurrentTransitionMixin with its conditional UPDATE written once per
+    shape (the columns saved) instead of compiled by the ORM on every save.
+
+    The statement is the mixin's: `UPDATE ... SET <saved columns> WHERE pk = %s AND <each
+    state column> = <the state it was read in>`, and no row updated for a row that exists
+    is ConcurrentTransition, as before. Anything this does not cover exactly (an expression
+    as a value, a field with a placeholder of its own, inheritance, select_on_save) goes
+    through the mixin unchanged.
+    """
+
+    def _do_update(
+        self,
+        base_qs: models.QuerySet[Any],
+        using: str | None,
+        pk_val: Any,
+        values: Collection[tuple[models.Field[Any, Any], Any, Any]],
+        update_fields: Iterable[str] | None,
+        forced_update: bool,
+        returning_fields: bool | None = None,
+    ) -> bool:
+        alias = using or DEFAULT_DB_ALIAS
+        states: dict[str, Any] = self._ConcurrentTransitionMixin__initial_states  # type: ignore[attr-defined]
+        meta = self._meta
+        if (
+            returning_fields is not None
+            or not values
+            or meta.select_on_save
+            or meta.parents
+            or base_qs.query.where
+            or any(value is None for value in states.values())
+            or any(_needs_the_orm(field, value) for field, _model, value in values)
+        ):
+            return super()._do_update(  # type: ignore[no-any-return]
+                base_qs, using, pk_val, values, update_fields, forced_update
+            )
+        connection = connections[alias]
+        columns = tuple(field.column for field, _model, _value in values)
+        state_fields = tuple(meta.get_field(name) for name in states)  # attname == name here
+        sql = _update_sql(
+            type(self), alias, connection.vendor, columns, tuple(f.column for f in state_fields)
+        )
+        params = [field.get_db_prep_save(value, connection) for field, _model, value in values]
+        params.append(meta.pk.get_db_prep_value(pk_val, connection))  # type: ignore[union-attr]
+        params.extend(f.get_db_prep_value(states[f.attname], connection) for f in state_fields)
+        with transaction.mark_for_rollback_on_error(using=alias), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            updated = cursor.rowcount
+        if not updated and base_qs.filter(pk=pk_val).using(alias).exists():
+            raise ConcurrentTransition(
+                "Cannot save object! The state has been changed since fetched from the database!"
+            )
+        return updated > 0
+
+
+def _needs_the_orm(field: models.Field[Any, Any], value: Any) -> bool:
+    return (
+        hasattr(field, "get_placeholder")
+        or hasattr(value, "resolve_expression")
+        or hasattr(value, "as_sql")
+        or hasattr(value, "prepare_database_save")
+    )
+
+
+@functools.cache
+def _update_sql(
+    model: type[models.Model],
+    alias: str,
+    vendor: str,
+    columns: tuple[str, ...],
+    state_columns: tuple[str, ...],
+) -> str:
+    quote = connections[alias].ops.quote_name
+    table = quote(model._meta.db_table)
+    assignments = ", ".join(f"{quote(column)} = %s" for column in columns)
+    pk_column = model._meta.pk.column  # type: ignore[union-attr]
+    conditions = " AND ".join(
+        f"{table}.{quote(column)} = %s" for column in (pk_column, *state_columns)
+    )
+    return f"UPDATE {table} SET {assignments} WHERE {conditions}"  # noqa: S608 - names from the model
