@@ -33,6 +33,7 @@ from fulfillment.executors import get_executor
 from purchases.models import Purchase
 from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.result_notify import FULFILLMENT_CHANNEL
+from purchases.services.settlement import purchase_reload
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -65,7 +66,7 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     )
     if state == purchase.fulfillment_state:
         return purchase
-    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+    return purchase_reload(purchase=purchase)
 
 
 def _runs_inline(purchase: Purchase) -> bool:
