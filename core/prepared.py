@@ -53,15 +53,8 @@ class PreparedQuery(Generic[M]):
     """`build(**parameters)` returns the queryset; `parameters` names each one's type (int,
     str or datetime). The queryset must select model instances (no values(), no only())."""
 
-    def __init__(
-        self,
-        build: Callable[..., models.QuerySet[M]],
-        *,
-        using: str = DEFAULT_DB_ALIAS,
-        **parameters: type,
-    ) -> None:
+    def __init__(self, build: Callable[..., models.QuerySet[M]], **parameters: type) -> None:
         self._build = build
-        self._using = using
         self._parameters = parameters
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
@@ -71,7 +64,7 @@ class PreparedQuery(Generic[M]):
         return self._fetch(values)[1]
 
     def _fetch(self, values: dict[str, Any]) -> tuple[_Compiled, list[M]]:
-        alias = self._using
+        alias = DEFAULT_DB_ALIAS  # the only database (no routers)
         connection = connections[alias]
         compiled = self._compiled.get((alias, connection.vendor))
         if compiled is None:
@@ -96,9 +89,9 @@ class PreparedQuery(Generic[M]):
         model = compiled.model
         if not found:
             raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")  # type: ignore[attr-defined]
-        raise model.MultipleObjectsReturned(
+        raise model.MultipleObjectsReturned(  # type: ignore[attr-defined]
             f"get() returned more than one {model._meta.object_name}"
-        )  # type: ignore[attr-defined]
+        )
 
     def first(self, **values: Any) -> M | None:
         """The first row or None (the queryset orders and limits itself)."""
@@ -129,7 +122,7 @@ class PreparedQuery(Generic[M]):
         compiler = queryset.query.get_compiler(using=alias)
         sql, params = compiler.as_sql()
         sentinels = self._sentinels()
-        slots = []
+        slots: list[tuple[int, str]] = []
         for name, sentinel in sentinels.items():
             prepped = self._prep(name, sentinel, connection)
             positions = [i for i, param in enumerate(params) if param == prepped]
@@ -149,7 +142,7 @@ class PreparedQuery(Generic[M]):
             model=klass_info["model"],
             fields=slice(start, end),
             init_list=[column[0].target.attname for column in select[start:end]],
-            related=get_related_populators(klass_info, select, alias),
+            related=get_related_populators(klass_info, select, alias),  # type: ignore[call-arg]
             annotations=dict(compiler.annotation_col_map or {}),
             converters=[(pos, convs, expr) for pos, (convs, expr) in converters.items()],
             locks=bool(
@@ -187,7 +180,7 @@ class PreparedTransitionMixin(ConcurrentTransitionMixin):
     through the mixin unchanged.
     """
 
-    def _do_update(
+    def _do_update(  # type: ignore[override]  # the stubs have Django 6's signature
         self,
         base_qs: models.QuerySet[Any],
         using: str | None,
@@ -214,7 +207,7 @@ class PreparedTransitionMixin(ConcurrentTransitionMixin):
             )
         connection = connections[alias]
         columns = tuple(field.column for field, _model, _value in values)
-        state_fields = tuple(meta.get_field(name) for name in states)  # attname == name here
+        state_fields = tuple(f for f in meta.concrete_fields if f.attname in states)
         sql = _update_sql(
             type(self), alias, connection.vendor, columns, tuple(f.column for f in state_fields)
         )
@@ -251,7 +244,7 @@ def _update_sql(
     quote = connections[alias].ops.quote_name
     table = quote(model._meta.db_table)
     assignments = ", ".join(f"{quote(column)} = %s" for column in columns)
-    pk_column = model._meta.pk.column  # type: ignore[union-attr]
+    pk_column = str(model._meta.pk.column)  # type: ignore[union-attr]
     conditions = " AND ".join(
         f"{table}.{quote(column)} = %s" for column in (pk_column, *state_columns)
     )

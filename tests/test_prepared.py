@@ -48,10 +48,10 @@ def test_a_prepared_read_makes_the_instances_the_orm_makes():
         assert _fields(found.offering) == _fields(expected.offering)
         assert _fields(found.quote) == _fields(expected.quote)
         assert found.quote.canonical_input == expected.quote.canonical_input
-        assert (found.payment_reference, found.payment_network) == (
-            expected.payment_reference,
-            expected.payment_network,
-        )
+        evidence = ("payment_reference", "payment_network")  # annotated
+        assert [getattr(found, name) for name in evidence] == [
+            getattr(expected, name) for name in evidence
+        ]
         assert found._state.adding is False and found._state.db == "default"
     with transaction.atomic(), pytest.raises(Purchase.DoesNotExist):
         LOCKED_PURCHASE.get(pk=-1)

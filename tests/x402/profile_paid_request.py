@@ -7,13 +7,14 @@ the suite's fixtures (the session anvil, a fresh test USDC, committed rows):
         tests/x402/profile_paid_request.py -q -s -p no:cacheprovider
 
 Each request is a POST /x402/<slug> through the real view (APIClient) with a freshly signed
-PAYMENT-SIGNATURE for a new input (its 402 asked beforehand): direct settlement by the world's relayer, the `report`
-executor run inline, answered 200 with the result. The authorizations are signed before the
-clock starts. CPU is this process's (`time.process_time`; anvil and PostgreSQL are other
-processes). After WARM_UP requests, N are timed alone (the figure) and N more under
-cProfile (the breakdown; the profiler adds overhead of its own). PROFILE_REQUESTS sets N (default
-60); PROFILE_TOP how many of our functions to list by cumulative time (default 40);
-PROFILE_OUT a file to dump the raw profile to.
+PAYMENT-SIGNATURE for a new input (its 402 asked beforehand): direct settlement by the
+world's relayer, the `report` executor run inline, answered 200 with the result. The
+authorizations are signed before the clock starts. CPU is this process's
+(`time.process_time`; anvil and PostgreSQL are other processes). After WARM_UP requests,
+N are timed alone (the figure) and N more under cProfile with a CPU clock (the breakdown;
+the profiler adds overhead of its own). PROFILE_REQUESTS sets N (default 60); PROFILE_TOP
+how many of our functions to list by cumulative CPU (default 40); PROFILE_OUT a file to
+dump the raw profile to.
 """
 
 from __future__ import annotations
