@@ -100,3 +100,15 @@ def test_a_group_change_applies_on_the_next_request(clerk: User) -> None:
     assert client.get(refunds).status_code == 200
     clerk.groups.clear()
     assert client.get(refunds).status_code == 403
+
+
+def test_signing_in_with_a_password_goes_through_this_backend(clerk: User) -> None:
+    clerk.set_password("correct horse battery")
+    clerk.save()
+    client = Client()
+    signed_in = client.post(
+        reverse("admin:login"), {"username": "clerk", "password": "correct horse battery"}
+    )
+    assert signed_in.status_code == 302
+    assert client.session["_auth_user_backend"] == "core.auth.StaffGrantsBackend"
+    assert client.get(reverse("admin:index")).status_code == 200
