@@ -16,9 +16,9 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 # it. The target is 15. Transaction control (SAVEPOINT pairs in tests) is not counted.
 CEILING = 15
 # The same request answered with the result of fast work it ran itself, with its commits
-# (on_commit runs): the 15 above, the execution's claim (4) and result (5), the retirement
+# (on_commit runs): the 15 above, the execution's claim (4) and finish (5), the retirement
 # of its execution job (which replaced the immediate relay's UPDATE: 29 both before and
-# after, and no broker publish), the state read of the wait and the delivery (4).
+# after, and no broker publish), the wait's state read and the delivery (3).
 INLINE_CEILING = 29
 _CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT", "BEGIN", "COMMIT")
 
