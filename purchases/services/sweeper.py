@@ -22,6 +22,7 @@ from purchases.services.job_runs import job_run
 from purchases.services.outbox import outbox_stage, outbox_stage_many
 
 logger = logging.getLogger(__name__)
+EXECUTE_JOB = "purchase_execute"
 
 
 def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:
@@ -40,9 +41,6 @@ def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 50
         .values_list("pk", flat=True)[:limit]
     )
     return list(ids)
-
-
-EXECUTE_JOB = "purchase_execute"
 
 
 def purchase_execution_key(purchase_id: int) -> str:

@@ -164,6 +164,7 @@ def _paid_report() -> Purchase:
 def _stage_execution(purchase: Purchase) -> OutboxMessage:
     with transaction.atomic():  # as the settlement does, in the transaction that queues it
         message_id = purchase_execution_stage(purchase_id=purchase.pk)
+    assert message_id is not None
     return OutboxMessage.objects.get(pk=message_id)
 
 

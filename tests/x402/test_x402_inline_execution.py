@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -47,7 +48,7 @@ def _listener_closed_after_each_test() -> Iterator[None]:
     listeners_close()  # its connection would keep the test database open
 
 
-def _pay(world: X402World, client: APIClient, payment_id: str | None = None) -> tuple[str, object]:
+def _pay(world: X402World, client: APIClient, payment_id: str | None = None) -> tuple[str, Any]:
     payment = sign_payment(
         ask(client, world).headers["PAYMENT-REQUIRED"], world.payers[0], payment_id
     )
