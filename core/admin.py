@@ -23,6 +23,8 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import cached_property
 
+from core.auth import user_group_names
+
 
 def amount_human(amount: int, decimals: int) -> Decimal:
     """Atomic units to asset units, exactly (never float): 250000 at 6 is Decimal("0.250000")."""
@@ -68,13 +70,8 @@ def _table() -> RoleTable:
 
 
 def _user_roles(request: HttpRequest) -> frozenset[str]:
-    cached = getattr(request, "_admin_roles", None)
-    if cached is None:
-        user = request.user
-        names = user.groups.values_list("name", flat=True) if user.is_authenticated else []
-        cached = frozenset(names)
-        request._admin_roles = cached  # type: ignore[attr-defined]  # once per request
-    return cached
+    # Read with the user when they signed in through core.auth.StaffGrantsBackend.
+    return user_group_names(request.user)
 
 
 def _path(entry: str) -> str:

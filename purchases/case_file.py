@@ -52,6 +52,9 @@ class Deadline(StrEnum):
     EXECUTION_CHECK = "execution_check"  # lease expiry (running) or sweep (queued)
     RESULT_RETENTION = "result_retention"  # the stored result's expiry
     ESCALATION = "escalation"  # the earliest open escalation's deadline
+    # After a late transfer: the last moment money for it can still land, by a new payment
+    # for its quote or by an authorization it received that is not spent.
+    STILL_PAYABLE = "still_payable"
     NONE = "none"
 
 
@@ -192,9 +195,11 @@ CASE_TABLE: tuple[Row, ...] = (
       "a transfer then would be owed back.", BUYER, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
     # Chosen by the remedy, whatever the purchase's own reason: money did move after all.
+    # The landed authorization cannot land again, so only a new payment for the quote or
+    # another open authorization can still change it; final once neither can (purchase_case).
     R("failed", ANY, "late_settlement", "The payment failed, then a transfer for it landed "
       "anyway: the failure stands and that money goes back to the payer.", BUYER,
-      Deadline.FAILED_FINAL, (Action.ASSIGN,), Finality.FINAL_AT_DEADLINE),
+      Deadline.STILL_PAYABLE, (Action.ASSIGN,), Finality.FINAL_AT_DEADLINE),
     R("failed", "succeeded", ANY, "The result was delivered on verification, but settlement "
       "failed: the work is unpaid.", SUPPORT, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
@@ -321,6 +326,9 @@ class CaseFacts:
     has_pending_attempt: bool = False
     next_check_at: datetime | None = None
     valid_before_at: datetime | None = None
+    # The latest window of an authorization it received that can still land (not spent: a
+    # transfer that landed, on time, late or twice, used its nonce).
+    landable_valid_before_at: datetime | None = None
     lease_expires_at: datetime | None = None
     result_expires_at: datetime | None = None
     result_delivered_at: datetime | None = None
@@ -344,6 +352,9 @@ class Case:
     # when a remedy's owner replaces the deadline shown.
     final_after_at: datetime | None = None
     escalation_reason: str = ""  # the earliest open escalation's reason code, if any
+    # A refund owed and not yet paid back: the purchase may be final (settled) while its
+    # remedy is still open, and the page says both.
+    refund_open: bool = False
 
     @property
     def is_final(self) -> bool:
@@ -397,6 +408,9 @@ def _deadline(row: Row, facts: CaseFacts) -> datetime | None:
         return facts.result_expires_at
     if source == Deadline.ESCALATION and facts.escalations:
         return min(e.deadline_at for e in facts.escalations)
+    if source == Deadline.STILL_PAYABLE:
+        window = facts.landable_valid_before_at
+        return max(facts.quote_expires_at, window) if window else facts.quote_expires_at
     return None
 
 
@@ -454,9 +468,34 @@ class _Now:
     deadline_source: Deadline
     notes: list[str]
     candidates: list[Action]
+    finality: Finality = Finality.OPEN
+    # When a state final at a deadline becomes final: the row's own deadline, kept when a
+    # remedy's owner replaces the deadline shown.
+    final_after_at: datetime | None = None
 
     def no_deadline(self) -> None:
         self.deadline_at, self.deadline_source = None, Deadline.NONE
+
+
+def _still_payable_overlay(
+    row: Row, row_deadline_at: datetime | None, now_: _Now, now: datetime
+) -> None:
+    """After a late transfer only a new payment for its quote, or an authorization it
+    received and not yet spent, can change the failure. Once neither can, it is final
+    and nobody waits on the buyer (the sweep only relabels it void later)."""
+    if row.deadline != Deadline.STILL_PAYABLE:
+        return
+    if row_deadline_at is not None and row_deadline_at > now:
+        now_.notes.append(
+            "It can still change while its quote is open for a new payment, or while an "
+            "authorization it received and not yet spent is still valid."
+        )
+        return
+    now_.finality, now_.final_after_at = Finality.FINAL, None
+    if now_.deadline_source == Deadline.STILL_PAYABLE:
+        now_.no_deadline()
+    if now_.owner == Owner.BUYER:
+        now_.owner = Owner.NONE
 
 
 def _transfer_notes(facts: CaseFacts, now_: _Now) -> None:
@@ -504,9 +543,19 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
     row = _row_for(facts)
     row_deadline_at = _deadline(row, facts)
-    now_ = _Now(row.owner, row_deadline_at, row.deadline, [], list(row.actions))
+    final_after_at = row_deadline_at if row.finality == Finality.FINAL_AT_DEADLINE else None
+    now_ = _Now(
+        row.owner,
+        row_deadline_at,
+        row.deadline,
+        [],
+        list(row.actions),
+        row.finality,
+        final_after_at,
+    )
     _result_overlay(facts, now_, now)
     _remedy_overlay(facts, now_)
+    _still_payable_overlay(row, row_deadline_at, now_, now)
     escalation_reason = ""
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))
@@ -524,14 +573,15 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         owner=now_.owner,
         deadline_at=now_.deadline_at,
         deadline_source=now_.deadline_source,
-        finality=row.finality,
+        finality=now_.finality,
         actions=actions,
         row=row,
         late_transfer=LATE in reasons,
         duplicate_transfer=DUPLICATE in reasons,
         notes=tuple(now_.notes),
-        final_after_at=row_deadline_at if row.finality == Finality.FINAL_AT_DEADLINE else None,
+        final_after_at=now_.final_after_at,
         escalation_reason=escalation_reason,
+        refund_open=any(r.state == "owed" for r in facts.refunds),
     )
 
 

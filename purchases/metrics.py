@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 # The conflicts counter registers itself in the default registry when this is imported.
 import purchases.services.idempotency  # noqa: F401
 from payments.models import PaymentAttempt, Refund
-from purchases.models import Escalation, JobRun, OutboxMessage, Purchase
+from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
 
 ATTEMPT = PaymentAttempt.State
 SPECS: dict[str, tuple[str, list[str]]] = {
@@ -178,7 +178,7 @@ class TollboothCollector(Collector):
             )
 
     def _outbox(self, families: dict[str, GaugeMetricFamily], now: datetime) -> None:
-        waiting = OutboxMessage.objects.filter(relayed_at__isnull=True).aggregate(
+        waiting = OutboxMessage.objects.filter(OUTBOX_WAITING).aggregate(
             count=Count("pk"), oldest=Min("created_at")
         )
         oldest = waiting["oldest"]

@@ -526,12 +526,19 @@ class JobRun(models.Model):
         return f"{self.job} at {self.started_at:%Y-%m-%d %H:%M:%S}"
 
 
+# Still owed to the broker: neither handed to it nor retired. The relay loop's due index,
+# the one-per-dedup-key constraint and the backlog metric all mean this.
+OUTBOX_WAITING = Q(relayed_at__isnull=True, retired_at__isnull=True)
+
+
 class OutboxMessage(models.Model):
     """A job staged in the same transaction as the change that calls for it.
 
     The relay (`purchases.services.outbox`) hands it to Celery after the commit, at least
     once; a rolled-back change leaves no message. `kwargs` holds ids only: the task re-reads
-    and re-checks the rows it names.
+    and re-checks the rows it names. A message leaves the outbox relayed (handed to the
+    broker) or retired (its job was done by the request that staged it, which held it back
+    from the broker to run the job itself: never sent).
     """
 
     job = models.CharField(max_length=64, help_text="Job name, a key of settings.OUTBOX_JOBS.")
@@ -540,32 +547,51 @@ class OutboxMessage(models.Model):
     created_at = models.DateTimeField()
     available_at = models.DateTimeField(help_text="The relay loop leaves it alone until then.")
     attempts = models.PositiveIntegerField(default=0)
-    relayed_at = models.DateTimeField(null=True, blank=True)
+    relayed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was handed to the broker."
+    )
+    retired_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text=(
+            "When the request that staged it finished its job itself (a paid request running "
+            "fast work inline): never sent to the broker."
+        ),
+    )
     last_error = models.TextField(blank=True)
 
     class Meta:
         constraints = [
-            # Unique among the messages not yet relayed only: staging the same job for the
-            # same row twice in one flow stages it once, while a job relayed earlier (the
+            # Unique among the waiting messages only: staging the same job for the same row
+            # twice in one flow stages it once, while a job relayed or retired earlier (the
             # sweeper re-staging an execution nobody ran) can be staged again.
             models.UniqueConstraint(
                 fields=["dedup_key"],
-                condition=Q(relayed_at__isnull=True),
-                name="one_unrelayed_outbox_message_per_key",
+                condition=OUTBOX_WAITING,
+                name="one_waiting_outbox_message_per_key",
             ),
         ]
         indexes = [
             models.Index(
-                fields=["available_at"],
-                condition=Q(relayed_at__isnull=True),
-                name="outbox_unrelayed_by_due",
+                fields=["available_at"], condition=OUTBOX_WAITING, name="outbox_waiting_by_due"
             ),
             models.Index(
                 fields=["relayed_at"],
                 condition=Q(relayed_at__isnull=False),
                 name="outbox_relayed_by_age",
             ),
+            models.Index(
+                fields=["retired_at"],
+                condition=Q(retired_at__isnull=False),
+                name="outbox_retired_by_age",
+            ),
         ]
 
     def __str__(self) -> str:
-        return f"{self.job} {self.kwargs} ({'relayed' if self.relayed_at else 'waiting'})"
+        return f"{self.job} {self.kwargs} ({self.status})"
+
+    @property
+    def status(self) -> str:
+        if self.relayed_at:
+            return "relayed"
+        return "retired" if self.retired_at else "waiting"

@@ -21,7 +21,7 @@ from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
 from payments.models import PaymentAttempt, Refund
-from purchases.case_file import CaseFacts, EscalationFact, RefundFact
+from purchases.case_file import DUPLICATE, LATE, CaseFacts, EscalationFact, RefundFact
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.services.idempotency import payment_id_hash
 
@@ -285,6 +285,20 @@ def purchase_case_records(*, purchase: Purchase) -> CaseRecords:
     )
 
 
+def _landable_window(records: CaseRecords) -> datetime | None:
+    """The latest window of an authorization that can still land: one that settled, whose
+    late or duplicate transfer is owed back, or whose nonce another transfer used is spent."""
+    spent = {
+        a.pk
+        for a in records.attempts
+        if a.state == PaymentAttempt.State.SUCCEEDED
+        or a.reason_code == "authorization_used_elsewhere"
+    }
+    spent |= {r.payment_attempt_id for r in records.refunds if r.reason_code in (LATE, DUPLICATE)}
+    windows = [a.valid_before_at for a in records.attempts if a.pk not in spent]
+    return max((w for w in windows if w is not None), default=None)
+
+
 def purchase_case_facts(
     *, purchase: Purchase, now: datetime, records: CaseRecords | None = None
 ) -> CaseFacts:
@@ -321,6 +335,7 @@ def purchase_case_facts(
         has_pending_attempt=bool(look_up_safe),
         next_check_at=pending[-1].next_check_at if pending else None,
         valid_before_at=max(windows) if windows else None,
+        landable_valid_before_at=_landable_window(records),
         lease_expires_at=live_execution.lease_expires_at if live_execution else None,
         result_expires_at=result.expires_at if result else None,
         result_delivered_at=result.first_delivered_at if result else None,

@@ -17,6 +17,7 @@ from tests.factories import BuyerFactory, OfferingFactory, fund
 
 pytest_plugins = [
     "tests.fixtures.anvil",
+    "tests.fixtures.broker",
     "tests.fixtures.jobservice",
     "tests.fixtures.replicas",
     "tests.fixtures.server",

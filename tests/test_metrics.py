@@ -253,16 +253,18 @@ def test_metrics_are_served_at_the_root_url(client) -> None:  # type: ignore[no-
 
 
 def test_outbox_backlog_and_the_oldest_unrelayed_age(client):
-    def message(n: int, created: timedelta, relayed: bool) -> None:
+    def message(n: int, created: timedelta, relayed: bool, retired: bool = False) -> None:
         OutboxMessage.objects.create(
             job="refund_alert",
             kwargs={"refund_id": n},
             created_at=NOW - created,
             available_at=NOW,
             relayed_at=NOW if relayed else None,
+            retired_at=NOW if retired else None,
         )
 
     message(1, timedelta(seconds=900), relayed=True)  # sent: neither counted nor aged
+    message(4, timedelta(seconds=600), relayed=False, retired=True)  # done inline: nor this
     message(2, timedelta(seconds=42), relayed=False)
     message(3, timedelta(seconds=7), relayed=False)
 

@@ -8,6 +8,13 @@ process died after the commit) the relay loop sends (`outbox_relay_due`, beat): 
 due rows with `SKIP LOCKED` and by pushing `available_at` forward, commits, and only then
 talks to the broker, so no lock is held over network I/O and two loops never send one row.
 
+A request that will run a job itself (a paid request running fast work inline) stages it
+inside `outbox_relay_held`: the message is committed as usual but not sent after the commit.
+The request then retires it (`outbox_retire_held`: one UPDATE, it is never sent) once it
+has done the job, or sends it at once (`outbox_release_held`, and on leaving the block,
+whatever it did not settle). If the process dies in between, the message is still waiting
+with its grace and the relay loop sends it: nothing is lost.
+
 Delivery is at least once: a process that dies between the send and the mark sends again
 later. Every job takes ids and its task re-reads and re-checks the rows they name.
 Services name jobs by string; `settings.OUTBOX_JOBS` maps them to Celery tasks, so nothing
@@ -19,6 +26,10 @@ from __future__ import annotations
 import logging
 import random
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -30,7 +41,7 @@ from django.db.models import F, Field
 
 from core.clock import now_or
 from purchases.events import events_flush_with
-from purchases.models import JobRun, OutboxMessage
+from purchases.models import OUTBOX_WAITING, JobRun, OutboxMessage
 from purchases.services.job_runs import job_run
 
 logger = logging.getLogger(__name__)
@@ -62,7 +73,8 @@ _INSERT_MANY = (
 def outbox_stage(
     *, job: str, kwargs: dict[str, Any], dedup_key: str | None = None, now: datetime | None = None
 ) -> int | None:
-    """Stage `job(**kwargs)` in the caller's transaction; it is relayed after the commit.
+    """Stage `job(**kwargs)` in the caller's transaction; it is relayed after the commit
+    (inside `outbox_relay_held` for its job, the caller settles it instead).
 
     Returns the message id, or None when a message with this `dedup_key` is already waiting
     to be relayed (that one carries the job). Raises RuntimeError outside a transaction (a
@@ -87,11 +99,94 @@ def outbox_stage(
     if not rows:
         return None
     message_id = int(rows[0][0])
-    # robust: a failing relay must never turn a committed change into an error for the caller.
-    transaction.on_commit(
-        partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs), robust=True
+    hold = _HOLD.get()
+    after_commit = (
+        partial(hold.keep, message_id=message_id, dedup_key=dedup_key, kwargs=kwargs)
+        if hold is not None and hold.job == job and dedup_key is not None
+        else partial(_relay_staged, message_id=message_id, job=job, kwargs=kwargs)
     )
+    # robust: a failing relay must never turn a committed change into an error for the caller.
+    transaction.on_commit(after_commit, robust=True)
     return message_id
+
+
+@dataclass
+class _Hold:
+    """The messages of `job` staged and committed inside one `outbox_relay_held` block, by
+    dedup key: (id, kwargs). Only this thread's context sees it."""
+
+    job: str
+    held: dict[str, tuple[int, dict[str, Any]]] = field(default_factory=dict)
+    is_open: bool = True
+
+    def keep(self, *, message_id: int, dedup_key: str, kwargs: dict[str, Any]) -> None:
+        """After the staging commit: keep it back, unless the block is already over."""
+        if self.is_open:
+            self.held[dedup_key] = (message_id, kwargs)
+        else:
+            _relay_staged(message_id=message_id, job=self.job, kwargs=kwargs)
+
+    def release(self, dedup_key: str) -> None:
+        message_id, kwargs = self.held.pop(dedup_key)
+        _relay_staged(message_id=message_id, job=self.job, kwargs=kwargs)
+
+
+_HOLD: ContextVar[_Hold | None] = ContextVar("outbox_hold", default=None)
+
+
+@contextmanager
+def outbox_relay_held(*, job: str) -> Iterator[None]:
+    """Inside: a message of `job` staged with a dedup key is not sent after its commit; the
+    caller means to do the job itself and settles it with `outbox_retire_held` (done, never
+    send it) or `outbox_release_held` (send it now). Whatever it has not settled when the
+    block ends, however it ends, is sent then, as the immediate relay would have. Messages of
+    other jobs are relayed as usual. A block inside one for the same job is part of it.
+
+    Raises RuntimeError inside a block holding another job (one job is held at a time).
+    """
+    outer = _HOLD.get()
+    if outer is not None:
+        if outer.job != job:
+            raise RuntimeError(f"outbox relay already held for {outer.job!r}")
+        yield
+        return
+    hold = _Hold(job)
+    token = _HOLD.set(hold)
+    try:
+        yield
+    finally:
+        _HOLD.reset(token)
+        hold.is_open = False
+        for dedup_key in list(hold.held):
+            try:
+                hold.release(dedup_key)
+            except Exception:  # the relay loop sends it after its grace
+                logger.exception("outbox: held message %s not sent at the block's end", dedup_key)
+
+
+def outbox_retire_held(*, dedup_key: str, now: datetime | None = None) -> bool:
+    """The job of the message held under `dedup_key` in this `outbox_relay_held` block was
+    done by the caller: retire it (one UPDATE), so it is never sent. True if it was; False,
+    and no statement, when nothing is held under that key (not staged here, or already
+    settled); False too if the relay loop sent it first (past its grace). A loop that claimed
+    it just before still sends it and marks it relayed as well: the job re-checks its rows
+    and finds nothing to do."""
+    hold = _HOLD.get()
+    if hold is None or dedup_key not in hold.held:
+        return False
+    message_id, _ = hold.held.pop(dedup_key)
+    retired = OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id).update(
+        retired_at=now_or(now)
+    )
+    return retired == 1
+
+
+def outbox_release_held(*, dedup_key: str) -> None:
+    """Send the message held under `dedup_key` now (the caller did not do its job); nothing
+    when none is held under it."""
+    hold = _HOLD.get()
+    if hold is not None and dedup_key in hold.held:
+        hold.release(dedup_key)
 
 
 def outbox_stage_many(
@@ -149,7 +244,7 @@ def _backoff(attempts: int) -> timedelta:
 
 
 def _record_failure(message_id: int, attempts: int, exc: Exception, now: datetime) -> None:
-    OutboxMessage.objects.filter(pk=message_id, relayed_at__isnull=True).update(
+    OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id).update(
         attempts=attempts + 1,
         last_error=repr(exc)[:2000],
         available_at=now + _backoff(attempts + 1),
@@ -166,7 +261,7 @@ def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
         )
         _record_failure(message_id, 0, exc, now_or(None))
         return
-    OutboxMessage.objects.filter(pk=message_id, relayed_at__isnull=True).update(
+    OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id).update(
         relayed_at=now_or(None), attempts=F("attempts") + 1
     )
 
@@ -174,7 +269,7 @@ def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
 def outbox_relay_due(
     *, now: datetime | None = None, limit: int = RELAY_MAX_PER_RUN
 ) -> Counter[str]:
-    """Send every message due (past its grace or backoff) and not relayed; the relay loop.
+    """Send every message due (past its grace or backoff) and still waiting; the relay loop.
 
     Stops at the first broker failure: the failed row backs off, the rest of its batch is
     given back for the next run. Stats: `claimed`, `sent`, `failed`, `given_back`.
@@ -193,7 +288,7 @@ def _claim_due(now: datetime, size: int) -> list[OutboxMessage]:
     with transaction.atomic():
         batch = list(
             OutboxMessage.objects.select_for_update(skip_locked=True)
-            .filter(relayed_at__isnull=True, available_at__lte=now)
+            .filter(OUTBOX_WAITING, available_at__lte=now)
             .order_by("available_at", "pk")
             .only("pk", "job", "kwargs", "attempts")[:size]
         )
@@ -227,14 +322,15 @@ def _send_batch(batch: list[OutboxMessage], now: datetime, stats: Counter[str]) 
 
 
 def outbox_prune(*, now: datetime | None = None) -> Counter[str]:
-    """Delete relayed messages past `OUTBOX_RETENTION`, in batches; and the relay loop's own
-    JobRun rows past it (it runs every few seconds), keeping its last success for the lag
-    metric. Stats: `pruned`, `relay_runs_pruned`."""
+    """Delete messages relayed or retired past `OUTBOX_RETENTION`, in batches; and the relay
+    loop's own JobRun rows past it (it runs every few seconds), keeping its last success for
+    the lag metric. Stats: `pruned`, `relay_runs_pruned`."""
     now = now_or(now)
     cutoff = now - settings.TOLLBOOTH["OUTBOX_RETENTION"]
     with job_run("prune_outbox", now) as stats:
         relayed = OutboxMessage.objects.filter(relayed_at__lt=cutoff)
-        stats["pruned"] = _delete_in_batches(relayed)
+        retired = OutboxMessage.objects.filter(retired_at__lt=cutoff)
+        stats["pruned"] = _delete_in_batches(relayed) + _delete_in_batches(retired)
         last_success = (
             JobRun.objects.filter(job=RELAY_JOB, finished_at__isnull=False, error="")
             .order_by("-started_at")

@@ -350,7 +350,9 @@ def _watch_network(
 
 def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000) -> Counter[str]:
     """Failed purchases older than FAILED_FINAL_AFTER become void, but only when every
-    authorization they received is provably unusable (window closed or nonce used)."""
+    authorization they received is provably unusable: its window has closed. A nonce spent
+    elsewhere would prove it too, but that needs a chain read per authorization; waiting for
+    the window is the conservative answer (a late transfer is still watched until then)."""
     now = now_or(now)
     cutoff = now - settings.TOLLBOOTH["FAILED_FINAL_AFTER"]
     with job_run("finalize_failed", now) as stats:

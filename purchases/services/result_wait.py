@@ -5,8 +5,12 @@ Two mechanisms, both keeping the execution exactly-once:
 - **Inline execution.** An offering whose executor finishes inside `start` (pure, in-process
   work such as `report`) is run by the waiting request itself, through the same
   `purchase_execute` a worker calls: the atomic execution claim lets exactly one caller run
-  it. The job stays staged in the outbox, so if this process dies the worker resumes it; a
-  worker that comes second finds nothing to do.
+  it. Inside `purchase_inline_execution_scope` the execution job its settlement stages is
+  held back from the broker (`outbox_relay_held`): retired once the inline run has finished
+  the job, so no worker receives a job only to find it done; sent at once when the run did
+  not finish it (the executor's state unknown, an error, another worker holding the claim)
+  or never happened. If this process dies first, the message is still waiting in the outbox
+  and the relay loop sends it after its grace: a worker resumes the purchase.
 - **Woken, not polling.** The transaction that stores a result (or ends the execution) sends
   a PostgreSQL NOTIFY on `FULFILLMENT_CHANNEL`, delivered by PostgreSQL only at its commit.
   One listener thread per process holds one LISTEN connection and wakes the requests waiting
@@ -25,16 +29,23 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 
 import psycopg
 from django.db import connection
 
 from fulfillment.executors import get_executor
-from purchases.models import Purchase
-from purchases.services.execution import ExecutionRetryable, purchase_execute
+from purchases.models import Offering, Purchase
+from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
+from purchases.services.outbox import (
+    outbox_relay_held,
+    outbox_release_held,
+    outbox_retire_held,
+)
 from purchases.services.result_notify import FULFILLMENT_CHANNEL
 from purchases.services.settlement import purchase_reload
+from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -48,17 +59,40 @@ LISTENER_START_SECONDS = 1.0
 _RECONNECT_SECONDS = 1.0
 _STOP_CHECK_SECONDS = 1.0
 WAITING_STATES = frozenset({RUN.QUEUED, RUN.RUNNING})
+# An inline run with these outcomes left the purchase neither queued nor running: a worker
+# would find nothing to do. Any other (observed, lease lost, retryable, an error) leaves the
+# job to a worker.
+_FINISHED = frozenset(
+    {ExecutionOutcome.SUCCEEDED, ExecutionOutcome.FAILED, ExecutionOutcome.ESCALATED}
+)
+
+
+@contextmanager
+def purchase_inline_execution_scope(*, offering: Offering, wait_seconds: float) -> Iterator[None]:
+    """Around a paid request that will wait up to `wait_seconds` for `offering`'s work (its
+    settlement, then `purchase_await_result`). When that request will run the work itself,
+    the execution job staged inside is not sent to the broker after its commit:
+    `purchase_await_result` retires it once the inline run has finished the job, or sends it
+    at once; the scope's end sends whatever is left (no inline run happened). Otherwise the
+    job is relayed after its commit as everywhere else.
+    """
+    if not _runs_inline(offering, wait_seconds):
+        yield
+        return
+    with outbox_relay_held(job=EXECUTE_JOB):
+        yield
 
 
 def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchase:
     """The purchase once its work left queued/running, or as it is after `wait_seconds`.
 
     Fast in-process work is run here (exactly once, under the execution claim) instead of
-    waiting for a worker to take it from the queue.
+    waiting for a worker to take it from the queue; the execution job held back for it in
+    `purchase_inline_execution_scope` is then retired, or sent if the run did not finish it.
     """
     if purchase.fulfillment_state not in WAITING_STATES or wait_seconds <= 0:
         return purchase
-    if _runs_inline(purchase):
+    if _runs_inline(purchase.offering, wait_seconds):
         _execute_inline(purchase.pk)
     state = fulfillment_wait(
         purchase_id=purchase.pk,
@@ -70,14 +104,15 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     return purchase_reload(purchase=purchase)
 
 
-def _runs_inline(purchase: Purchase) -> bool:
-    return bool(get_executor(purchase.offering.executor).finishes_in_start)
+def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
+    return wait_seconds > 0 and bool(get_executor(offering.executor).finishes_in_start)
 
 
 def _execute_inline(purchase_id: int) -> None:
     worker = f"web:{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    outcome: ExecutionOutcome | None = None
     try:
-        purchase_execute(purchase_id=purchase_id, worker=worker)
+        outcome = purchase_execute(purchase_id=purchase_id, worker=worker)
     except ExecutionRetryable:
         # Counted and on the timeline; the staged worker task (or the sweeper) retries it.
         logger.info("purchase %s: inline execution left to the worker", purchase_id)
@@ -85,6 +120,23 @@ def _execute_inline(purchase_id: int) -> None:
         # The payment stands and the job is still staged: the buyer gets the usual 202 and
         # the worker runs it under the same claim rules. Never a 500 for a paid call.
         logger.exception("purchase %s: inline execution failed; left to the worker", purchase_id)
+    _settle_held_job(purchase_id, is_finished=outcome in _FINISHED)
+
+
+def _settle_held_job(purchase_id: int, *, is_finished: bool) -> None:
+    """The execution job held back for this run (if any): retired when the run finished the
+    purchase's work, else sent now for a worker. A failure here never fails the paid call:
+    the message stays waiting, and the scope's end or the relay loop sends it."""
+    key = purchase_execution_key(purchase_id)
+    try:
+        if is_finished:
+            outbox_retire_held(dedup_key=key)
+        else:
+            outbox_release_held(dedup_key=key)
+    except Exception:
+        logger.exception(
+            "purchase %s: held execution job not settled; the relay sends it", purchase_id
+        )
 
 
 def fulfillment_wait(

@@ -22,6 +22,7 @@ from purchases.services.job_runs import job_run
 from purchases.services.outbox import outbox_stage, outbox_stage_many
 
 logger = logging.getLogger(__name__)
+EXECUTE_JOB = "purchase_execute"
 
 
 def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:
@@ -42,12 +43,17 @@ def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 50
     return list(ids)
 
 
+def purchase_execution_key(purchase_id: int) -> str:
+    """The dedup key of a purchase's staged execution: one waiting message per purchase."""
+    return f"{EXECUTE_JOB}:{purchase_id}"
+
+
 def purchase_execution_stage(*, purchase_id: int, now: datetime | None = None) -> int | None:
     """Stage the execution of a purchase in the caller's transaction (once per flow)."""
     return outbox_stage(
-        job="purchase_execute",
+        job=EXECUTE_JOB,
         kwargs={"purchase_id": purchase_id},
-        dedup_key=f"purchase_execute:{purchase_id}",
+        dedup_key=purchase_execution_key(purchase_id),
         now=now,
     )
 
@@ -56,8 +62,8 @@ def purchase_executions_stage(*, purchase_ids: list[int], now: datetime | None =
     """`purchase_execution_stage` for many purchases: a few INSERTs, one relay after commit."""
     if purchase_ids:
         outbox_stage_many(
-            job="purchase_execute",
-            messages=[({"purchase_id": pk}, f"purchase_execute:{pk}") for pk in purchase_ids],
+            job=EXECUTE_JOB,
+            messages=[({"purchase_id": pk}, purchase_execution_key(pk)) for pk in purchase_ids],
             now=now,
         )
 

@@ -20,6 +20,7 @@ from purchases.models import Buyer
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.x402_offers import x402_route
+from purchases.services.x402_outcomes import x402_request_scope
 
 A = TypeVar("A")
 
@@ -53,27 +54,18 @@ def x402_pay(
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
+    # The paid URL names the offering: only its quotes can be paid there.
+    offering = x402_route(offering_slug=offering_slug).offering
     request = PaymentRequest(
         presentation=presentation,
         scope=X402_SCOPE,
         buyer=buyer,
         copy_label=label,
-        offering=None,
+        offering=offering,
         now=now_or(now),
         unstored=UNSTORED_CODES,
     )
-    return purchase_pay(request=_for_route(request, offering_slug), answers=answers)
-
-
-def _for_route(request: PaymentRequest, offering_slug: str) -> PaymentRequest:
-    """The paid URL names the offering: only its quotes can be paid there."""
-    route = x402_route(offering_slug=offering_slug)
-    return PaymentRequest(
-        presentation=request.presentation,
-        scope=request.scope,
-        buyer=request.buyer,
-        copy_label=request.copy_label,
-        offering=route.offering,
-        now=request.now,
-        unstored=request.unstored,
-    )
+    # The paying request runs fast work itself: its execution job goes to a worker only if
+    # the request leaves it to one.
+    with x402_request_scope(offering=offering):
+        return purchase_pay(request=request, answers=answers)

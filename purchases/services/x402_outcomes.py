@@ -5,6 +5,8 @@ purchase's current state; purchases.api.x402_answers says how each is answered.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +22,7 @@ from payments.x402.types import Requirements
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import purchase_get_by_capability
 from purchases.services.delivery import Delivery, DeliveryPending, purchase_result_deliver
-from purchases.services.result_wait import purchase_await_result
+from purchases.services.result_wait import purchase_await_result, purchase_inline_execution_scope
 from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
 
 PAY = Purchase.PaymentState
@@ -137,13 +139,26 @@ def x402_outcome_for_purchase(
 
 
 def _await_work(purchase: Purchase) -> Purchase:
-    """Give a fast job the chance to answer in this round trip: up to the offering's expected
-    run time, never past the server-wide cap; then pending."""
-    wait = min(
-        purchase.offering.expected_run_time.total_seconds(),
-        float(settings.X402_RESULT_WAIT_SECONDS),
+    """Give a fast job the chance to answer in this round trip; then pending."""
+    return purchase_await_result(
+        purchase=purchase, wait_seconds=_result_wait_seconds(purchase.offering)
     )
-    return purchase_await_result(purchase=purchase, wait_seconds=wait)
+
+
+def _result_wait_seconds(offering: Offering) -> float:
+    """Up to the offering's expected run time, never past the server-wide cap."""
+    return min(offering.expected_run_time.total_seconds(), float(settings.X402_RESULT_WAIT_SECONDS))
+
+
+@contextmanager
+def x402_request_scope(*, offering: Offering) -> Iterator[None]:
+    """Around one x402 request that may settle a payment for `offering` and wait for its
+    work: if the request will run that work itself, the execution job it stages is not sent
+    to a worker unless the request leaves the job to one (result_wait)."""
+    with purchase_inline_execution_scope(
+        offering=offering, wait_seconds=_result_wait_seconds(offering)
+    ):
+        yield
 
 
 def x402_outcome_for_ref(*, ref: str) -> X402Outcome:
@@ -160,4 +175,7 @@ def x402_outcome_for_capability(*, ref: str, token: str) -> X402Outcome:
     Raises DomainError: purchase_not_found (wrong token, another purchase's, or no purchase).
     """
     purchase = purchase_get_by_capability(ref=ref, token=token)
-    return x402_outcome_for_purchase(purchase=purchase, reconcile=True, channel="capability_url")
+    with x402_request_scope(offering=purchase.offering):
+        return x402_outcome_for_purchase(
+            purchase=purchase, reconcile=True, channel="capability_url"
+        )

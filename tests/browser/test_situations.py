@@ -61,6 +61,7 @@ class Expected:
     actions: tuple[str, ...]  # exactly what support is offered
     says: str  # words the Now box must say (sentence and notes)
     page: str = "purchase"
+    refund_open: bool = False  # a refund owed and not yet paid back, said beside the state
 
 
 EXPECTED: dict[str, Expected] = {
@@ -81,19 +82,22 @@ EXPECTED: dict[str, Expected] = {
          ("Payment failed", "authorization_expired_unused")],
         "buyer", "failed_final", "final_at_deadline", ("assign",), "nonce unused"),
     # A duplicate transfer is owed back: finance's move, no deadline (open until marked paid);
-    # support may still redeliver, but not propose a second refund.
+    # support may still redeliver, but not propose a second refund. The purchase is settled
+    # (final) and the page says the refund is still open.
     "two-authorizations": Expected(
         [*X402_REFUSED, ("Payment recorded", ""), ("Payment started", ""),
          ("Payment recorded as paid", ""), *SUCCEEDED,
          ("Duplicate transfer for a paid purchase", "duplicate_settlement"),
          ("Refund owed", "duplicate_settlement")],
         "finance", "none", "final", ("redeliver_result", "assign"),
-        "landed after it was paid: that money is owed back"),
+        "landed after it was paid: that money is owed back", refund_open=True),
     # Refused, then the same authorization landed: the failure stands, the money is owed back.
+    # That authorization is spent; read within the quote's two minutes, a new payment for the
+    # quote could still change the purchase (final once the quote expires).
     "late-transfer": Expected(
         [*X402_REFUSED, ("Late transfer landed after the purchase failed", "late_settlement"),
          ("Refund owed", "late_settlement")],
-        "finance", "none", "final_at_deadline", ("assign",), "landed anyway"),
+        "finance", "none", "final_at_deadline", ("assign",), "landed anyway", refund_open=True),
     # Failed by policy and credited back at once: nothing is left for anyone to do.
     "execution-failed": Expected(
         [*PREPAID_PAID, ("Execution failed", "invalid_report_input"),
@@ -177,6 +181,7 @@ def now_box(page: Any) -> dict[str, Any]:
         "deadline": deadline.get_attribute("data-deadline-source"),
         "deadline_text": deadline.inner_text().strip(),
         "finality": box.locator('[data-testid="case-finality"]').get_attribute("data-finality"),
+        "state_text": box.locator('[data-testid="case-finality"]').inner_text().strip(),
         "actions": {
             (offered.nth(i).get_attribute("data-testid") or "").removeprefix("case-action-")
             for i in range(offered.count())
@@ -203,6 +208,8 @@ def assert_now_box(page: Any, expected: Expected) -> None:
             r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((in|overdue by) ", seen["deadline_text"]
         )
     assert expected.says in seen["text"], seen["text"]
+    # "final, refund open": the state and its open remedy, said together.
+    assert seen["state_text"].endswith(", refund open") == expected.refund_open, seen
 
 
 @pytest.mark.parametrize("name", list(SITUATIONS))

@@ -73,6 +73,7 @@ def _expected_deadline(row: Row, facts: CaseFacts) -> datetime | None:
         Deadline.EXECUTION_CHECK: facts.lease_expires_at or facts.updated_at + facts.sweep_grace,
         Deadline.RESULT_RETENTION: facts.result_expires_at,
         Deadline.ESCALATION: None,  # no escalation open in the bare row
+        Deadline.STILL_PAYABLE: facts.quote_expires_at,  # no authorization left to land
         Deadline.NONE: None,
     }[row.deadline]
 
@@ -177,13 +178,15 @@ def test_a_late_transfer_on_a_refused_payment_says_money_moved() -> None:
     case = purchase_case(facts, now=NOW)
     assert case.row.reason == "late_settlement"
     assert "no money moved" not in case.sentence and "landed anyway" in case.sentence
-    # Finance owns it with no deadline; the failure still becomes final when it would.
+    # Finance owns it with no deadline. The refused authorization landed, so it cannot land
+    # again: only a new payment while the quote is open can still change the purchase.
     assert (case.owner, case.deadline_at, case.deadline_source) == (
         Owner.FINANCE,
         None,
         Deadline.NONE,
     )
-    assert case.changes_until == facts.updated_at + facts.failed_final_after
+    assert case.changes_until == facts.quote_expires_at and not case.is_final
+    assert case.refund_open
     assert case.actions == (Action.ASSIGN,)
     paid_back = purchase_case(replace(facts, refunds=(replace(owed, state="paid"),)), now=NOW)
     assert paid_back.owner == Owner.BUYER  # it may pay again; nothing is owed any more
@@ -199,7 +202,69 @@ def test_a_duplicate_transfer_is_finances_without_the_buyers_deadline() -> None:
         Deadline.NONE,
     )
     assert case.actions == (Action.REDELIVER_RESULT, Action.ASSIGN)  # no second proposal
-    assert case.is_final  # the purchase is settled; only the remedy is open
+    # The purchase is settled (final), and the page says its remedy is open too.
+    assert case.is_final and case.refund_open
+    paid_back = purchase_case(_facts(PAID_DONE, refunds=(replace(owed, state="paid"),)), now=NOW)
+    assert paid_back.is_final and not paid_back.refund_open
+
+
+def test_a_refund_is_open_only_while_owed() -> None:
+    for state, is_open in (
+        ("proposed", False),
+        ("owed", True),
+        ("paid", False),
+        ("declined", False),
+    ):
+        refund = RefundFact(1, state, "support_refund", 250_000)
+        assert purchase_case(_facts(PAID_DONE, refunds=(refund,)), now=NOW).refund_open is is_open
+
+
+LATE_OWED = RefundFact(1, "owed", "late_settlement", 250_000)
+
+
+def _late(**overrides: object) -> CaseFacts:
+    """A refused payment whose authorization landed after the quote closed."""
+    refused = case_row(
+        payment="failed", fulfillment="not_started", reason_code="facilitator_rejected:x"
+    )
+    facts = _facts(
+        refused,
+        reason_code="facilitator_rejected:invalid_signature",
+        quote_expires_at=NOW - timedelta(minutes=1),
+        # The landed authorization's own window may still be open: it is spent all the same.
+        valid_before_at=NOW + timedelta(minutes=4),
+        landable_valid_before_at=None,
+        refunds=(LATE_OWED,),
+    )
+    return replace(facts, **overrides)  # type: ignore[arg-type]
+
+
+def test_a_late_transfer_after_the_quote_closed_is_final_with_its_refund_open() -> None:
+    case = purchase_case(_late(), now=NOW)
+    # Not "can change until" the failure's 24 h: the authorization landed, the quote is
+    # closed, nothing can change the failure any more; only the refund is left to pay.
+    assert (case.finality, case.changes_until, case.refund_open) == (Finality.FINAL, None, True)
+    assert (case.owner, case.deadline_at) == (Owner.FINANCE, None)
+    assert case.late_transfer and "landed anyway" in case.sentence
+    paid_back = purchase_case(_late(refunds=(replace(LATE_OWED, state="paid"),)), now=NOW)
+    assert (paid_back.finality, paid_back.refund_open) == (Finality.FINAL, False)
+    # The buyer cannot pay for it any more: nobody has a move.
+    assert (paid_back.owner, paid_back.deadline_at, paid_back.deadline_source) == (
+        Owner.NONE,
+        None,
+        Deadline.NONE,
+    )
+
+
+def test_a_late_transfer_can_change_while_money_for_it_can_still_land() -> None:
+    open_quote = purchase_case(_late(quote_expires_at=NOW + timedelta(minutes=2)), now=NOW)
+    assert open_quote.finality == Finality.FINAL_AT_DEADLINE
+    assert open_quote.changes_until == NOW + timedelta(minutes=2)
+    assert any("its quote is open for a new payment" in note for note in open_quote.notes)
+    other = NOW + timedelta(hours=1)  # a second authorization, not spent, still valid
+    another = purchase_case(_late(landable_valid_before_at=other), now=NOW)
+    assert (another.finality, another.changes_until) == (Finality.FINAL_AT_DEADLINE, other)
+    assert purchase_case(_late(landable_valid_before_at=other), now=other).is_final
 
 
 def test_failed_work_refunded_in_full_leaves_nobody_a_move() -> None:

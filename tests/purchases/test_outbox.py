@@ -274,21 +274,28 @@ def test_the_sweeper_stages_through_the_outbox_once_per_waiting_purchase(
     assert JobRun.objects.filter(job="executions").count() == 2
 
 
-def test_prune_deletes_relayed_messages_past_retention_in_batches(
+def test_prune_deletes_relayed_and_retired_messages_past_retention_in_batches(
     monkeypatch: pytest.MonkeyPatch,
 ):
     monkeypatch.setattr(outbox, "PRUNE_BATCH", 2)
     now = timezone.now()
     old = now - settings.TOLLBOOTH["OUTBOX_RETENTION"] - timedelta(minutes=1)
 
-    def message(relayed_at: Any) -> int:
+    def message(relayed_at: Any, retired_at: Any = None) -> int:
         return OutboxMessage.objects.create(
-            job="refund_alert", created_at=old, available_at=old, relayed_at=relayed_at
+            job="refund_alert",
+            created_at=old,
+            available_at=old,
+            relayed_at=relayed_at,
+            retired_at=retired_at,
         ).pk
 
-    for _ in range(5):
+    for _ in range(3):
         message(old)
+    for _ in range(2):
+        message(None, retired_at=old)
     recent = message(now - timedelta(hours=1))
+    recently_retired = message(None, retired_at=now - timedelta(hours=1))
     waiting = message(None)
     last_success = JobRun.objects.create(
         job="outbox_relay", started_at=old - timedelta(hours=2), finished_at=old
@@ -299,7 +306,11 @@ def test_prune_deletes_relayed_messages_past_retention_in_batches(
     stats = outbox_prune(now=now)
 
     assert stats == Counter(pruned=5, relay_runs_pruned=1)
-    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {recent, waiting}
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {
+        recent,
+        recently_retired,
+        waiting,
+    }
     remaining = set(JobRun.objects.exclude(job="prune_outbox").values_list("pk", flat=True))
     assert remaining == {last_success.pk, other_job.pk}
 

@@ -1,6 +1,7 @@
 """A paid request waiting for its result is woken by the commit that stores it (PostgreSQL
 NOTIFY), reads again on its own when a notification is lost, and runs fast in-process work
-itself, exactly once under the execution claim."""
+itself, exactly once under the execution claim; the execution job staged for it reaches the
+broker (real Redis) only when the request leaves the work to a worker."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ from collections.abc import Callable, Iterator
 import pytest
 from django.db import connection, transaction
 
+from fulfillment.executors.report import ReportExecutor
 from fulfillment.models import ExecutionAttempt
-from purchases.models import Purchase
-from purchases.services import result_wait
+from purchases.models import OutboxMessage, Purchase
+from purchases.services import execution, result_wait
 from purchases.services.execution import ExecutionOutcome, purchase_execute
+from purchases.services.outbox import outbox_stage
 from purchases.services.result_notify import fulfillment_notify
+from purchases.services.sweeper import purchase_execution_stage
 from tests.factories import PaymentAttemptFactory, PurchaseFactory
+from tests.fixtures.broker import BrokerQueue
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 RUN = Purchase.FulfillmentState
@@ -143,3 +148,109 @@ def test_no_inline_run_when_the_request_may_not_wait() -> None:
 
     assert answered.fulfillment_state == RUN.QUEUED
     assert not ExecutionAttempt.objects.filter(purchase_id=purchase.pk).exists()
+
+
+# --- the execution job of an inline run: held back from the broker, retired or sent ---------
+
+EXECUTE_TASK = "purchases.tasks.purchase_execute_task"
+
+
+def _paid_report() -> Purchase:
+    purchase = PurchaseFactory.create(paid=True, quote__canonical_input=REPORT_INPUT)
+    PaymentAttemptFactory.create(purchase=purchase, succeeded=True)
+    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+
+
+def _stage_execution(purchase: Purchase) -> OutboxMessage:
+    with transaction.atomic():  # as the settlement does, in the transaction that queues it
+        message_id = purchase_execution_stage(purchase_id=purchase.pk)
+    assert message_id is not None
+    return OutboxMessage.objects.get(pk=message_id)
+
+
+def test_the_job_of_a_finished_inline_run_is_retired_and_never_reaches_the_broker(
+    broker_queue: BrokerQueue,
+) -> None:
+    purchase = _paid_report()
+    with result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=30):
+        staged = _stage_execution(purchase)
+        staged.refresh_from_db()
+        assert staged.status == "waiting"  # committed, and held back from the broker
+        answered = result_wait.purchase_await_result(purchase=purchase, wait_seconds=30)
+
+    assert answered.fulfillment_state == RUN.SUCCEEDED
+    staged.refresh_from_db()
+    assert (staged.status, staged.relayed_at, staged.attempts) == ("retired", None, 0)
+    assert staged.retired_at is not None
+    assert broker_queue.tasks() == []
+    # Retired is not waiting: a later staging of the same job (the sweeper's) is not blocked.
+    with transaction.atomic():
+        again = purchase_execution_stage(purchase_id=purchase.pk)
+    assert again is not None and again != staged.pk
+
+
+def test_a_job_another_worker_holds_is_sent_at_once(broker_queue: BrokerQueue) -> None:
+    purchase = _paid_report()
+    assert execution._claim(purchase.pk, "w1@elsewhere:task-1") is not None  # live lease
+    with result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=30):
+        staged = _stage_execution(purchase)
+        answered = result_wait.purchase_await_result(purchase=purchase, wait_seconds=0.1)
+        # Sent right after the inline run observed the other worker, not at the scope's end.
+        assert broker_queue.tasks() == [(EXECUTE_TASK, {"purchase_id": purchase.pk})]
+
+    assert answered.fulfillment_state == RUN.RUNNING
+    staged.refresh_from_db()
+    assert (staged.status, staged.retired_at, staged.attempts) == ("relayed", None, 1)
+    assert ExecutionAttempt.objects.get(purchase_id=purchase.pk).worker == "w1@elsewhere:task-1"
+
+
+def test_an_inline_run_that_raises_sends_its_job_at_once(
+    broker_queue: BrokerQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def crash(self: object, job: object) -> None:
+        raise RuntimeError("the executor crashed")
+
+    monkeypatch.setattr(ReportExecutor, "start", crash)
+    purchase = _paid_report()
+    with result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=30):
+        staged = _stage_execution(purchase)
+        answered = result_wait.purchase_await_result(purchase=purchase, wait_seconds=0.1)
+        assert broker_queue.tasks() == [(EXECUTE_TASK, {"purchase_id": purchase.pk})]
+
+    assert answered.fulfillment_state == RUN.RUNNING  # left to a worker under the lease rules
+    staged.refresh_from_db()
+    assert (staged.status, staged.attempts) == ("relayed", 1)
+
+
+def test_a_scope_left_without_an_inline_run_sends_its_job_as_it_ends(
+    broker_queue: BrokerQueue,
+) -> None:
+    purchase = _paid_report()
+    with (
+        pytest.raises(RuntimeError, match="before the wait"),
+        result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=30),
+    ):
+        staged = _stage_execution(purchase)
+        assert broker_queue.tasks() == []
+        raise RuntimeError("the request failed before the wait")
+
+    assert broker_queue.tasks() == [(EXECUTE_TASK, {"purchase_id": purchase.pk})]
+    staged.refresh_from_db()
+    assert (staged.status, staged.attempts) == ("relayed", 1)
+    assert not ExecutionAttempt.objects.filter(purchase_id=purchase.pk).exists()
+
+
+def test_only_the_execution_job_of_an_inline_run_is_held(broker_queue: BrokerQueue) -> None:
+    purchase = _paid_report()
+    other = _paid_report()
+    # A request that will not run the work (no wait) holds nothing: relayed at its commit.
+    with result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=0):
+        _stage_execution(purchase)
+        assert broker_queue.tasks() == [(EXECUTE_TASK, {"purchase_id": purchase.pk})]
+    # Inside a holding scope, another job is relayed at its commit as everywhere else.
+    with result_wait.purchase_inline_execution_scope(offering=other.offering, wait_seconds=30):
+        with transaction.atomic():
+            outbox_stage(job="refund_alert", kwargs={"refund_id": 7}, dedup_key="refund_alert:7")
+        assert broker_queue.tasks()[1:] == [("purchases.tasks.refund_alert_task", {"refund_id": 7})]
+        result_wait.purchase_await_result(purchase=other, wait_seconds=30)
+    assert len(broker_queue.tasks()) == 2

@@ -59,6 +59,8 @@ DEADLINE_WORDS = {
     Deadline.EXECUTION_CHECK: "the worker's lease or the sweep grace running out",
     Deadline.RESULT_RETENTION: "the stored result's retention ending",
     Deadline.ESCALATION: "the escalation's deadline",
+    Deadline.STILL_PAYABLE: "the last moment money for it can still land (its quote's "
+    "expiry, or the window of an authorization it received and not yet spent)",
     Deadline.NONE: "none",
 }
 RUNBOOK_START = "<!-- case-table:start (generated: manage.py case_table --format runbook) -->"
