@@ -6,12 +6,13 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import FSMField, transition
 
+from core.prepared import PreparedTransitionMixin
 from core.refs import new_ref
 
 
-class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
+class ExecutionAttempt(PreparedTransitionMixin, models.Model):
     """One try to run the paid work, owned by one worker through a lease."""
 
     class State(models.TextChoices):

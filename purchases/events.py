@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from django.db import connection, models, transaction
-from django.db.models.sql import InsertQuery
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
@@ -140,15 +140,14 @@ def events_flush_with(
         if connection.vendor != "postgresql" or not batch:
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if returning else []
-        query = InsertQuery(PurchaseEvent)
-        fields: list[models.Field[Any, Any]] = [
-            field
-            for field in (PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
-            if isinstance(field, models.Field)
+        # The INSERT the ORM would compile for these rows, written once per row count.
+        insert_sql = _events_insert_sql(connection.alias, len(batch))
+        fields = _insert_fields()
+        insert_params = [
+            field.get_db_prep_save(field.pre_save(event, True), connection)
+            for event in batch
+            for field in fields
         ]
-        rows: list[models.Model] = list(batch)
-        query.insert_values(fields, rows)
-        [(insert_sql, insert_params)] = query.get_compiler(connection=connection).as_sql()
         result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(
             f"WITH step AS ({sql}), noted AS ({insert_sql}) {result}",
@@ -157,6 +156,21 @@ def events_flush_with(
         written = list(cursor.fetchall()) if returning else []
     batch.clear()
     return written
+
+
+@functools.cache
+def _insert_fields() -> tuple[models.Field[Any, Any], ...]:
+    fields = tuple(PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
+    assert all(isinstance(field, models.Field) for field in fields)
+    return fields  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=64)
+def _events_insert_sql(alias: str, rows: int) -> str:
+    """`rows` events in one multi-row INSERT (PostgreSQL), columns as event_table_sql."""
+    table, columns = event_table_sql()
+    row = f"({', '.join(['%s'] * len(_INSERT_FIELDS))})"
+    return f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * rows)}"  # noqa: S608 - names from the model
 
 
 def db_column(model: type[models.Model], field_name: str) -> str:

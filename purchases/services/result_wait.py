@@ -23,6 +23,7 @@ Two mechanisms, both keeping the execution exactly-once:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -43,6 +44,7 @@ from purchases.services.outbox import (
     outbox_retire_held,
 )
 from purchases.services.result_notify import FULFILLMENT_CHANNEL
+from purchases.services.settlement import purchase_reload
 from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     )
     if state == purchase.fulfillment_state:
         return purchase
-    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+    return purchase_reload(purchase=purchase)
 
 
 def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
@@ -148,10 +150,13 @@ def fulfillment_wait(
     (a time.monotonic() value). Returns the last state read."""
 
     def read() -> str:
-        state: str = Purchase.objects.values_list("fulfillment_state", flat=True).get(
-            pk=purchase_id
-        )
-        return state
+        # One fixed statement, not a queryset compiled on every look (core.prepared's why).
+        with connection.cursor() as cursor:
+            cursor.execute(_state_sql(connection.vendor), [purchase_id])
+            row = cursor.fetchone()
+        if row is None:
+            raise Purchase.DoesNotExist(f"purchase {purchase_id} does not exist")
+        return str(row[0])
 
     if connection.vendor != "postgresql":
         return _poll(read, waiting, deadline, SQLITE_POLL_SECONDS)
@@ -167,6 +172,14 @@ def fulfillment_wait(
             wake.clear()
     finally:
         listener.unregister(purchase_id, wake)
+
+
+@functools.cache
+def _state_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    meta = Purchase._meta
+    state, pk = meta.get_field("fulfillment_state").column, meta.pk.column  # type: ignore[union-attr]
+    return f"SELECT {quote(state)} FROM {quote(meta.db_table)} WHERE {quote(pk)} = %s"  # noqa: S608 - names from the model
 
 
 def _poll(read: Callable[[], str], waiting: Collection[str], deadline: float, every: float) -> str:

@@ -21,6 +21,7 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.bulk import bulk_update_columns
 from core.clock import now_or
+from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
@@ -373,4 +374,10 @@ def purchase_queue_execution_if_due(
 def purchase_reload(*, purchase: Purchase) -> Purchase:
     # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
     # the shared field object, which is not safe with threads serving requests.
-    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+    return _PURCHASE_READ.get(pk=purchase.pk)
+
+
+# The answer's read of a purchase, compiled once per process (core.prepared).
+_PURCHASE_READ = PreparedQuery(
+    lambda pk: Purchase.objects.select_related("offering", "quote").filter(pk=pk), pk=int
+)

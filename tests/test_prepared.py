@@ -1,0 +1,116 @@
+"""Queries compiled once per process (core.prepared) read and write exactly as the ORM does,
+on PostgreSQL and on the embedded SQLite alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import models, transaction
+from django.db.models import F
+from django.db.transaction import TransactionManagementError
+from django_fsm import ConcurrentTransition
+
+from core.prepared import PreparedQuery
+from payments import selectors as payment_selectors
+from purchases.models import Purchase
+from tests.factories import PaymentAttemptFactory
+
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
+
+
+def _locked_purchase(pk: int) -> models.QuerySet[Purchase]:
+    return (
+        Purchase.objects.select_for_update(of=("self",))
+        .select_related("offering", "quote")
+        .annotate(**payment_selectors.payment_evidence_of_purchase())
+        .filter(pk=pk)
+    )
+
+
+LOCKED_PURCHASE = PreparedQuery(_locked_purchase, pk=int)
+
+
+def _fields(instance: models.Model) -> dict[str, Any]:
+    return {f.attname: getattr(instance, f.attname) for f in instance._meta.concrete_fields}
+
+
+def test_a_prepared_read_makes_the_instances_the_orm_makes():
+    attempt = PaymentAttemptFactory.create(
+        purchase__paid=True, purchase__prepaid=True, succeeded=True, rail="prepaid"
+    )
+    other = PaymentAttemptFactory.create(purchase__payment_state=Purchase.PaymentState.PAYING)
+    for purchase_id in (attempt.purchase_id, other.purchase_id, attempt.purchase_id):
+        with transaction.atomic():
+            expected = _locked_purchase(purchase_id).get()
+            found = LOCKED_PURCHASE.get(pk=purchase_id)
+        assert _fields(found) == _fields(expected)  # datetimes, JSON, states converted alike
+        assert _fields(found.offering) == _fields(expected.offering)
+        assert _fields(found.quote) == _fields(expected.quote)
+        assert found.quote.canonical_input == expected.quote.canonical_input
+        evidence = ("payment_reference", "payment_network")  # annotated
+        assert [getattr(found, name) for name in evidence] == [
+            getattr(expected, name) for name in evidence
+        ]
+        assert found._state.adding is False and found._state.db == "default"
+    with transaction.atomic(), pytest.raises(Purchase.DoesNotExist):
+        LOCKED_PURCHASE.get(pk=-1)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_locking_read_refuses_to_run_outside_a_transaction():
+    attempt = PaymentAttemptFactory.create()
+    with pytest.raises(TransactionManagementError):
+        LOCKED_PURCHASE.get(pk=attempt.purchase_id)
+
+
+def test_a_parameter_the_orm_transforms_is_refused_when_compiled():
+    by_payer = PreparedQuery(
+        lambda payer: Purchase.objects.filter(payer__icontains=payer), payer=str
+    )
+    with pytest.raises(ValueError, match="payer"):
+        by_payer.fetch(payer="0xabc")
+
+
+def test_a_transition_saved_over_a_row_moved_meanwhile_writes_nothing():
+    attempt = PaymentAttemptFactory.create(purchase__payment_state=Purchase.PaymentState.PAYING)
+    held = Purchase.objects.get(pk=attempt.purchase_id)
+    with transaction.atomic():
+        moved = Purchase.objects.select_for_update().get(pk=held.pk)
+        moved.payment_pend(reason_code="not_on_chain_yet")
+        moved.save(update_fields=["payment_state", "reason_code", "updated_at"])
+
+    held.payment_fail(reason_code="transaction_reverted")
+    with pytest.raises(ConcurrentTransition), transaction.atomic():
+        held.save(update_fields=["payment_state", "reason_code", "updated_at"])
+
+    stored = Purchase.objects.get(pk=held.pk)
+    assert (stored.payment_state, stored.reason_code) == ("settlement_pending", "not_on_chain_yet")
+
+
+def test_a_transition_save_writes_the_fields_named_and_moves_its_read_state():
+    attempt = PaymentAttemptFactory.create(purchase__payment_state=Purchase.PaymentState.PAYING)
+    purchase = Purchase.objects.get(pk=attempt.purchase_id)
+    before = purchase.updated_at
+    purchase.payer = "0x" + "11" * 20  # changed in memory, not named: not written
+    purchase.payment_pend(reason_code="not_on_chain_yet")
+    with transaction.atomic():
+        purchase.save(update_fields=["payment_state", "reason_code", "updated_at"])
+        # The next save is conditional on the state just written, not the one first read.
+        purchase.payment_complete(paid_at=purchase.updated_at)
+        purchase.save(update_fields=["payment_state", "paid_at", "updated_at"])
+
+    stored = Purchase.objects.get(pk=purchase.pk)
+    assert (stored.payment_state, stored.reason_code) == ("paid", "not_on_chain_yet")
+    assert stored.paid_at == purchase.paid_at and stored.updated_at > before
+    assert stored.payer == attempt.purchase.payer
+
+
+def test_an_expression_saved_still_goes_through_the_orm():
+    attempt = PaymentAttemptFactory.create(purchase__payment_state=Purchase.PaymentState.PAYING)
+    purchase = Purchase.objects.get(pk=attempt.purchase_id)
+    purchase.amount = F("amount") + 1
+    with transaction.atomic():
+        purchase.save(update_fields=["amount"])
+    assert Purchase.objects.get(pk=purchase.pk).amount == attempt.purchase.amount + 1
