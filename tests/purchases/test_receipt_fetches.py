@@ -23,6 +23,7 @@ from purchases.services.delivery import (
     receipt_public,
 )
 from tests.factories import PurchaseFactory
+from tests.integration.helpers import race
 
 WINDOW_SECONDS = int(RECEIPT_FETCH_NOTE_WINDOW.total_seconds())
 
@@ -105,32 +106,18 @@ def test_a_fetch_after_the_window_is_noted_again_with_the_previous_note() -> Non
 def test_concurrent_fetches_that_all_found_the_receipt_unnoted_write_one_event() -> None:
     receipt = _receipt()
     count, now = 12, timezone.now()
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-    seen: list[datetime | None] = []
+    all_read = threading.Barrier(count)
 
-    def fetch() -> None:
-        try:
-            # Every thread reads the receipt before any notes the fetch, so every one of
-            # them decides a note is due and races to write it.
-            found = fulfillment_selectors.receipt_get(public_id=receipt.public_id)
-            assert found is not None
-            seen.append(found.last_fetch_noted_at)
-            barrier.wait(timeout=10)
-            _receipt_fetch_note(found, now)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def fetch(_: int) -> tuple[str, datetime | None]:
+        # Every thread reads the receipt before any notes the fetch, so every one of them
+        # decides a note is due and races to write it.
+        found = fulfillment_selectors.receipt_get(public_id=receipt.public_id)
+        assert found is not None
+        all_read.wait(timeout=10)
+        _receipt_fetch_note(found, now)
+        return ("noted when read", found.last_fetch_noted_at)
 
-    threads = [threading.Thread(target=fetch) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-
-    assert errors == []
-    assert seen == [None] * count
+    assert race(count, fetch) == [("noted when read", None)] * count
     assert len(_fetches(receipt.purchase)) == 1
     receipt.refresh_from_db()
     assert receipt.last_fetch_noted_at == now
@@ -141,25 +128,9 @@ def test_concurrent_fetches_that_all_found_the_receipt_unnoted_write_one_event()
 def test_concurrent_requests_for_a_receipt_write_one_event() -> None:
     receipt = _receipt()
     count = 12
-    barrier = threading.Barrier(count)
-    errors: list[BaseException] = []
-    answers: list[int] = []
 
-    def fetch() -> None:
-        try:
-            barrier.wait(timeout=10)
-            answers.append(APIClient().get(f"/api/v1/receipts/{receipt.public_id}").status_code)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connection.close()
+    def fetch(_: int) -> int:
+        return int(APIClient().get(f"/api/v1/receipts/{receipt.public_id}").status_code)
 
-    threads = [threading.Thread(target=fetch) for _ in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-
-    assert errors == []
-    assert answers == [200] * count
+    assert race(count, fetch) == [200] * count
     assert len(_fetches(receipt.purchase)) == 1
