@@ -25,6 +25,7 @@ import pstats
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -73,19 +74,17 @@ def test_profile_prepaid_purchase(
     for n in range(WARM_UP + 2 * requests):
         data = {"title": f"Sales {n}", "csv": f"region,units\nnorth,{n}\n"}
         body = {"offering": offering.slug, "input": data}
-        quoted = timed(n, "quote", lambda: client.post("/api/v1/quotes", body, format="json"))
+        quoted = timed(n, "quote", partial(client.post, "/api/v1/quotes", body, format="json"))
         assert quoted.status_code == 201, quoted.content  # type: ignore[attr-defined]
         quote_id = quoted.json()["id"]  # type: ignore[attr-defined]
-        key = f"profile-prepaid-{n:08d}"
 
-        def pay() -> object:
-            return client.post(
-                f"/api/v1/quotes/{quote_id}/purchase",
-                {"rail": "prepaid"},
-                format="json",
-                HTTP_IDEMPOTENCY_KEY=key,  # noqa: B023 - called before the loop moves on
-            )
-
+        pay = partial(
+            client.post,
+            f"/api/v1/quotes/{quote_id}/purchase",
+            {"rail": "prepaid"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=f"profile-prepaid-{n:08d}",
+        )
         paid = timed(n, "pay", pay)
         assert paid.status_code == 201, paid.content  # type: ignore[attr-defined]
         replayed = timed(n, "replay", pay)
