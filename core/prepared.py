@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.query import RelatedPopulator, get_related_populators
-from django.db.models.sql import Query
+from django.db.models.sql import InsertQuery, Query
 from django.db.transaction import TransactionManagementError
 from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
 
@@ -311,6 +311,100 @@ class PreparedTransitionMixin(ConcurrentTransitionMixin):
                 "Cannot save object! The state has been changed since fetched from the database!"
             )
         return updated > 0
+
+    def _do_insert(  # type: ignore[override]
+        self,
+        manager: models.Manager[Any],
+        using: str | None,
+        fields: list[models.Field[Any, Any]],
+        returning_fields: list[models.Field[Any, Any]] | None,
+        raw: bool,
+    ) -> Any:
+        """A new row's INSERT, written once per shape instead of compiled on every save."""
+        if not raw and not self._meta.parents:
+            inserted = _prepared_insert(self, using or DEFAULT_DB_ALIAS, fields, returning_fields)
+            if inserted is not None:
+                return inserted
+        return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class _InsertShape:
+    sql: str
+    returning_params: Any
+    returning_columns: list[Any]
+
+
+_insert_shapes: dict[tuple[Any, ...], _InsertShape] = {}
+
+
+def _prepared_insert(
+    instance: models.Model,
+    alias: str,
+    fields: list[models.Field[Any, Any]],
+    returning_fields: list[models.Field[Any, Any]] | None,
+) -> list[tuple[Any, ...]] | None:
+    """One row's INSERT as the ORM runs it, its SQL compiled once per shape (the fields
+    saved and returned): the row's values, as the ORM prepares them, and the returned
+    columns, converted. None when the ORM must do it (an expression as a value, a field
+    with a placeholder of its own, a database that cannot return the columns)."""
+    connection = connections[alias]
+    if returning_fields and not connection.features.can_return_columns_from_insert:
+        return None
+    if any(
+        hasattr(field, "get_placeholder")
+        or _needs_the_orm(field, instance.__dict__.get(field.attname))
+        for field in fields
+    ):
+        return None
+    values = [field.pre_save(instance, True) for field in fields]  # type: ignore[arg-type]
+    if any(_needs_the_orm(field, value) for field, value in zip(fields, values, strict=True)):
+        return None  # pre_save made an expression: never seen here, and never guessed
+    key = (
+        type(instance),
+        alias,
+        connection.vendor,
+        tuple(field.attname for field in fields),
+        tuple(field.attname for field in returning_fields or ()),
+    )
+    shape = _insert_shapes.get(key)
+    if shape is None:
+        shape = _insert_shapes[key] = _insert_shape(instance, alias, fields, returning_fields)
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(fields, values, strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(shape.sql, params)
+        if not returning_fields:
+            return []
+        row = connection.ops.fetch_returned_insert_columns(cursor, shape.returning_params)
+    compiler = connection.ops.compiler("SQLCompiler")(Query(type(instance)), connection, alias)
+    converters = compiler.get_converters(shape.returning_columns)
+    rows: Iterable[Any] = [row]
+    if converters:
+        rows = compiler.apply_converters(rows, converters)
+    return [tuple(found) for found in rows]
+
+
+def _insert_shape(
+    instance: models.Model,
+    alias: str,
+    fields: list[models.Field[Any, Any]],
+    returning_fields: list[models.Field[Any, Any]] | None,
+) -> _InsertShape:
+    """The ORM's own INSERT for this shape (compiled raw: nothing pre-saved twice)."""
+    query = InsertQuery(type(instance))
+    query.insert_values(fields, [instance], raw=True)
+    compiler = query.get_compiler(using=alias)
+    compiler.returning_fields = returning_fields  # type: ignore[attr-defined]
+    [(sql, _params)] = compiler.as_sql()  # type: ignore[attr-defined]
+    table = instance._meta.db_table
+    return _InsertShape(
+        sql=sql,
+        returning_params=getattr(compiler, "returning_params", ()),
+        returning_columns=[field.get_col(table) for field in returning_fields or ()],
+    )
 
 
 def _needs_the_orm(field: models.Field[Any, Any], value: Any) -> bool:
