@@ -236,10 +236,10 @@ class PreparedRaw(Generic[M]):
         connection = connections[alias]
         identifier = connection.introspection.identifier_converter
         columns = [identifier(name) for name in described]
-        by_column = {identifier(f.column): f for f in self._model._meta.fields}
+        by_column = {identifier(str(f.column)): f for f in self._model._meta.fields}
         pk = self._model._meta.pk
         assert pk is not None
-        init = [f for f in self._model._meta.fields if identifier(f.column) in columns]
+        init = [f for f in self._model._meta.fields if identifier(str(f.column)) in columns]
         if pk.attname not in {f.attname for f in init}:
             raise ValueError("a prepared raw statement must select the primary key")
         cols = [
@@ -247,10 +247,10 @@ class PreparedRaw(Generic[M]):
             for field in (by_column.get(column) for column in columns)
         ]
         compiler = connection.ops.compiler("SQLCompiler")(Query(self._model), connection, alias)
-        converters = compiler.get_converters(cols)
+        converters = compiler.get_converters(cols)  # type: ignore[arg-type]  # None: no field
         shape = _RawShape(
             init_names=[f.attname for f in init],
-            init_positions=[columns.index(identifier(f.column)) for f in init],
+            init_positions=[columns.index(identifier(str(f.column))) for f in init],
             annotations=[(c, pos) for pos, c in enumerate(columns) if c not in by_column],
             converters=[(pos, convs, expr) for pos, (convs, expr) in converters.items()],
         )
@@ -378,7 +378,7 @@ def _prepared_insert(
         cursor.execute(shape.sql, params)
         if not returning_fields:
             return []
-        row = connection.ops.fetch_returned_insert_columns(cursor, shape.returning_params)
+        row = connection.ops.fetch_returned_insert_columns(cursor, shape.returning_params)  # type: ignore[attr-defined]
     compiler = connection.ops.compiler("SQLCompiler")(Query(type(instance)), connection, alias)
     converters = compiler.get_converters(shape.returning_columns)
     rows: Iterable[Any] = [row]

@@ -117,7 +117,7 @@ def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: f
 
 def _client(cache: RedisCache) -> Any:
     """The cache's client for writes, made once per connection pool."""
-    backend = cache._cache
+    backend: Any = cache._cache
     pool = backend._get_connection_pool(True)
     client = _clients.get(pool)
     if client is None:

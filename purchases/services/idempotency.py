@@ -314,7 +314,7 @@ def _insert_sql(vendor: str) -> str:
     quote = connection.ops.quote_name
     fields = _insert_fields()
     return (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 - names come from the model
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608 - names come from the model
         f"SELECT {', '.join(f'%(v{i})s' for i in range(len(fields)))} "
         f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
         f"WHERE {quote('scope')} = %(scope)s AND {quote('key')} = %(hashed)s) "
