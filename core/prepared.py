@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.query import RelatedPopulator, get_related_populators
+from django.db.models.sql import InsertQuery, Query
 from django.db.transaction import TransactionManagementError
 from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin
 
@@ -169,6 +170,94 @@ class PreparedQuery(Generic[M]):
         return instance  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class _RawShape:
+    init_names: list[str]
+    init_positions: list[int]
+    annotations: list[tuple[str, int]]
+    converters: list[tuple[int, list[Callable[..., Any]], Any]]
+
+
+class PreparedRaw(Generic[M]):
+    """A raw statement of ours returning a model's rows, as `Model.objects.raw(sql, params)`
+    makes them (columns named after a field's column fill that field, any other column is
+    set as an attribute, the fields' converters apply), with what raw() works out on every
+    call (the statement's text, which column is which field, the converters) worked out
+    once per process: the statement's columns never change, only its parameters do.
+
+    `sql(vendor)` writes the statement for a database vendor; params are a list or a dict,
+    adapted as raw() adapts them.
+    """
+
+    def __init__(self, model: type[M], sql: Callable[[str], str]) -> None:
+        self._model = model
+        self._sql = functools.cache(sql)
+        self._shapes: dict[tuple[str, str], _RawShape] = {}
+
+    def sql(self) -> str:
+        """The statement, as written for the default database."""
+        return self._sql(connections[DEFAULT_DB_ALIAS].vendor)
+
+    def fetch(self, params: list[Any] | dict[str, Any]) -> list[M]:
+        alias = DEFAULT_DB_ALIAS
+        connection = connections[alias]
+        vendor = connection.vendor
+        adapt = connection.ops.adapt_unknown_value
+        adapted = (
+            {name: adapt(value) for name, value in params.items()}
+            if isinstance(params, dict)
+            else [adapt(value) for value in params]
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(self._sql(vendor), adapted)
+            rows = cursor.fetchall()
+            shape = self._shapes.get((alias, vendor))
+            if shape is None:
+                shape = self._shape(alias, [column[0] for column in cursor.description])
+        model = self._model
+        found: list[M] = []
+        for row in rows:
+            values = list(row)
+            for position, converters, expression in shape.converters:
+                value = values[position]
+                for converter in converters:
+                    value = converter(value, expression, connection)
+                values[position] = value
+            instance = model.from_db(
+                alias, shape.init_names, [values[pos] for pos in shape.init_positions]
+            )
+            for name, position in shape.annotations:
+                setattr(instance, name, values[position])
+            found.append(instance)
+        return found
+
+    def _shape(self, alias: str, described: list[str]) -> _RawShape:
+        """RawQuerySet's column resolution (resolve_model_init_order, its converters)."""
+        connection = connections[alias]
+        identifier = connection.introspection.identifier_converter
+        columns = [identifier(name) for name in described]
+        by_column = {identifier(str(f.column)): f for f in self._model._meta.fields}
+        pk = self._model._meta.pk
+        assert pk is not None
+        init = [f for f in self._model._meta.fields if identifier(str(f.column)) in columns]
+        if pk.attname not in {f.attname for f in init}:
+            raise ValueError("a prepared raw statement must select the primary key")
+        cols = [
+            field.get_col(field.model._meta.db_table) if field is not None else None
+            for field in (by_column.get(column) for column in columns)
+        ]
+        compiler = connection.ops.compiler("SQLCompiler")(Query(self._model), connection, alias)
+        converters = compiler.get_converters(cols)  # type: ignore[arg-type]  # None: no field
+        shape = _RawShape(
+            init_names=[f.attname for f in init],
+            init_positions=[columns.index(identifier(str(f.column))) for f in init],
+            annotations=[(c, pos) for pos, c in enumerate(columns) if c not in by_column],
+            converters=[(pos, convs, expr) for pos, (convs, expr) in converters.items()],
+        )
+        self._shapes[(alias, connection.vendor)] = shape
+        return shape
+
+
 class PreparedTransitionMixin(ConcurrentTransitionMixin):
     """django-fsm's ConcurrentTransitionMixin with its conditional UPDATE written once per
     shape (the columns saved) instead of compiled by the ORM on every save.
@@ -222,6 +311,100 @@ class PreparedTransitionMixin(ConcurrentTransitionMixin):
                 "Cannot save object! The state has been changed since fetched from the database!"
             )
         return updated > 0
+
+    def _do_insert(  # type: ignore[override]
+        self,
+        manager: models.Manager[Any],
+        using: str | None,
+        fields: list[models.Field[Any, Any]],
+        returning_fields: list[models.Field[Any, Any]] | None,
+        raw: bool,
+    ) -> Any:
+        """A new row's INSERT, written once per shape instead of compiled on every save."""
+        if not raw and not self._meta.parents:
+            inserted = _prepared_insert(self, using or DEFAULT_DB_ALIAS, fields, returning_fields)
+            if inserted is not None:
+                return inserted
+        return super()._do_insert(manager, using, fields, returning_fields, raw)  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class _InsertShape:
+    sql: str
+    returning_params: Any
+    returning_columns: list[Any]
+
+
+_insert_shapes: dict[tuple[Any, ...], _InsertShape] = {}
+
+
+def _prepared_insert(
+    instance: models.Model,
+    alias: str,
+    fields: list[models.Field[Any, Any]],
+    returning_fields: list[models.Field[Any, Any]] | None,
+) -> list[tuple[Any, ...]] | None:
+    """One row's INSERT as the ORM runs it, its SQL compiled once per shape (the fields
+    saved and returned): the row's values, as the ORM prepares them, and the returned
+    columns, converted. None when the ORM must do it (an expression as a value, a field
+    with a placeholder of its own, a database that cannot return the columns)."""
+    connection = connections[alias]
+    if returning_fields and not connection.features.can_return_columns_from_insert:
+        return None
+    if any(
+        hasattr(field, "get_placeholder")
+        or _needs_the_orm(field, instance.__dict__.get(field.attname))
+        for field in fields
+    ):
+        return None
+    values = [field.pre_save(instance, True) for field in fields]  # type: ignore[arg-type]
+    if any(_needs_the_orm(field, value) for field, value in zip(fields, values, strict=True)):
+        return None  # pre_save made an expression: never seen here, and never guessed
+    key = (
+        type(instance),
+        alias,
+        connection.vendor,
+        tuple(field.attname for field in fields),
+        tuple(field.attname for field in returning_fields or ()),
+    )
+    shape = _insert_shapes.get(key)
+    if shape is None:
+        shape = _insert_shapes[key] = _insert_shape(instance, alias, fields, returning_fields)
+    params = [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(fields, values, strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(shape.sql, params)
+        if not returning_fields:
+            return []
+        row = connection.ops.fetch_returned_insert_columns(cursor, shape.returning_params)  # type: ignore[attr-defined]
+    compiler = connection.ops.compiler("SQLCompiler")(Query(type(instance)), connection, alias)
+    converters = compiler.get_converters(shape.returning_columns)
+    rows: Iterable[Any] = [row]
+    if converters:
+        rows = compiler.apply_converters(rows, converters)
+    return [tuple(found) for found in rows]
+
+
+def _insert_shape(
+    instance: models.Model,
+    alias: str,
+    fields: list[models.Field[Any, Any]],
+    returning_fields: list[models.Field[Any, Any]] | None,
+) -> _InsertShape:
+    """The ORM's own INSERT for this shape (compiled raw: nothing pre-saved twice)."""
+    query = InsertQuery(type(instance))
+    query.insert_values(fields, [instance], raw=True)
+    compiler = query.get_compiler(using=alias)
+    compiler.returning_fields = returning_fields  # type: ignore[attr-defined]
+    [(sql, _params)] = compiler.as_sql()  # type: ignore[attr-defined]
+    table = instance._meta.db_table
+    return _InsertShape(
+        sql=sql,
+        returning_params=getattr(compiler, "returning_params", ()),
+        returning_columns=[field.get_col(table) for field in returning_fields or ()],
+    )
 
 
 def _needs_the_orm(field: models.Field[Any, Any], value: Any) -> bool:

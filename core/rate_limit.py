@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import secrets
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,10 @@ return {1, 0}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _local_lock = threading.Lock()
 _script: Any = None
+# One redis-py client per connection pool: Django's cache makes a new one on every call,
+# whose construction cost more CPU than the throttle's round trip (issue 11). A client is
+# only a handle on its pool (thread-safe, and it reconnects in a forked worker).
+_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ def rate_limit_hit(*, windows: list[Window], now: float) -> Decision:
 
 def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: float) -> Decision:
     global _script  # registered once per process, on first use
-    client = cache._cache.get_client(keys[0], write=True)
+    client = _client(cache)
     if _script is None:
         _script = client.register_script(_SLIDING_WINDOWS_LUA)
     # The hit's member in each sorted set: unique, so two hits in the same microsecond count twice.
@@ -108,6 +113,16 @@ def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: f
     # EVALSHA: one round trip (redis-py loads the script once if the server lacks it).
     allowed, wait_ms = _script(keys=keys, args=args, client=client)
     return Decision(bool(allowed), int(wait_ms) / 1000)
+
+
+def _client(cache: RedisCache) -> Any:
+    """The cache's client for writes, made once per connection pool."""
+    backend: Any = cache._cache
+    pool = backend._get_connection_pool(True)
+    client = _clients.get(pool)
+    if client is None:
+        client = _clients[pool] = backend._client(connection_pool=pool)
+    return client
 
 
 def _local_hit(cache: Any, keys: list[str], windows: list[Window], now: float) -> Decision:

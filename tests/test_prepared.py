@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import F
 from django.db.transaction import TransactionManagementError
 from django_fsm import ConcurrentTransition
 
-from core.prepared import PreparedQuery
+from core.prepared import PreparedQuery, PreparedRaw
 from payments import selectors as payment_selectors
 from purchases.models import Purchase
 from tests.factories import PaymentAttemptFactory
@@ -114,3 +114,49 @@ def test_an_expression_saved_still_goes_through_the_orm():
     with transaction.atomic():
         purchase.save(update_fields=["amount"])
     assert Purchase.objects.get(pk=purchase.pk).amount == attempt.purchase.amount + 1
+
+
+def _purchase_with_ref_sql(vendor: str) -> str:
+    # Every column, and one no field has (offering_slug).
+    return (
+        "SELECT p.*, o.slug AS offering_slug"
+        " FROM purchases_purchase p JOIN purchases_offering o ON o.id = p.offering_id"
+        " WHERE p.id IN (%(first)s, %(second)s) ORDER BY p.id"
+    )
+
+
+PURCHASE_WITH_SLUG = PreparedRaw(Purchase, _purchase_with_ref_sql)
+
+
+def test_a_prepared_raw_statement_makes_the_instances_raw_makes():
+    paid = PaymentAttemptFactory.create(purchase__paid=True, purchase__prepaid=True).purchase
+    other = PaymentAttemptFactory.create().purchase
+    params = {"first": paid.pk, "second": other.pk}
+    sql = _purchase_with_ref_sql(connection.vendor)
+    for _ in range(2):  # the first call works out the columns, the second reuses them
+        expected = list(Purchase.objects.raw(sql, params))
+        found = PURCHASE_WITH_SLUG.fetch(params)
+        assert [p.pk for p in found] == [paid.pk, other.pk]
+        for got, want in zip(found, expected, strict=True):
+            assert _fields(got) == _fields(want)  # datetimes, JSON, states converted alike
+            assert got.offering_slug == want.offering_slug  # type: ignore[attr-defined]
+            assert got._state.adding is False and got._state.db == "default"
+    assert found[0].paid_at == Purchase.objects.get(pk=paid.pk).paid_at  # converted alike
+    assert PURCHASE_WITH_SLUG.fetch({"first": -1, "second": -2}) == []
+
+
+def test_a_prepared_raw_statement_without_the_primary_key_is_refused():
+    PaymentAttemptFactory.create()
+    without_pk = PreparedRaw(Purchase, lambda vendor: "SELECT ref FROM purchases_purchase")
+    with pytest.raises(ValueError, match="primary key"):
+        without_pk.fetch([])
+
+
+def test_a_prepared_insert_writes_the_row_the_orm_writes():
+    for _ in range(2):  # the first insert compiles its shape, the second reuses it
+        attempt = PaymentAttemptFactory.create(purchase__paid=True, purchase__prepaid=True)
+        purchase = attempt.purchase
+        assert purchase.pk is not None and purchase.created_at is not None  # returned, pre-saved
+        stored = Purchase.objects.get(pk=purchase.pk)
+        assert _fields(stored) == _fields(purchase)
+        assert _fields(type(attempt).objects.get(pk=attempt.pk)) == _fields(attempt)

@@ -11,6 +11,7 @@ payment attempts link to it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
@@ -21,13 +22,14 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Field
 from django.urls import reverse
 from django.utils import timezone
 from prometheus_client import Counter
 
 from core.actors import AGENT, Actor
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedRaw
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
@@ -214,18 +216,19 @@ def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
         )
         _note_known(records, request, hashed)
         return records
-    sql, params = _known_noted_sql(request, hashed)
-    return list(IdempotencyRecord.objects.raw(sql, params))
+    return _KNOWN_NOTED.fetch(_known_noted_params(request, hashed))
 
 
-def _known_noted_sql(request: KeyedRequest, hashed: str) -> tuple[str, dict[str, Any]]:
+@functools.cache
+def _known_noted_sql(vendor: str) -> str:
+    """_KNOWN_NOTED_SQL with the models' names, written once per process."""
     quote = connection.ops.quote_name
 
     def column(name: str) -> str:
         return db_column(IdempotencyRecord, name)
 
     events, event_columns = event_table_sql()
-    sql = _KNOWN_NOTED_SQL.format(
+    return _KNOWN_NOTED_SQL.format(
         records=quote(IdempotencyRecord._meta.db_table),
         purchases=quote(Purchase._meta.db_table),
         ref=db_column(Purchase, "ref"),
@@ -242,7 +245,10 @@ def _known_noted_sql(request: KeyedRequest, hashed: str) -> tuple[str, dict[str,
         events=events,
         event_columns=event_columns,
     )
-    params = {
+
+
+def _known_noted_params(request: KeyedRequest, hashed: str) -> dict[str, Any]:
+    return {
         "scope": request.scope,
         "key": request.key,
         "hashed": hashed,
@@ -255,7 +261,6 @@ def _known_noted_sql(request: KeyedRequest, hashed: str) -> tuple[str, dict[str,
         "completed": IdempotencyRecord.State.COMPLETED,
         "created_at": timezone.now(),  # as every event: when written
     }
-    return sql, params
 
 
 def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed: str) -> None:
@@ -301,9 +306,30 @@ def _purchase_ref(record: IdempotencyRecord) -> str | None:
     return record.purchase.ref if record.purchase else None
 
 
-def _insert_sql(request: KeyedRequest, token: str, hashed: str) -> tuple[str, dict[str, Any]]:
+@functools.cache
+def _insert_sql(vendor: str) -> str:
     """INSERT ... SELECT ... WHERE NOT EXISTS (the compacted key) ON CONFLICT DO NOTHING
-    RETURNING id, with named parameters."""
+    RETURNING id, with named parameters: written once per process."""
+    meta = IdempotencyRecord._meta
+    quote = connection.ops.quote_name
+    fields = _insert_fields()
+    return (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608 - names come from the model
+        f"SELECT {', '.join(f'%(v{i})s' for i in range(len(fields)))} "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
+        f"WHERE {quote('scope')} = %(scope)s AND {quote('key')} = %(hashed)s) "
+        f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
+        f"RETURNING {quote(meta.pk.column)}"  # type: ignore[union-attr]
+    )
+
+
+@functools.cache
+def _insert_fields() -> tuple[Field[Any, Any], ...]:
+    return tuple(f for f in IdempotencyRecord._meta.concrete_fields if not f.primary_key)
+
+
+def _insert_params(request: KeyedRequest, token: str, hashed: str) -> dict[str, Any]:
+    """_insert_sql's values: a new record's, as the ORM would save them."""
     record = IdempotencyRecord(
         scope=request.scope,
         key=request.key,
@@ -313,46 +339,29 @@ def _insert_sql(request: KeyedRequest, token: str, hashed: str) -> tuple[str, di
         locked_until=request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"],
         created_at=request.now,
     )
-    meta = IdempotencyRecord._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 - names come from the model
-        f"SELECT {', '.join(f'%(v{i})s' for i in range(len(fields)))} "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
-        f"WHERE {quote('scope')} = %(scope)s AND {quote('key')} = %(hashed)s) "
-        f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
-        f"RETURNING {quote(meta.pk.column)}"
-    )
     params: dict[str, Any] = {
         f"v{i}": f.get_db_prep_save(getattr(record, f.attname), connection)
-        for i, f in enumerate(fields)
+        for i, f in enumerate(_insert_fields())
     }
     params.update(scope=request.scope, hashed=hashed)
-    return sql, params
+    return params
 
 
 def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
     """The new key's id, or None if the key exists (in flight, answered, or compacted to
     `hashed`)."""
-    sql, params = _insert_sql(request, token, hashed)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(_insert_sql(connection.vendor), _insert_params(request, token, hashed))
         row = cursor.fetchone()
     return int(row[0]) if row else None
 
 
-def _claim_or_known(request: KeyedRequest, token: str, hashed: str) -> list[IdempotencyRecord]:
-    """PostgreSQL: the claim's INSERT and the known-key read (with its note) in one statement.
-    A new key comes back as one row with only `claimed_id`; a known key as its rows (the
-    INSERT wrote nothing), each with `claimed_id` None. Neither (a racing first claim the
-    statement's snapshot cannot see yet): no row."""
-    insert_sql, params = _insert_sql(request, token, hashed)
-    known_sql, known_params = _known_noted_sql(request, hashed)
+def _claim_or_known_sql(vendor: str) -> str:
+    """PostgreSQL's claim-or-read statement (`_claim_or_known`), written once per process."""
     table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
     # The read is the known-key statement with the claim as its first CTE: its rows, then the
     # claimed id on a row of NULL columns of the same shape (a join on false).
-    known_ctes = known_sql.strip()
+    known_ctes = _known_noted_sql(vendor).strip()
     assert known_ctes.startswith("WITH ") and known_ctes.endswith("SELECT * FROM known")
     ctes = known_ctes[len("WITH ") : -len("SELECT * FROM known")]
     rows = (
@@ -360,8 +369,22 @@ def _claim_or_known(request: KeyedRequest, token: str, hashed: str) -> list[Idem
         f"SELECT r.*, NULL AS purchase_ref, c.id AS claimed_id FROM claimed c "
         f"LEFT JOIN {table} r ON false"
     )
-    sql = f"WITH claimed AS ({insert_sql}), {ctes}{rows}"
-    return list(IdempotencyRecord.objects.raw(sql, {**params, **known_params}))
+    return f"WITH claimed AS ({_insert_sql(vendor)}), {ctes}{rows}"
+
+
+# The two statements' rows as records, their columns resolved once (raw() does it per call).
+_KNOWN_NOTED = PreparedRaw(IdempotencyRecord, _known_noted_sql)
+_CLAIM_OR_KNOWN = PreparedRaw(IdempotencyRecord, _claim_or_known_sql)
+
+
+def _claim_or_known(request: KeyedRequest, token: str, hashed: str) -> list[IdempotencyRecord]:
+    """PostgreSQL: the claim's INSERT and the known-key read (with its note) in one statement.
+    A new key comes back as one row with only `claimed_id`; a known key as its rows (the
+    INSERT wrote nothing), each with `claimed_id` None. Neither (a racing first claim the
+    statement's snapshot cannot see yet): no row."""
+    return _CLAIM_OR_KNOWN.fetch(
+        {**_insert_params(request, token, hashed), **_known_noted_params(request, hashed)}
+    )
 
 
 def _stored(record: IdempotencyRecord) -> StoredAnswer:
@@ -493,22 +516,28 @@ def payment_id_store_answer(
     """
     record = IdempotencyRecord(pk=claim.record_id, state=IdempotencyRecord.State.IN_FLIGHT)
     record.complete(status=answer.status, body=answer.body, headers=answer.headers, at=now)
-    stored = IdempotencyRecord.objects.filter(
-        pk=claim.record_id,
-        lease_token=claim.lease_token,
-        state=IdempotencyRecord.State.IN_FLIGHT,
-    ).update(
-        state=record.state,
-        response_status=record.response_status,
-        response_body=record.response_body,
-        response_headers=record.response_headers,
-        response_text=answer.raw.decode() if answer.raw is not None else "",
-        completed_at=record.completed_at,
-        locked_until=record.locked_until,
-        answer_is_live=answer.is_live,
-        recovery_point=IdempotencyRecord.RecoveryPoint.FINISHED,
-        **({"purchase": purchase} if purchase is not None else {}),
-    )
+    values: dict[str, Any] = {
+        "state": record.state,
+        "response_status": record.response_status,
+        "response_body": record.response_body,
+        "response_headers": record.response_headers,
+        "response_text": answer.raw.decode() if answer.raw is not None else "",
+        "completed_at": record.completed_at,
+        "locked_until": record.locked_until,
+        "answer_is_live": answer.is_live,
+        "recovery_point": IdempotencyRecord.RecoveryPoint.FINISHED,
+        **({"purchase": purchase.pk} if purchase is not None else {}),
+    }
+    fields = [IdempotencyRecord._meta.get_field(name) for name in values]
+    params = [
+        field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
+        for field, value in zip(fields, values.values(), strict=True)
+    ]
+    params += [claim.record_id, claim.lease_token, IdempotencyRecord.State.IN_FLIGHT]
+    sql = _store_answer_sql(connection.vendor, tuple(values))
+    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        stored = cursor.rowcount
     if not stored:
         # Our lease ran out and another request resumed: its answer stands, ours rolls back.
         raise DomainError(
@@ -516,6 +545,19 @@ def payment_id_store_answer(
             purchase=purchase.ref if purchase else None,
             retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
         )
+
+
+@functools.cache
+def _store_answer_sql(vendor: str, names: tuple[str, ...]) -> str:
+    """The conditional UPDATE the ORM's update() compiled for these columns, written once:
+    every answer stored runs it."""
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    column = functools.partial(db_column, IdempotencyRecord)
+    assignments = ", ".join(f"{column(name)} = %s" for name in names)
+    return (
+        f"UPDATE {table} SET {assignments} "  # noqa: S608 - names come from the model
+        f"WHERE {column('id')} = %s AND {column('lease_token')} = %s AND {column('state')} = %s"
+    )
 
 
 def payment_id_release(*, claim: KeyClaim) -> None:

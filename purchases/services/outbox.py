@@ -69,6 +69,13 @@ _INSERT_MANY = (
     "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id"
 )
 
+# A message sent, marked so if still waiting (OUTBOX_WAITING): the statement the ORM's
+# update() compiles, written once (it runs after every staging commit).
+_RELAYED = (
+    "UPDATE purchases_outboxmessage SET relayed_at = %s, attempts = attempts + 1 "
+    "WHERE id = %s AND relayed_at IS NULL AND retired_at IS NULL"
+)
+
 
 def outbox_stage(
     *, job: str, kwargs: dict[str, Any], dedup_key: str | None = None, now: datetime | None = None
@@ -261,9 +268,8 @@ def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
         )
         _record_failure(message_id, 0, exc, now_or(None))
         return
-    OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id).update(
-        relayed_at=now_or(None), attempts=F("attempts") + 1
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_RELAYED, [_db_value("relayed_at", now_or(None)), message_id])
 
 
 def outbox_relay_due(
