@@ -164,12 +164,18 @@ class X402Rail:
         """Nonce unused and balance sufficient, on chain. Returns the chain head after the
         check: the transfer cannot land in an older block, so look-ups start there.
 
-        Raises DomainError: authorization_used, insufficient_balance, verification_unavailable.
+        Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
+        or authorization_in_use when the nonce was used by our own payment of it.
         """
         reader = ChainReader(network_config(terms.network))
         try:
             return verify_payment_funds(authorization=presentation.evidence, reader=reader)
         except VerificationFailed as failure:
+            if failure.reason_code == "authorization_used":
+                # Another payment id raced this one past `verify` and its transfer has landed
+                # since: the nonce is spent by a purchase of ours, which this answer names
+                # (in flight, never stored), as the attempt's constraint would have.
+                self.refuse_if_taken(presentation=presentation, terms=terms)
             raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
         except ChainUnavailable as exc:
             raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc

@@ -18,9 +18,12 @@ from x402.http.utils import (
 )
 from x402.schemas import PaymentPayload, PaymentRequired
 
+from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
-from purchases.models import BuyerWallet, Escalation, JobRun, Purchase
+from payments.rails.x402 import X402Rail, x402_presentation
+from purchases.models import BuyerWallet, Escalation, JobRun, Purchase, Quote
 from purchases.services import reconcile
+from purchases.services.quotes import quote_terms
 from tests.x402.e2e import PRICE, sign_payment
 
 INPUT_A = {"title": "A", "csv": "region,units\nnorth,3\n"}
@@ -54,6 +57,38 @@ def test_a_second_presentation_is_refused_naming_the_first_purchase(x402_world):
         assert refused.json()["purchase"] == paid.json()["purchase"]
     assert PaymentAttempt.objects.count() == 1 and Purchase.objects.count() == 1
     assert world.relayer_sent() == 1 and world.seller_balance() == PRICE
+
+
+@pytest.mark.django_db
+def test_a_presentation_that_passed_verify_before_the_first_landed_is_refused_naming_it(
+    x402_world,
+):
+    """The window two replicas hit: the second presentation passed `verify` (no attempt
+    held the authorization yet), then the first one's transfer landed before the second
+    read the chain. The spent nonce is ours: in flight, naming the purchase, never a stored
+    402 authorization_used."""
+    world, client = x402_world, APIClient()
+    first_required = client.post(world.paid_url, INPUT_A, format="json")["PAYMENT-REQUIRED"]
+    other_required = client.post(world.paid_url, INPUT_B, format="json")["PAYMENT-REQUIRED"]
+    payment = sign_payment(first_required, world.payers[0], "first-presentation-000001")
+    paid = client.post(world.paid_url, INPUT_A, format="json", HTTP_PAYMENT_SIGNATURE=payment)
+    assert paid.status_code == 202 and world.relayer_sent() == 1
+    again = x402_presentation(
+        header=_same_authorization_for(payment, other_required, "second-presentation-00002")
+    )
+    other_quote = Quote.objects.exclude(purchase__isnull=False).get()
+    terms = quote_terms(quote=other_quote)
+
+    with pytest.raises(DomainError) as refused:
+        X402Rail().verify_funds(presentation=again, terms=terms)
+
+    assert refused.value.code == ErrorCode.AUTHORIZATION_IN_USE
+    assert refused.value.purchase == paid.json()["purchase"]
+    # A nonce spent by nobody we know stays what it was: the buyer must sign anew.
+    PaymentAttempt.objects.all().delete()
+    with pytest.raises(DomainError) as used:
+        X402Rail().verify_funds(presentation=again, terms=terms)
+    assert used.value.code == ErrorCode.AUTHORIZATION_USED
 
 
 @pytest.mark.postgres
