@@ -50,6 +50,21 @@ class _Compiled:
     locks: bool  # SELECT ... FOR UPDATE on this database
 
 
+def _converted(
+    row: tuple[Any, ...],
+    converters: list[tuple[int, list[Callable[..., Any]], Any]],
+    connection: Any,
+) -> list[Any]:
+    """A fetched row with each column's field converters applied, as the ORM's iterator does."""
+    values = list(row)
+    for position, column_converters, expression in converters:
+        value = values[position]
+        for converter in column_converters:
+            value = converter(value, expression, connection)
+        values[position] = value
+    return values
+
+
 class PreparedQuery(Generic[M]):
     """`build(**parameters)` returns the queryset; `parameters` names each one's type (int,
     str or datetime). The queryset must select model instances (no values(), no only())."""
@@ -156,12 +171,7 @@ class PreparedQuery(Generic[M]):
 
     @staticmethod
     def _instance(compiled: _Compiled, alias: str, connection: Any, row: tuple[Any, ...]) -> M:
-        values = list(row)
-        for position, converters, expression in compiled.converters:
-            value = values[position]
-            for converter in converters:
-                value = converter(value, expression, connection)
-            values[position] = value
+        values = _converted(row, compiled.converters, connection)
         instance = compiled.model.from_db(alias, compiled.init_list, values[compiled.fields])
         for populator in compiled.related:
             populator.populate(values, instance)
@@ -217,12 +227,7 @@ class PreparedRaw(Generic[M]):
         model = self._model
         found: list[M] = []
         for row in rows:
-            values = list(row)
-            for position, converters, expression in shape.converters:
-                value = values[position]
-                for converter in converters:
-                    value = converter(value, expression, connection)
-                values[position] = value
+            values = _converted(row, shape.converters, connection)
             instance = model.from_db(
                 alias, shape.init_names, [values[pos] for pos in shape.init_positions]
             )

@@ -26,19 +26,17 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
 
 from purchases.models import Buyer, Offering
 from tests.factories import fund
+from tests.profiling import print_ours
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 WARM_UP = 5
-OURS = ("purchases/", "payments/", "core/", "fulfillment/")
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = ("quote", "pay", "replay")
 
 
@@ -102,20 +100,6 @@ def test_profile_prepaid_purchase(
             )
     for step in STEPS:
         print(f"-- {step}")
-        _print_ours(pstats.Stats(profilers[step]), top)
+        print_ours(pstats.Stats(profilers[step]), top)
         if os.environ.get("PROFILE_OUT"):
             profilers[step].dump_stats(f"{os.environ['PROFILE_OUT']}.{step}")
-
-
-def _print_ours(stats: pstats.Stats, top: int) -> None:
-    """Our functions by cumulative time, as a share of everything profiled."""
-    rows = []
-    for (filename, line, name), (_cc, calls, _tt, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        relative = os.path.relpath(filename, ROOT)
-        if relative.startswith(OURS):
-            rows.append((cumulative, calls, f"{relative}:{line}::{name}"))
-    rows.sort(reverse=True)
-    total = stats.total_tt  # type: ignore[attr-defined]
-    print(f"our functions by cumulative share of {total * 1e3:.0f} ms profiled:")
-    for cumulative, calls, where in rows[:top]:
-        print(f"  {cumulative / total:6.1%}  {calls:6d} calls  {where}")

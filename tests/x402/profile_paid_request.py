@@ -24,19 +24,17 @@ import os
 import pstats
 import statistics
 import time
-from pathlib import Path
 
 import pytest
 from rest_framework.test import APIClient
 
 from purchases.services.result_wait import listeners_close
+from tests.profiling import print_ours
 from tests.x402.e2e import X402World, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 WARM_UP = 5
-OURS = ("purchases/", "payments/", "core/", "fulfillment/")
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
@@ -82,20 +80,6 @@ def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
             f"  mean {statistics.mean(cpu) * 1e3:.1f}  min {min(cpu) * 1e3:.1f}"
             f"  max {max(cpu) * 1e3:.1f}"
         )
-    _print_ours(pstats.Stats(profiler), top)
+    print_ours(pstats.Stats(profiler), top)
     if os.environ.get("PROFILE_OUT"):
         profiler.dump_stats(os.environ["PROFILE_OUT"])  # for pstats, snakeviz, ...
-
-
-def _print_ours(stats: pstats.Stats, top: int) -> None:
-    """Our functions by cumulative time, as a share of everything profiled."""
-    rows = []
-    for (filename, line, name), (_cc, calls, _tt, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        relative = os.path.relpath(filename, ROOT)
-        if relative.startswith(OURS):
-            rows.append((cumulative, calls, f"{relative}:{line}::{name}"))
-    rows.sort(reverse=True)
-    total = stats.total_tt  # type: ignore[attr-defined]
-    print(f"our functions by cumulative share of {total * 1e3:.0f} ms profiled:")
-    for cumulative, calls, where in rows[:top]:
-        print(f"  {cumulative / total:6.1%}  {calls:6d} calls  {where}")
