@@ -10,10 +10,11 @@ from fulfillment.models import ExecutionAttempt, Receipt, Result
 
 @admin.register(ExecutionAttempt)
 class ExecutionAttemptAdmin(ReadOnlyModelAdmin):
+    # Fits 1366 px beside the filters with the worker and the job ref readable: the executor
+    # is a filter and on the attempt's page.
     list_display = (
         "pk",
         "purchase",
-        "executor",
         "worker",
         "state",
         "job_ref",
@@ -70,12 +71,13 @@ class ResultAdmin(ReadOnlyModelAdmin):
 
 @admin.register(Receipt)
 class ReceiptAdmin(ReadOnlyModelAdmin):
+    # Fits 1366 px beside the filters with the wallet and the transaction readable: the
+    # network is a filter and on the receipt's page.
     list_display = (
         "public_id",
         "purchase",
         "payer",
         "amount",
-        "network",
         "transaction",
         "delivered_at",
     )

@@ -85,18 +85,19 @@ class ResolveCaseForm(CaseForm):
 
 
 class DecideRefundForm(CaseForm):
-    refund = forms.TypedChoiceField(coerce=int)
+    # Radio buttons, not a select: each proposal's note wraps on the page, read whole.
+    refund = forms.TypedChoiceField(coerce=int, widget=forms.RadioSelect)
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("decline", "Decline")])
 
     def __init__(self, *args: Any, purchase: Purchase, **kwargs: Any) -> None:
         super().__init__(*args, purchase=purchase, **kwargs)
-        self.set_choices(
-            "refund",
-            [
-                (r.pk, f"{r.reason_code}: {money(r.amount, purchase)} ({r.note})")
-                for r in purchase.refunds.filter(state=Refund.State.PROPOSED).order_by("pk")
-            ],
-        )
+        proposals = [
+            (r.pk, f"{r.reason_code}: {money(r.amount, purchase)} ({r.note})")
+            for r in purchase.refunds.filter(state=Refund.State.PROPOSED).order_by("pk")
+        ]
+        self.set_choices("refund", proposals)
+        if proposals:  # ticked, as the select it replaced chose its first
+            self.fields["refund"].initial = proposals[0][0]
 
 
 FORMS: dict[Action, type[CaseForm]] = {

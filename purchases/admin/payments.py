@@ -49,12 +49,13 @@ def refund_amount_human(refund: Refund) -> Decimal:
 
 @admin.register(PaymentAttempt)
 class PaymentAttemptAdmin(ReadOnlyModelAdmin):
+    # Fits 1366 px beside the filters with the wallet and the tx hash readable: the network
+    # is a filter and on the attempt's page, as on the refund list.
     list_display = (
         "pk",
         "purchase",
         "rail",
         "payer",
-        "network",
         "amount",
         "state",
         "tx_hash",
@@ -277,13 +278,13 @@ class TopUpForm(forms.Form):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyModelAdmin):
+    # Fits 1366 px beside the filters: the atomic units share the amount's cell (as on the
+    # refund list) and the asset, named by its symbol there, is a filter and on the entry.
     list_display = (
         "reference",
         "buyer",
         "kind",
-        "amount",
         "amount_human",
-        "asset",
         "purchase",
         "created_at",
     )
@@ -296,9 +297,10 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet[LedgerEntry]:
         return with_asset_units(super().get_queryset(request))
 
-    @admin.display(description="amount (asset units)")
+    @admin.display(description="amount", ordering="amount")
     def amount_human(self, obj: LedgerEntry) -> str:
-        return human_amount_of(obj)
+        # Asset units, the atomic units beside them (signed: a debit is negative).
+        return f"{human_amount_of(obj)} ({obj.amount})"
 
     def has_top_up_permission(self, request: HttpRequest) -> bool:
         return self.role_allows_action(request, "top_up")

@@ -3,8 +3,10 @@ PostgreSQL, a real Celery worker and job service, and the session's pausable anv
 
 One browser, one worker and one job service per session (each test gets a fresh browser
 context, a fresh token on the reverted chain and a flushed database), so the twelve
-situations cost seconds each, not a process start each. Playwright never downloads a
-browser here: `make test` installs Debian's `chromium` when it is missing.
+situations cost seconds each, not a process start each. The layout cases need no chain nor
+worker: they share the session's browser and their own rows (tests/browser/test_layout.py).
+Playwright never downloads a browser here: `make test` installs Debian's `chromium` when it
+is missing.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,16 +61,19 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(here) and "browser_world" in getattr(
-            item, "fixturenames", ()
-        ):
+        fixtures = getattr(item, "fixturenames", ())
+        if not Path(str(item.fspath)).is_relative_to(here) or "browser" not in fixtures:
+            continue
+        item.add_marker(pytest.mark.browser)
+        if "browser_world" in fixtures:
             # A real worker and Redis: skipped (or refused in CI) like the other worker tests.
-            item.add_marker(pytest.mark.browser)
             item.add_marker(pytest.mark.worker)
-            if not os.access(CHROMIUM, os.X_OK):
-                if os.environ.get("CI"):
-                    raise pytest.UsageError(f"{CHROMIUM} is missing: `make test` installs it")
-                item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} not installed"))
+        else:
+            item.add_marker(pytest.mark.postgres)  # the live server reads committed rows
+        if not os.access(CHROMIUM, os.X_OK):
+            if os.environ.get("CI"):
+                raise pytest.UsageError(f"{CHROMIUM} is missing: `make test` installs it")
+            item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} not installed"))
 
 
 @pytest.fixture(scope="package")
@@ -160,8 +166,8 @@ class BrowserWorld:
     passwords: dict[str, str]
 
 
-@pytest.fixture
-def live_server_url(transactional_db: None) -> Iterator[str]:
+@contextmanager
+def app_served() -> Iterator[str]:
     """The app with its static files (the admin's CSS), as `runserver` would serve it."""
     from django.contrib.staticfiles.handlers import StaticFilesHandler
     from django.core.handlers.wsgi import WSGIHandler
@@ -179,6 +185,12 @@ def live_server_url(transactional_db: None) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server_url(transactional_db: None) -> Iterator[str]:
+    with app_served() as url:
+        yield url
 
 
 @pytest.fixture
@@ -222,19 +234,25 @@ def browser_world(
     return BrowserWorld(stage, paused_anvil, seller, passwords)
 
 
+def staff_context(browser: Any, base_url: str, username: str, viewport: dict[str, int]) -> Any:
+    """A browser context signed in as `username` (a session made by the test client)."""
+    client = Client()
+    client.force_login(User.objects.get(username=username))
+    context = browser.new_context(viewport=viewport, base_url=base_url)
+    host = base_url.split("//", 1)[1].split(":")[0]
+    context.add_cookies([{"name": django_settings.SESSION_COOKIE_NAME,
+                          "value": client.cookies[django_settings.SESSION_COOKIE_NAME].value,
+                          "domain": host, "path": "/"}])  # fmt: skip
+    return context
+
+
 @pytest.fixture
 def staff_page(browser: Any, browser_world: BrowserWorld) -> Iterator[Callable[[str], Any]]:
     """A logged-in browser page for "support" or "finance" (a fresh context each)."""
     contexts: list[Any] = []
 
     def page_for(username: str) -> Any:
-        client = Client()
-        client.force_login(User.objects.get(username=username))
-        context = browser.new_context(viewport=VIEWPORT, base_url=browser_world.stage.base_url)
-        host = browser_world.stage.base_url.split("//", 1)[1].split(":")[0]
-        context.add_cookies([{"name": django_settings.SESSION_COOKIE_NAME,
-                              "value": client.cookies[django_settings.SESSION_COOKIE_NAME].value,
-                              "domain": host, "path": "/"}])  # fmt: skip
+        context = staff_context(browser, browser_world.stage.base_url, username, VIEWPORT)
         contexts.append(context)
         return context.new_page()
 
