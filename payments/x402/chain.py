@@ -62,14 +62,12 @@ class BlockRef:
     timestamp: int
 
 
-_clients = threading.local()
-
-
 class TransportProvider(JSONBaseProvider):
     """web3 over an RpcTransport (payments.x402.rpc): the same urllib3 pool as the plain
     JSON-RPC clients, the same environment, nothing re-sent. web3's own HTTPProvider would
     bring `requests` back, and retry refused connections and timeouts five times with
-    backoff by default; a reconciliation read would rather answer "unknown" at once."""
+    backoff by default; a reconciliation read would rather answer "unknown" at once. Single
+    calls only: a batch goes through JsonRpcClient.batch, which matches answers by id."""
 
     def __init__(self, transport: RpcTransport, *, timeout: float) -> None:
         super().__init__()
@@ -79,6 +77,9 @@ class TransportProvider(JSONBaseProvider):
     def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
         request = self.encode_rpc_request(method, params)
         return cast(RPCResponse, self.transport.post(request, timeout=self._timeout))
+
+
+_clients = threading.local()
 
 
 def w3_for(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> Web3:
