@@ -1,9 +1,9 @@
 """Plain JSON-RPC over HTTP for the paid call's hot path: single calls and batches.
 
 web3.py spends more CPU per call on formatters, middlewares and argument binding than the
-call itself costs us, and `requests` about 1 ms of CPU per call where the urllib3 pool
-underneath it takes about 0.2 ms; the settlement's few fixed calls need neither, so they go
-straight to a urllib3 pool. Faults keep the types callers classify: a refused or dropped
+call itself costs us, and `requests` about twice the CPU per call of the urllib3 pool
+underneath it (docs/benchmarks.md); the settlement's few fixed calls need neither, so they
+go straight to a urllib3 pool. Faults keep the types callers classify: a refused or dropped
 connection, a timeout or an HTTP error status raise `RpcTransportError` (an OSError, as
 requests' own were), a body that is not the JSON-RPC reply to what was sent raises
 `RpcReplyInvalid`, and a node's JSON-RPC error object raises `RpcError` with its code and
