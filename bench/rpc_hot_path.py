@@ -3,14 +3,16 @@
 A settlement here is what a paid x402 call asks of the chain in direct mode: verification's
 funds_state, the relayer's prepare (fees, pending nonce, nonce allocation, signing) and the
 broadcast (send, then receipt looks until confirmed). The anchor is the same three steps as
-web3 did them (bench/web3_settlement.py, commit 94cd2e1); ours is ChainReader.funds_state and
-DirectSettler as they are now (payments/x402/rpc.py underneath).
+web3 did them (bench/web3_settlement.py, commit 94cd2e1, on `requests`); ours is
+ChainReader.funds_state and DirectSettler as they are now (payments/x402/rpc.py underneath,
+on urllib3).
 
 One anvil (automine) with the test USDC and a funded payer; each side its own relayer. Both
 sides run in this process, back to back in every repeat, the order alternating. CPU is this
 process's (`time.process_time`): anvil and PostgreSQL run in processes of their own and are
 not counted, so the figure holds whatever the machine's load. Authorizations are signed
-before the clock starts. HTTP requests are counted on the shared per-thread session.
+before the clock starts. HTTP requests are counted where each side sends them: the anchor's
+on its per-thread `requests` session, ours on the thread's transport.
 
 Run through the runner (it sets up Django and the bench database):
 
@@ -178,15 +180,15 @@ def _authorizations(
     return [parse_authorization(one) for one in signed]
 
 
-def _measure(side: _Side, authorizations: list[Authorization], counter: _CountingAdapter) -> None:
-    sent_before, cpu = counter.sent, 0.0
+def _measure(side: _Side, authorizations: list[Authorization], sent: Callable[[], int]) -> None:
+    sent_before, cpu = sent(), 0.0
     for authorization in authorizations:
         steps = side.settle(side.network, authorization)
         for step, seconds in steps.items():
             side.cpu[step].append(seconds)
         cpu += sum(steps.values())
     side.per_repeat.append(cpu / len(authorizations))
-    side.requests += counter.sent - sent_before
+    side.requests += sent() - sent_before
     side.settlements += len(authorizations)
 
 
@@ -199,8 +201,9 @@ def _describe(side: _Side) -> str:
 
 
 def run(scale: Scale) -> list[Figure]:
+    from bench.web3_settlement import web3_session
     from payments.models import RelayerAccount
-    from payments.x402.rpc import thread_session
+    from payments.x402.rpc import thread_transport
     from tests.fixtures.anvil import deploy_funded_usdc  # dev tooling: batched mints
 
     per_repeat, repeats = SIZES[scale]
@@ -212,15 +215,21 @@ def run(scale: Scale) -> list[Figure]:
             _Side("web3 (before)", _settle_web3, _network(node, token, relayers[0])),
             _Side("plain JSON-RPC (ours)", _settle_plain, _network(node, token, relayers[1])),
         ]
-        counter = _CountingAdapter()
-        thread_session(node.rpc_url).mount("http://", counter)
+        web3_counter = _CountingAdapter()
+        web3_session(node.rpc_url).mount("http://", web3_counter)
+        transport = thread_transport(node.rpc_url)
+        counters = {
+            sides[0].name: lambda: web3_counter.sent,
+            sides[1].name: lambda: transport.requests_sent,
+        }
         try:
             for side in sides:  # imports, clients, contracts, connections: not counted
                 for authorization in _authorizations(node, token, payer, WARM_UP):
                     side.settle(side.network, authorization)
             for repeat in range(repeats):
                 for side in sides if repeat % 2 == 0 else sides[::-1]:
-                    _measure(side, _authorizations(node, token, payer, per_repeat), counter)
+                    authorizations = _authorizations(node, token, payer, per_repeat)
+                    _measure(side, authorizations, counters[side.name])
         finally:
             RelayerAccount.objects.filter(address__in=[r.address for r in relayers]).delete()
     web3_side, plain_side = sides

@@ -6,11 +6,14 @@ Kept verbatim in substance: the transaction is built through the token's Contrac
 (`build_transaction`: web3's formatters, middlewares, argument binding, eth_chainId, the fee
 defaults, a second eth_getBlockByNumber), the pending nonce is read on its own, verification's
 three reads go as a web3 batch, and the broadcast sends, then reads the receipt and (when it
-succeeded) the head as two calls per look.
+succeeded) the head as two calls per look. All of it over web3's HTTPProvider on a
+`requests` session per thread and URL (`web3_client`), as then; production's web3 now goes
+over payments.x402.rpc's urllib3 transport instead.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, cast
 
@@ -26,7 +29,7 @@ from web3.gas_strategies.rpc import rpc_gas_price_strategy
 from web3.types import TxParams
 
 from payments.chain.token import build_transfer_with_authorization_tx, token_contract
-from payments.x402.chain import ChainUnavailable, w3_for
+from payments.x402.chain import RPC_TIMEOUT_SECONDS, ChainUnavailable
 from payments.x402.direct import TRANSFER_WITH_AUTHORIZATION_GAS
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import relayer_nonce_allocate
@@ -41,6 +44,35 @@ from payments.x402.types import (
 _ALREADY_SENT = ("already known", "already imported", "known transaction", "already exists",
                  "nonce too low", "nonce is too low", "oldnonce")  # fmt: skip
 _NETWORK_FAULTS = (Web3Exception, requests.RequestException, OSError)
+_clients = threading.local()
+
+
+def web3_session(rpc_url: str) -> requests.Session:
+    """This thread's `requests` session for `rpc_url`, the environment read once (the
+    rpc_session of 94cd2e1); the bench mounts its request counter on it."""
+    sessions: dict[str, requests.Session] = _clients.__dict__.setdefault("sessions", {})
+    session = sessions.get(rpc_url)
+    if session is None:
+        session = sessions[rpc_url] = requests.Session()
+        session.trust_env = False
+        session.proxies = dict(requests.utils.get_environ_proxies(rpc_url))
+    return session
+
+
+def web3_client(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> Web3:
+    """This thread's Web3 for `network` as w3_for made it at 94cd2e1: web3's HTTPProvider on
+    web3_session, retries off."""
+    cache: dict[tuple[str, float], Web3] = _clients.__dict__.setdefault("by_url", {})
+    client = cache.get((network.rpc_url, timeout))
+    if client is None:
+        provider = Web3.HTTPProvider(
+            network.rpc_url,
+            request_kwargs={"timeout": timeout},
+            session=web3_session(network.rpc_url),
+            exception_retry_configuration=None,
+        )
+        client = cache[(network.rpc_url, timeout)] = Web3(provider)
+    return client
 
 
 def web3_unsigned_transfer(
@@ -70,7 +102,7 @@ def web3_sign(account: LocalAccount, tx: TxParams, nonce: int) -> PreparedBroadc
 
 def web3_prepare(*, authorization: Authorization, network: NetworkConfig) -> PreparedBroadcast:
     account: LocalAccount = Account.from_key(network.relayer_private_key)
-    w3 = w3_for(network, timeout=max(network.confirmation_timeout, 1.0))
+    w3 = web3_client(network, timeout=max(network.confirmation_timeout, 1.0))
     tx = web3_unsigned_transfer(w3, account=account, authorization=authorization, network=network)
     chain_pending = w3.eth.get_transaction_count(account.address, "pending")
     nonce = relayer_nonce_allocate(
@@ -83,7 +115,7 @@ def web3_broadcast(
     *, network: NetworkConfig, prepared: PreparedBroadcast, poll_interval: float = 0.25
 ) -> SettlementOutcome:
     assert prepared.tx_hash and prepared.raw_transaction
-    w3 = w3_for(network, timeout=max(network.confirmation_timeout, 1.0))
+    w3 = web3_client(network, timeout=max(network.confirmation_timeout, 1.0))
     tx_hash = HexStr(prepared.tx_hash)
     try:
         w3.eth.send_raw_transaction(HexBytes(prepared.raw_transaction))
@@ -120,7 +152,7 @@ def _web3_observe(w3: Web3, tx_hash: HexStr, network: NetworkConfig) -> Settleme
 
 def web3_funds_state(network: NetworkConfig, payer: str, nonce: str) -> tuple[bool, int, int]:
     """ChainReader.funds_state as it was: a web3 batch through the token's Contract."""
-    w3 = w3_for(network)
+    w3 = web3_client(network)
     contract = token_contract(w3, network.token_address)
     who, raw_nonce = Web3.to_checksum_address(payer), bytes(HexBytes(nonce))
     try:

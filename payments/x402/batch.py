@@ -29,23 +29,24 @@ pinned, exactly as with the live reader (which also reads its head first): one n
 the head counts 0 confirmations, so the lookup answers "pending" and the next run settles it.
 
 Errors: a refused connection, timeout, HTTP error, non-JSON body, or a reply that is not
-one answer per call raises ChainUnavailable from `prefetch` (the job backs off). A
-JSON-RPC error (or an undecodable result) for one call is kept, and raised as
-ChainUnavailable only by the reader that asks for that value: one bad item does not sink
-its chunk.
+one answer per call (an entry with neither a result nor an error object is none) raises
+ChainUnavailable from `prefetch` (the job backs off). A JSON-RPC error (or an undecodable
+result) for one call is kept, and raised as ChainUnavailable only by the reader that asks
+for that value: one bad item does not sink its chunk.
+
+Every request goes through payments.x402.rpc's JsonRpcClient (web3's, for the fallbacks
+the lookup does not use, too) on a transport of the reader's own, which counts them.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
 
-import requests
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_abi.exceptions import DecodingError
@@ -59,10 +60,12 @@ from payments.x402.chain import (
     BlockRef,
     ChainReader,
     ChainUnavailable,
+    TransportProvider,
     address_topic,
     is_hash32,
 )
 from payments.x402.lookup import _settles as settles_transfer  # the lookup's own rule
+from payments.x402.rpc import TRANSPORT_FAULTS, JsonRpcClient, RpcCall, RpcError, RpcTransport
 from payments.x402.types import Authorization, NetworkConfig
 
 # One batch carries up to 2 calls per item: a node may need a while for 1,000 of them.
@@ -106,64 +109,34 @@ def _decoded(raw: object, decode: Callable[[Any], _T]) -> _T | _Failure:
         return _Failure(f"undecodable result: {type(exc).__name__}: {exc}")
 
 
-# --- the transport: every HTTP request is counted ------------------------------------------
+# --- the calls: a node's refusal is kept, a lost answer sinks the request --------------------
+
+# A batch the node refused as a whole, or no usable answer at all.
+_BATCH_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
 
 
-class _CountingSession(requests.Session):
-    def __init__(self) -> None:
-        super().__init__()
-        self.round_trips = 0
-        self._lock = threading.Lock()  # batches of one step go out from several threads
-
-    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
-        # Counted before sending: a refused connection was still a round trip attempted.
-        with self._lock:
-            self.round_trips += 1
-        return super().request(*args, **kwargs)
+def _live(rpc: JsonRpcClient, method: str, params: list[Any]) -> object | _Failure:
+    """One call on its own. Raises ChainUnavailable when no answer came back."""
+    try:
+        return rpc.call(method, params)
+    except RpcError as exc:
+        return _Failure(f"JSON-RPC error: {exc}")
+    except TRANSPORT_FAULTS as exc:
+        raise ChainUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
 
-class _JsonRpc:
-    """Plain JSON-RPC over one counted session: single calls and batches."""
-
-    def __init__(self, url: str, session: _CountingSession) -> None:
-        self.url = url
-        self.session = session
-
-    def _post(self, body: object) -> Any:
-        try:
-            response = self.session.post(self.url, json=body, timeout=BATCH_RPC_TIMEOUT_SECONDS)
-            response.raise_for_status()
-            return response.json()
-        except (requests.RequestException, ValueError) as exc:  # ValueError: not JSON
-            raise ChainUnavailable(f"{type(exc).__name__}: {exc}") from exc
-
-    def call(self, method: str, params: list[Any]) -> object | _Failure:
-        reply = self._post({"jsonrpc": "2.0", "id": 0, "method": method, "params": params})
-        if not isinstance(reply, dict):
-            raise ChainUnavailable(f"{method}: not a JSON-RPC reply: {str(reply)[:200]}")
-        return _entry_result(reply)
-
-    def batch(self, calls: Sequence[tuple[str, list[Any]]]) -> list[object | _Failure]:
-        body = [
-            {"jsonrpc": "2.0", "id": i, "method": method, "params": params}
-            for i, (method, params) in enumerate(calls)
-        ]
-        reply = self._post(body)
-        if not isinstance(reply, list):  # e.g. one error object: the batch was refused
-            raise ChainUnavailable(f"batch refused: {str(reply)[:200]}")
-        by_id = {e["id"]: e for e in reply if isinstance(e, dict) and isinstance(e.get("id"), int)}
-        missing = len(calls) - len(by_id.keys() & set(range(len(calls))))
-        if missing:
-            raise ChainUnavailable(f"batch answered {len(calls) - missing} of {len(calls)} calls")
-        return [_entry_result(by_id[i]) for i in range(len(calls))]
-
-
-def _entry_result(entry: dict[str, Any]) -> object | _Failure:
-    if entry.get("error") is not None:
-        return _Failure(f"JSON-RPC error: {entry['error']}")
-    if "result" not in entry:
-        return _Failure("JSON-RPC reply without a result")
-    return entry["result"]
+def _batched(rpc: JsonRpcClient, calls: Sequence[tuple[str, list[Any]]]) -> list[object | _Failure]:
+    """Every call in one request, each answer (or the node's refusal of that call) in order.
+    Raises ChainUnavailable when the batch as a whole was refused or not answered call for
+    call."""
+    try:
+        answers = rpc.batch([RpcCall(method, tuple(params)) for method, params in calls])
+    except _BATCH_FAULTS as exc:
+        raise ChainUnavailable(f"{type(exc).__name__}: {exc}") from exc
+    return [
+        answer.result if answer.error is None else _Failure(f"JSON-RPC error: {answer.error}")
+        for answer in answers
+    ]
 
 
 # --- encoding requests and decoding answers (same shapes as ChainReader) ---------------------
@@ -335,26 +308,22 @@ class BatchChainReader:
         self.parallel = parallel
         self.logs_from_block = logs_from_block
         self.token = Web3.to_checksum_address(network.token_address)
-        self._session = _CountingSession()
-        self.rpc = _JsonRpc(network.rpc_url, self._session)
-        # For the ChainReader methods the lookup does not use: web3 on the counted session.
-        provider = Web3.HTTPProvider(
-            network.rpc_url,
-            request_kwargs={"timeout": BATCH_RPC_TIMEOUT_SECONDS},
-            session=self._session,
-            exception_retry_configuration=None,
-        )
-        self.w3 = Web3(provider)
+        # Its own transport, not the thread's: it counts this reader's requests, and the
+        # batches of one step share it from `parallel` threads.
+        self._transport = RpcTransport(network.rpc_url, connections=parallel)
+        self.rpc = JsonRpcClient(self._transport, timeout=BATCH_RPC_TIMEOUT_SECONDS)
+        # For the ChainReader methods the lookup does not use: web3, on the same transport.
+        self.w3 = Web3(TransportProvider(self._transport, timeout=BATCH_RPC_TIMEOUT_SECONDS))
         self.contract = token_contract(self.w3, self.token)
         self._cache = _Cache(logs_from_block)
 
     @property
     def round_trips(self) -> int:
         """HTTP requests made so far: prefetches and live fallbacks alike."""
-        return self._session.round_trips
+        return self._transport.requests_sent
 
     def close(self) -> None:
-        self._session.close()
+        self._transport.close()
 
     def prefetch(self, items: Sequence[tuple[Authorization, str | None]]) -> None:
         """Read everything the lookups of `items` will ask; replaces the previous cache.
@@ -384,7 +353,7 @@ class BatchChainReader:
 
     def snapshot(self) -> BlockRef:
         """One live read of the head block (number and timestamp together)."""
-        raw = self.rpc.call("eth_getBlockByNumber", ["latest", False])
+        raw = _live(self.rpc, "eth_getBlockByNumber", ["latest", False])
         return _ok(_decoded(raw, _decode_block))
 
     def _state_read(self, cache: _Cache, item: _Item) -> tuple[str, list[Any]]:
@@ -437,14 +406,14 @@ class BatchChainReader:
                 self._run(cache, planned)
             return
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-            answers = list(pool.map(lambda p: self.rpc.batch(list(p.values())), todo))
+            answers = list(pool.map(lambda p: _batched(self.rpc, list(p.values())), todo))
         for planned, results in zip(todo, answers, strict=True):
             self._store(cache, planned, results)
 
     def _run(self, cache: _Cache, planned: _Planned) -> None:
         if not planned:  # everything was already read for an earlier chunk
             return
-        self._store(cache, planned, self.rpc.batch(list(planned.values())))
+        self._store(cache, planned, _batched(self.rpc, list(planned.values())))
 
     @staticmethod
     def _store(cache: _Cache, planned: _Planned, results: list[object | _Failure]) -> None:
@@ -476,7 +445,7 @@ class BatchChainReader:
             "topics": _log_topics(keys),
         }
         # An error here is kept like any one call's: only the lookups needing logs see it.
-        raw = self.rpc.call("eth_getLogs", [params])
+        raw = _live(self.rpc, "eth_getLogs", [params])
         cache.logs = _decoded(raw, lambda logs: _logs_by_key(_decode_logs(logs), self.token))
         cache.log_keys = keys
 
@@ -505,7 +474,7 @@ class PrefetchedReader(ChainReader):
 
     def __init__(self, batch: BatchChainReader, cache: _Cache, item: _Item | None) -> None:
         # Not ChainReader.__init__: it would build a web3 contract per item. The batch's
-        # (on its counted session) serve the methods not overridden here.
+        # (on its counted transport) serve the methods not overridden here.
         self.network, self.w3, self.token = batch.network, batch.w3, batch.token
         self._contract = batch.contract
         self._rpc, self._cache = batch.rpc, cache
@@ -527,20 +496,21 @@ class PrefetchedReader(ChainReader):
         if not isinstance(block, int) and block not in _BLOCK_TAGS:
             return super().authorization_state(authorizer, nonce, block)  # a hash: web3's job
         at = hex(block) if isinstance(block, int) else block
-        raw = self._rpc.call("eth_call", [_state_call(self.token, key), at])
+        raw = _live(self._rpc, "eth_call", [_state_call(self.token, key), at])
         return _ok(_decoded(raw, _decode_state))
 
     def receipt(self, tx_hash: str) -> dict[str, Any] | None:
         tx = _tx_key(tx_hash)
         if tx in self._cache.receipts:
             return _ok(self._cache.receipts[tx])
-        return _ok(_decoded(self._rpc.call("eth_getTransactionReceipt", [tx]), _decode_receipt))
+        raw = _live(self._rpc, "eth_getTransactionReceipt", [tx])
+        return _ok(_decoded(raw, _decode_receipt))
 
     def transaction_known(self, tx_hash: str) -> bool:
         tx = _tx_key(tx_hash)
         if tx in self._cache.known:
             return _ok(self._cache.known[tx])
-        return _ok(_decoded(self._rpc.call("eth_getTransactionByHash", [tx]), _decode_known))
+        return _ok(_decoded(_live(self._rpc, "eth_getTransactionByHash", [tx]), _decode_known))
 
     def authorization_used_logs(
         self,

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-import requests
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_abi.exceptions import DecodingError
@@ -24,18 +23,20 @@ from eth_typing import BlockNumber, HexStr
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.exceptions import TransactionNotFound, Web3Exception
-from web3.types import BlockIdentifier, FilterParams, LogReceipt
+from web3.providers.base import JSONBaseProvider
+from web3.types import BlockIdentifier, FilterParams, LogReceipt, RPCEndpoint, RPCResponse
 
 from payments.chain.token import token_contract
 from payments.x402.rpc import (
+    TRANSPORT_FAULTS,
     RpcCall,
     RpcError,
-    RpcReplyInvalid,
+    RpcTransport,
     data_bytes,
     quantity,
     rpc_client_for,
-    rpc_session,
-    thread_session,
+    rpc_timeout,
+    thread_transport,
 )
 from payments.x402.types import NetworkConfig
 
@@ -61,27 +62,37 @@ class BlockRef:
     timestamp: int
 
 
+class TransportProvider(JSONBaseProvider):
+    """web3 over an RpcTransport (payments.x402.rpc): the same urllib3 pool as the plain
+    JSON-RPC clients, the same environment, nothing re-sent. web3's own HTTPProvider would
+    bring `requests` back, and retry refused connections and timeouts five times with
+    backoff by default; a reconciliation read would rather answer "unknown" at once. Single
+    calls only: a batch goes through JsonRpcClient.batch, which matches answers by id."""
+
+    def __init__(self, transport: RpcTransport, *, timeout: float) -> None:
+        super().__init__()
+        self.transport = transport
+        self._timeout = rpc_timeout(timeout)
+
+    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        request = self.encode_rpc_request(method, params)
+        return cast(RPCResponse, self.transport.post(request, timeout=self._timeout))
+
+
 _clients = threading.local()
 
 
 def w3_for(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> Web3:
     """A Web3 client for `network` with a bounded request time, one per thread and URL.
 
-    web3's HTTPProvider retries refused connections and timeouts five times with backoff by
-    default; a reconciliation read would rather answer "unknown" at once, so retries are off.
     Kept per thread: a client (and the token contract built on it) is reused by the next call
-    instead of being built again, and no two threads share one. It shares the thread's
-    session for the URL with the JSON-RPC clients of the hot path (payments.x402.rpc).
+    instead of being built again, and no two threads share one. It goes over the thread's
+    transport for the URL, with the JSON-RPC clients of the hot path (payments.x402.rpc).
     """
     cache: dict[tuple[str, float], Web3] = _clients.__dict__.setdefault("by_url", {})
     client = cache.get((network.rpc_url, timeout))
     if client is None:
-        provider = Web3.HTTPProvider(
-            network.rpc_url,
-            request_kwargs={"timeout": timeout},
-            session=thread_session(network.rpc_url),
-            exception_retry_configuration=None,
-        )
+        provider = TransportProvider(thread_transport(network.rpc_url), timeout=timeout)
         client = cache[(network.rpc_url, timeout)] = Web3(provider)
     return client
 
@@ -99,21 +110,20 @@ def address_topic(address: str) -> HexStr:
     return HexStr("0x" + "0" * 24 + Web3.to_checksum_address(address)[2:].lower())
 
 
+# OSError covers a web3 handed in on another transport (requests' faults are OSErrors),
+# ValueError a result web3 cannot format, DecodingError one that is no ABI value.
+_CHAIN_FAULTS: tuple[type[Exception], ...] = (
+    Web3Exception, RpcError, *TRANSPORT_FAULTS, OSError, ValueError, DecodingError,
+)  # fmt: skip
+
+
 @contextmanager
 def _rpc() -> Iterator[None]:
-    # ValueError covers a non-JSON body, DecodingError a result that is no ABI value; inputs
-    # are validated before entering this block, so no caller mistake is disguised as an outage.
+    # Inputs are validated before entering this block, so no caller mistake is disguised as
+    # an outage.
     try:
         yield
-    except (
-        Web3Exception,
-        RpcError,
-        RpcReplyInvalid,
-        requests.RequestException,
-        OSError,
-        ValueError,
-        DecodingError,
-    ) as exc:
+    except _CHAIN_FAULTS as exc:
         raise ChainUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -277,8 +287,8 @@ __all__ = [
     "BlockRef",
     "ChainReader",
     "ChainUnavailable",
+    "TransportProvider",
     "address_topic",
     "is_hash32",
-    "rpc_session",
     "w3_for",
 ]

@@ -116,7 +116,8 @@ def relayer_heal(
     authorization is never signed again); one that can no longer execute is replaced by a
     0-value self-transfer. Nonces handed out but never recorded (older than `unsent_grace`)
     get a self-transfer too. Returns the actions taken. Raises RelayerGapNotFilled, and web3
-    or requests errors on network faults; running it again is safe.
+    errors or (on w3_for's transport) RpcTransportError on network faults; running it again
+    is safe.
     """
     latest = w3.eth.get_transaction_count(account.address, "latest")
     pending = w3.eth.get_transaction_count(account.address, "pending")

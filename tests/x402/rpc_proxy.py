@@ -4,7 +4,10 @@ node, and cheap authorizations with random nonces.
 
 The proxy forwards every request to the node unchanged, so the chain answering is real; it
 records what went over the wire (an independent count of round trips) and lets a test
-corrupt a reply, or drop the connection unanswered, as a flaky or capped node would.
+corrupt a reply, or drop the connection unanswered, as a flaky or capped node would. It
+also serves as an HTTP forward proxy (the request line's absolute URL is ignored), over TLS
+when given a server context, and, on demand, closes every connection right after answering
+on it while having promised to keep it alive, as a node's idle timeout does.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import http.server
 import json
 import secrets
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,18 +50,29 @@ Tamper = Callable[[Any, Any], Any]
 class RpcProxy:
     """An HTTP server forwarding JSON-RPC to `upstream`; see the module docstring."""
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        tls: ssl.SSLContext | None = None,
+        close_after_reply: bool = False,
+    ) -> None:
         self.upstream = upstream
         self.requests: list[Any] = []  # request bodies, in order
         self.tamper: Tamper | None = None
+        self.close_after_reply = close_after_reply
+        self.connections_closed = threading.Semaphore(0)  # released as each one is closed
         self._lock = threading.Lock()
-        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
-        self._server.proxy = self  # type: ignore[attr-defined]
+        self._server = _ProxyServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.proxy = self
+        if tls is not None:
+            self._server.socket = tls.wrap_socket(self._server.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )
         self._thread.start()
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def forward(self, raw: bytes) -> RawReply:
         body = json.loads(raw)
@@ -84,10 +100,26 @@ class RpcProxy:
         self._thread.join()
 
 
+class _ProxyServer(http.server.ThreadingHTTPServer):
+    proxy: RpcProxy
+
+    def shutdown_request(self, request: socket.socket | tuple[bytes, socket.socket]) -> None:
+        super().shutdown_request(request)
+        self.proxy.connections_closed.release()
+
+
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    server: _ProxyServer
+
+    def setup(self) -> None:
+        super().setup()
+        if self.server.proxy.close_after_reply:
+            self.protocol_version = "HTTP/1.1"  # keep-alive is promised, then broken
+
     def do_POST(self) -> None:
+        proxy = self.server.proxy
         raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        reply = self.server.proxy.forward(raw)  # type: ignore[attr-defined]
+        reply = proxy.forward(raw)
         if reply is DROP_CONNECTION:
             self.close_connection = True
             return
@@ -96,6 +128,8 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
         self.wfile.write(reply.body)
+        if proxy.close_after_reply:
+            self.close_connection = True
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -6,11 +6,14 @@ proxy in front of the real node (tests/x402/rpc_proxy.py); nothing of the node i
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import ssl
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from django.core.exceptions import ImproperlyConfigured
 from eth_account.typed_transactions import TypedTransaction
 from hexbytes import HexBytes
@@ -31,9 +34,11 @@ from payments.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
     RpcCall,
+    RpcConnectionError,
     RpcError,
+    RpcHttpError,
     RpcReplyInvalid,
-    rpc_session,
+    RpcTransport,
 )
 from payments.x402.types import Authorization, PreparedBroadcast, SettlementStatus
 from tests.fixtures.anvil import closed_port_url
@@ -49,7 +54,7 @@ PREPARE_BATCH = [
 
 
 def client(url: str) -> JsonRpcClient:
-    return JsonRpcClient(url, timeout=5.0, session=rpc_session(url))
+    return JsonRpcClient(RpcTransport(url), timeout=5.0)
 
 
 def settler() -> DirectSettler:
@@ -216,10 +221,111 @@ def test_a_lost_or_garbled_answer_is_a_transport_fault(
         rpc.batch([RpcCall("eth_blockNumber"), RpcCall("eth_chainId")])
 
     assert not isinstance(single.value, RpcError) and not isinstance(batch.value, RpcError)
-    if fault is _drop:  # the connection closed unanswered: exactly requests' own fault
-        assert isinstance(single.value, requests.ConnectionError)
+    if fault is _drop:  # the connection closed unanswered
+        assert isinstance(single.value, RpcConnectionError)
+    if fault is _bad_gateway:
+        assert isinstance(single.value, RpcHttpError) and single.value.status == 502
     if fault in (_foreign_ids, _one_answer_missing):
         assert isinstance(batch.value, RpcReplyInvalid)
+    assert len(rpc_proxy.requests) == 2  # nothing sent again behind the caller's back
+
+
+# --- the transport -----------------------------------------------------------------------------
+
+
+def test_a_refused_connection_names_the_host_not_the_urls_key() -> None:
+    url = closed_port_url() + "/v2/secret-provider-key"
+
+    with pytest.raises(RpcConnectionError) as refused:
+        client(url).call("eth_chainId")
+
+    assert "127.0.0.1" in str(refused.value) and "secret-provider-key" not in str(refused.value)
+
+
+def test_a_connection_the_node_closed_while_idle_is_replaced_before_sending(
+    chain: ChainEnv,
+) -> None:
+    proxy = RpcProxy(chain.node.rpc_url, close_after_reply=True)  # keep-alive promised, broken
+    try:
+        rpc = client(proxy.url)
+        assert int(rpc.call("eth_chainId"), 16) == chain.network.chain_id
+        assert proxy.connections_closed.acquire(timeout=5)  # the pooled connection is dead
+
+        assert int(rpc.call("eth_blockNumber"), 16) == chain.w3.eth.block_number
+
+        assert proxy.methods() == ["eth_chainId", "eth_blockNumber"]  # each sent once
+        assert rpc.transport.requests_sent == 2
+    finally:
+        proxy.close()
+
+
+def test_the_proxy_from_the_environment_is_read_once_and_carries_the_calls(
+    chain: ChainEnv, rpc_proxy: RpcProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("http_proxy", "all_proxy", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", rpc_proxy.url)
+    monkeypatch.setenv("NO_PROXY", "rpc.local")
+    transport = RpcTransport("http://node.invalid:8545/key")  # resolvable only by the proxy
+    assert RpcTransport("http://rpc.local:8545/").proxy is None  # NO_PROXY honoured
+    monkeypatch.delenv("HTTP_PROXY")  # read when the transport was made, not per call
+
+    rpc = JsonRpcClient(transport, timeout=5.0)
+
+    assert int(rpc.call("eth_chainId"), 16) == chain.network.chain_id
+    assert [c.value() for c in rpc.batch([RpcCall("eth_chainId")])] == [hex(chain.node.chain_id)]
+    assert rpc_proxy.methods() == ["eth_chainId", ["eth_chainId"]]
+
+
+def test_an_https_proxy_and_a_ca_bundle_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("https_proxy", "all_proxy", "no_proxy", "ALL_PROXY", "CURL_CA_BUNDLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "proxy.internal:3128")  # no scheme: http, as requests
+    monkeypatch.setenv("NO_PROXY", "rpc.local")
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corporate.pem")
+
+    proxied = RpcTransport("https://mainnet.example/rpc")
+
+    assert proxied.proxy == "http://proxy.internal:3128"
+    assert proxied.ca_bundle == "/etc/ssl/corporate.pem"
+    assert RpcTransport("https://rpc.local/v1").proxy is None
+
+
+@pytest.fixture
+def self_signed(tmp_path: Path) -> tuple[Path, ssl.SSLContext]:
+    """A certificate for 127.0.0.1 no public root signed, and a server context serving it."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "node.pem", tmp_path / "node.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return cert, server
+
+
+def test_tls_trusts_certifi_or_the_ca_bundle_the_environment_names(
+    chain: ChainEnv, self_signed: tuple[Path, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, server = self_signed
+    for name in ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "https_proxy", "HTTPS_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    node = RpcProxy(chain.node.rpc_url, tls=server)
+    try:
+        with pytest.raises(RpcConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+            client(node.url).call("eth_chainId")  # certifi's roots do not know it
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
+
+        assert int(client(node.url).call("eth_chainId"), 16) == chain.network.chain_id
+        assert node.methods() == ["eth_chainId"]
+    finally:
+        node.close()
 
 
 # --- verification's reads ----------------------------------------------------------------------
@@ -408,6 +514,7 @@ def test_a_send_whose_answer_is_lost_is_pending_then_confirms_once(
     assert (lost.status, lost.reason_code) == (SettlementStatus.PENDING, "rpc_error")
     assert lost.tx_hash == prepared.tx_hash
     assert "ConnectionError" in lost.evidence["error"]
+    assert proxy.methods().count("eth_sendRawTransaction") == 1  # not re-sent by the client
     assert env.balance(env.seller) == PRICE  # the node did get it: only the answer was lost
     proxy.tamper = None
     again = broadcast(env, auth, prepared)  # the same bytes: "already known" / "nonce too low"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hexbytes import HexBytes
 
-from payments.x402.chain import ChainReader, ChainUnavailable, rpc_session
+from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.types import Authorization, NetworkConfig, Requirements, VerificationFailed
 from payments.x402.verify import (
     SETTLEMENT_MARGIN_SECONDS,
@@ -276,14 +276,3 @@ def test_every_reason_is_documented_and_the_buyers_move() -> None:
     assert set(VERIFICATION_NEXT_MOVE) == set(VERIFICATION_REASONS)
     assert set(VERIFICATION_NEXT_MOVE.values()) == {"buyer"}
     assert all(text and "\n" not in text for text in VERIFICATION_REASONS.values())
-
-
-def test_the_rpc_session_reads_the_proxy_environment_once(monkeypatch):
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
-    monkeypatch.setenv("NO_PROXY", "rpc.local")
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/corporate.pem")
-    proxied = rpc_session("https://mainnet.example/rpc")
-    assert proxied.trust_env is False  # nothing looked up again per call
-    assert proxied.proxies.get("https") == "http://proxy.internal:3128"
-    assert proxied.verify == "/etc/ssl/corporate.pem"
-    assert "https" not in rpc_session("https://rpc.local/v1").proxies  # NO_PROXY honoured
