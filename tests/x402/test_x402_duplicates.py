@@ -185,7 +185,7 @@ def test_a_failed_purchase_is_not_repeated(client, x402_world):
     assert world.seller_balance() == 2 * PRICE
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 @pytest.mark.django_db(transaction=True)
 def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, http_server):
     world = x402_live_world
@@ -213,7 +213,7 @@ def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, 
     assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == len(duplicates)
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 @pytest.mark.django_db(transaction=True)
 def test_one_signature_without_id_sent_at_once_is_in_flight_not_paid_twice(
     x402_live_world, http_server
