@@ -47,30 +47,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if item.get_closest_marker("sqlite_concurrency"):
                 item.add_marker(pytest.mark.skip(reason="runs on a file SQLite database"))
-    needs_pg = [
-        i for i in items if i.get_closest_marker("postgres") or i.get_closest_marker("worker")
-    ]
-    if not _uses_postgres():
-        # A PostgreSQL-only test in a module that also runs on the embedded default: the
-        # SQLite pass leaves it to the PostgreSQL pass, where it ran.
-        elsewhere = [i for i in needs_pg if i.get_closest_marker("embedded")]
-        if elsewhere:
-            config.hook.pytest_deselected(items=elsewhere)
-            items[:] = [i for i in items if i not in elsewhere]
-            needs_pg = [i for i in needs_pg if i not in elsewhere]
-    needs_redis = [i for i in items if i.get_closest_marker("worker")]
-    problems = []
-    if needs_pg and not _uses_postgres():
-        problems.append("DATABASE_URL does not point at PostgreSQL")
-    if needs_redis and not settings.REDIS_URL:
-        problems.append("REDIS_URL is not set")
-    if not problems:
+    elif not _uses_postgres():
+        _leave_to_the_first_pass(config, items)
+    missing = _missing_services(items)
+    if not missing:
         return
-    reason = "; ".join(problems)
     if os.environ.get("CI"):
-        raise pytest.UsageError(f"CI must run every test on the real services: {reason}")
-    for item in needs_pg if not _uses_postgres() else needs_redis:
-        item.add_marker(pytest.mark.skip(reason=reason))
+        problems = "; ".join(sorted({p for reasons in missing.values() for p in reasons}))
+        raise pytest.UsageError(f"CI must run every test on the real services: {problems}")
+    for item, reasons in missing.items():
+        item.add_marker(pytest.mark.skip(reason="; ".join(reasons)))
+
+
+def _needs_postgres(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("postgres") or item.get_closest_marker("worker"))
+
+
+def _leave_to_the_first_pass(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test`'s pass on a file SQLite database: a PostgreSQL-only test in a module that
+    also runs on the embedded default was run (or listed as skipped) by the first pass."""
+    elsewhere = [i for i in items if i.get_closest_marker("embedded") and _needs_postgres(i)]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [i for i in items if i not in elsewhere]
+
+
+def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
+    """Each test that cannot run here, with what it alone lacks (a PostgreSQL-only test is
+    not told to set REDIS_URL)."""
+    missing: dict[pytest.Item, list[str]] = {}
+    for item in items:
+        if _needs_postgres(item) and not _uses_postgres():
+            missing.setdefault(item, []).append("DATABASE_URL does not point at PostgreSQL")
+        if item.get_closest_marker("worker") and not settings.REDIS_URL:
+            missing.setdefault(item, []).append("REDIS_URL is not set")
+    return missing
 
 
 @pytest.fixture

@@ -12,12 +12,13 @@ a retried copy is still deduplicated against itself.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
 from django.db.models import CharField, DateTimeField, ExpressionWrapper, OuterRef, Subquery, Value
 from django.db.models.functions import SHA256, Concat
+from django.db.models.lookups import GreaterThan
 
 from core.actors import Actor
 from core.canonical import sha256_hex
@@ -92,6 +93,9 @@ def purchase_duplicate_of_quote(
         output_field=DateTimeField(),
     )
     repeated = Purchase.objects.filter(
+        # A zero window is off, as in purchase_duplicate_find: `since` alone would still match
+        # a payment recorded after this request's `now` (two payments of one quote racing).
+        GreaterThan(OuterRef("offering__duplicate_window"), Value(timedelta(0))),
         offering_id=OuterRef("offering_id"),
         duplicate_key=key,
         created_at__gt=since,

@@ -3,10 +3,12 @@ answered inside the duplicate window (never charged), deliberate copies, and the
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 import requests
+from django.utils import timezone
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_signature_header, encode_payment_signature_header
 from x402.schemas import PaymentPayload
@@ -14,8 +16,10 @@ from x402.schemas import PaymentPayload
 from core.canonical import sha256_hex
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
+from purchases.api.x402_answers import X402Answers
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from purchases.services.execution import purchase_execute
+from purchases.services.x402_checkout import x402_pay
 from tests.integration.helpers import race
 from tests.x402.e2e import NETWORK, PRICE, sign_payment
 
@@ -145,6 +149,33 @@ def test_window_zero_and_other_inputs_are_new_purchases(client, x402_world):
 
 
 @pytest.mark.django_db
+def test_window_zero_never_repeats_a_purchase_recorded_while_the_request_ran(client, x402_world):
+    """The race of two payments of one quote, without threads: the second request began
+    before the first was recorded. Window off, it is refused, never that purchase's repeat."""
+    world = x402_world
+    Offering.objects.update(duplicate_window=timedelta(0))
+    header = client.post(world.paid_url, INPUT, format="json")["PAYMENT-REQUIRED"]
+    began_at = timezone.now()
+    first = _pay(client, world, sign_payment(header, world.payers[0], None))
+    assert first.status_code == 202, first.content
+
+    answer = x402_pay(
+        offering_slug=Offering.objects.get().slug,
+        payment_header=sign_payment(header, world.payers[0], None),
+        buyer=None,
+        answers=X402Answers(),
+        now=began_at,
+    )
+    assert answer.status == 402, answer
+    refusal = json.loads(answer.body)
+    assert refusal["code"] == "quote_already_paid"
+    assert refusal["existing_purchase"] == first.json()["purchase"]
+    assert "Tollbooth-Duplicate-Of" not in answer.headers
+    assert not PurchaseEvent.objects.filter(subject="purchase.duplicate").exists()
+    assert Purchase.objects.count() == 1 and world.relayer_sent() == 1
+
+
+@pytest.mark.django_db
 def test_a_failed_purchase_is_not_repeated(client, x402_world):
     world = x402_world
     first = _pay(client, world, _fresh_payment(client, world))
@@ -154,7 +185,7 @@ def test_a_failed_purchase_is_not_repeated(client, x402_world):
     assert world.seller_balance() == 2 * PRICE
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 @pytest.mark.django_db(transaction=True)
 def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, http_server):
     world = x402_live_world
@@ -182,7 +213,7 @@ def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, 
     assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == len(duplicates)
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 @pytest.mark.django_db(transaction=True)
 def test_one_signature_without_id_sent_at_once_is_in_flight_not_paid_twice(
     x402_live_world, http_server

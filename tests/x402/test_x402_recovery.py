@@ -33,7 +33,7 @@ def _post(base: str, world, payment: str) -> tuple[int, dict]:
     return response.status_code, response.json()
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 def test_eight_parallel_requests_with_one_payment_id_transfer_once(x402_live_world, http_server):
     world = x402_live_world
     required = requests.post(
@@ -49,7 +49,7 @@ def test_eight_parallel_requests_with_one_payment_id_transfer_once(x402_live_wor
     assert PaymentAttempt.objects.count() == 1
 
 
-@pytest.mark.postgres
+@pytest.mark.sqlite_concurrency
 def test_different_payment_ids_on_one_quote_transfer_once(x402_live_world, http_server):
     world = x402_live_world
     # Window off: every other payment is refused as quote_already_paid, not answered as a
