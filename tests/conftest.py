@@ -79,7 +79,8 @@ def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
     for item in items:
         if _needs_postgres(item) and not _uses_postgres():
             missing.setdefault(item, []).append("DATABASE_URL does not point at PostgreSQL")
-        if item.get_closest_marker("worker") and not settings.REDIS_URL:
+        needs_redis = item.get_closest_marker("worker") or item.get_closest_marker("redis")
+        if needs_redis and not settings.REDIS_URL:
             missing.setdefault(item, []).append("REDIS_URL is not set")
     return missing
 

@@ -212,6 +212,7 @@ def test_repeated_failures_back_off_exponentially_to_a_cap(sent, no_immediate_re
     assert OutboxMessage.objects.get(pk=message_id).attempts == 10
 
 
+@pytest.mark.redis
 def test_two_relay_loops_at_once_never_send_a_message_twice(
     monkeypatch: pytest.MonkeyPatch, no_immediate_relay
 ):

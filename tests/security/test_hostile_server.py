@@ -15,7 +15,7 @@ import requests
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 DEEP = b"[" * 100_000
 
 

@@ -15,7 +15,7 @@ from purchases.models import IdempotencyRecord
 from tests.integration.helpers import wait_for
 from tests.x402.e2e import PRICE, sign_payment
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 PAY_ID = "x402-process-id-0000001"
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\n"}
 
