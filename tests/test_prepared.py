@@ -3,6 +3,7 @@ on PostgreSQL and on the embedded SQLite alike."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from core.prepared import PreparedQuery, PreparedRaw
+from core.prepared import PreparedQuery, PreparedRaw, PreparedUpdate
 from core.prepared.writes import insert_rows, insert_statement_of
 from fulfillment.models import ExecutionAttempt
 from payments import selectors as payment_selectors
@@ -248,3 +249,38 @@ def test_a_lease_taken_over_meanwhile_is_a_concurrent_transition_and_writes_noth
         held.save(update_fields=["state", "finished_at", "job_ref"])
     stored = ExecutionAttempt.objects.get(pk=attempt.pk)
     assert (stored.state, stored.job_ref, stored.finished_at) == ("running", "", None)
+
+
+def _unclaimed(pk: int, now: datetime) -> tuple[models.QuerySet[Purchase], dict[str, Any]]:
+    return Purchase.objects.filter(pk=pk, paid_at__isnull=True), {
+        "paid_at": now,
+        "amount": F("amount") + 1,
+    }
+
+
+CLAIM_UNPAID = PreparedUpdate(_unclaimed, pk=int, now=datetime)
+
+
+def test_a_prepared_update_runs_the_statement_update_runs():
+    first, second = (PaymentAttemptFactory.create().purchase for _ in range(2))
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as orm:
+        queryset, values = _unclaimed(first.pk, now)
+        assert queryset.update(**values) == 1
+    with CaptureQueriesContext(connection) as prepared:
+        assert CLAIM_UNPAID.run(pk=second.pk, now=now) == 1
+        assert CLAIM_UNPAID.run(pk=second.pk, now=now) == 0  # no longer unpaid
+    written = orm.captured_queries[-1]["sql"].replace(f'"id" = {first.pk})', f'"id" = {second.pk})')
+    assert prepared.captured_queries[0]["sql"] == written
+    for purchase in (first, second):
+        stored = Purchase.objects.get(pk=purchase.pk)
+        assert (stored.paid_at, stored.amount) == (now, purchase.amount + 1)
+
+
+def test_a_prepared_update_refuses_a_parameter_the_orm_transforms():
+    by_payer = PreparedUpdate(
+        lambda payer: (Purchase.objects.filter(payer__icontains=payer), {"reason_code": "x"}),
+        payer=str,
+    )
+    with pytest.raises(ValueError, match="payer"):
+        by_payer.run(payer="0xabc")

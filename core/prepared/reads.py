@@ -18,7 +18,7 @@ refused when the query is first compiled, never guessed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -62,13 +62,65 @@ def converted(
     return values
 
 
+class Parameters:
+    """A prepared statement's parameters by name and type (int, str or datetime): the
+    stand-ins it is compiled with, where the compiled statement took each one, and a call's
+    values put in those places. A parameter the ORM transforms on the way (a `LIKE`
+    pattern, say) cannot be found and is refused when the statement is compiled."""
+
+    def __init__(self, kinds: dict[str, type]) -> None:
+        self._kinds = kinds
+
+    def sentinels(self) -> dict[str, Any]:
+        sentinels: dict[str, Any] = {}
+        for index, (name, kind) in enumerate(self._kinds.items()):
+            if kind is int:
+                sentinels[name] = _SENTINEL_INT_BASE - index
+            elif kind is str:
+                sentinels[name] = f"\x01prepared-parameter-{index}\x01"
+            elif kind is datetime:
+                sentinels[name] = _SENTINEL_EPOCH.replace(microsecond=index + 1)
+            else:
+                raise TypeError(f"prepared parameter {name}: int, str or datetime, not {kind}")
+        return sentinels
+
+    def slots(self, params: Sequence[Any], connection: Any) -> tuple[tuple[int, str], ...]:
+        """Where each stand-in landed among a statement's compiled parameters."""
+        slots: list[tuple[int, str]] = []
+        for name, sentinel in self.sentinels().items():
+            prepped = self._prep(name, sentinel, connection)
+            positions = [i for i, param in enumerate(params) if param == prepped]
+            if not positions:
+                raise ValueError(f"prepared parameter {name} does not reach the SQL unchanged")
+            slots.extend((position, name) for position in positions)
+        return tuple(slots)
+
+    def bind(
+        self,
+        params: Sequence[Any],
+        slots: tuple[tuple[int, str], ...],
+        values: dict[str, Any],
+        connection: Any,
+    ) -> list[Any]:
+        """The compiled parameters with the call's values in their places."""
+        bound = list(params)
+        for position, name in slots:
+            bound[position] = self._prep(name, values[name], connection)
+        return bound
+
+    def _prep(self, name: str, value: Any, connection: Any) -> Any:
+        if self._kinds[name] is datetime:
+            return models.DateTimeField().get_db_prep_value(value, connection)
+        return value
+
+
 class PreparedQuery(Generic[M]):
     """`build(**parameters)` returns the queryset; `parameters` names each one's type (int,
     str or datetime). The queryset must select model instances (no values(), no only())."""
 
     def __init__(self, build: Callable[..., models.QuerySet[M]], **parameters: type) -> None:
         self._build = build
-        self._parameters = parameters
+        self._parameters = Parameters(parameters)
         self._compiled: dict[tuple[str, str], _Compiled] = {}
         self._lock = threading.Lock()
 
@@ -86,9 +138,7 @@ class PreparedQuery(Generic[M]):
             raise TransactionManagementError(
                 "select_for_update cannot be used outside of a transaction."
             )
-        params = list(compiled.params)
-        for position, name in compiled.slots:
-            params[position] = self._prep(name, values[name], connection)
+        params = self._parameters.bind(compiled.params, compiled.slots, values, connection)
         with connection.cursor() as cursor:
             cursor.execute(compiled.sql, params)
             rows = cursor.fetchall()
@@ -111,37 +161,12 @@ class PreparedQuery(Generic[M]):
         found = self.fetch(**values)
         return found[0] if found else None
 
-    def _sentinels(self) -> dict[str, Any]:
-        sentinels: dict[str, Any] = {}
-        for index, (name, kind) in enumerate(self._parameters.items()):
-            if kind is int:
-                sentinels[name] = _SENTINEL_INT_BASE - index
-            elif kind is str:
-                sentinels[name] = f"\x01prepared-parameter-{index}\x01"
-            elif kind is datetime:
-                sentinels[name] = _SENTINEL_EPOCH.replace(microsecond=index + 1)
-            else:
-                raise TypeError(f"prepared parameter {name}: int, str or datetime, not {kind}")
-        return sentinels
-
-    def _prep(self, name: str, value: Any, connection: Any) -> Any:
-        if self._parameters[name] is datetime:
-            return models.DateTimeField().get_db_prep_value(value, connection)
-        return value
-
     def _compile(self, alias: str) -> _Compiled:
         connection = connections[alias]
-        queryset = self._build(**self._sentinels()).using(alias)
+        queryset = self._build(**self._parameters.sentinels()).using(alias)
         compiler = queryset.query.get_compiler(using=alias)
         sql, params = compiler.as_sql()
-        sentinels = self._sentinels()
-        slots: list[tuple[int, str]] = []
-        for name, sentinel in sentinels.items():
-            prepped = self._prep(name, sentinel, connection)
-            positions = [i for i, param in enumerate(params) if param == prepped]
-            if not positions:
-                raise ValueError(f"prepared parameter {name} does not reach the SQL unchanged")
-            slots.extend((position, name) for position in positions)
+        slots = self._parameters.slots(params, connection)
         klass_info = compiler.klass_info
         select = compiler.select
         assert klass_info is not None, "a prepared query selects model instances"
@@ -151,7 +176,7 @@ class PreparedQuery(Generic[M]):
         compiled = _Compiled(
             sql=sql,
             params=tuple(params),
-            slots=tuple(slots),
+            slots=slots,
             model=klass_info["model"],
             fields=slice(start, end),
             init_list=[column[0].target.attname for column in select[start:end]],
