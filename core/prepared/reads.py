@@ -31,6 +31,7 @@ M = TypeVar("M", bound=models.Model)
 
 _SENTINEL_INT_BASE = -7_390_000_000_000  # no row or value of ours is ever this
 _SENTINEL_EPOCH = datetime(1903, 2, 1, 1, 1, 1, tzinfo=UTC)
+_DATETIME = models.DateTimeField()  # prepares a datetime parameter as the ORM does
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class Parameters:
 
     def _prep(self, name: str, value: Any, connection: Any) -> Any:
         if self._kinds[name] is datetime:
-            return models.DateTimeField().get_db_prep_value(value, connection)
+            return _DATETIME.get_db_prep_value(value, connection)
         return value
 
 
