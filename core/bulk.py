@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model
 
-from core.prepared.writes import insert_rows, insert_shape, insert_sql, insert_values
+from core.prepared.inserts import insert_rows, insert_shape, insert_sql, insert_values
 
 
 def bulk_update_columns(objs: Iterable[Model], fields: Sequence[str]) -> int:
@@ -59,7 +59,7 @@ def insert_unless_conflict(
     went in; False when `conflict` (e.g. `(quote_key) WHERE state = 'open'`, naming a
     partial unique index) already had one. PostgreSQL and SQLite (3.35+) both speak it.
     No signals; values prepared as the ORM prepares a new row's (auto_now_add included).
-    The text is written once per model and conflict (core.prepared.writes).
+    The text is written once per model and conflict (core.prepared.inserts).
 
     `also`: (sql, params) of a statement that follows the INSERT in the same statement, as
     a data-modifying CTE reading the new row from `inserted` (PostgreSQL only: pass None
@@ -131,7 +131,7 @@ def bulk_insert_rows(objs: Sequence[Model], *, copy_from: int = 200) -> None:
     placeholder per value: Django compiles that statement row by row and the server parses
     all of it, which at thousands of rows costs more than the writes themselves. Fewer
     objects (a request's few events) go in one INSERT, which query counts see, its text
-    written once per row count (core.prepared.writes.insert_rows).
+    written once per row count (core.prepared.inserts.insert_rows).
     """
     if not objs:
         return

@@ -13,7 +13,7 @@ from django_fsm import TransitionNotAllowed, can_proceed
 from core.actors import Actor
 from core.bulk import bulk_insert_rows, insert_after
 from core.changes import Change
-from core.prepared.writes import insert_statement_of
+from core.prepared.inserts import insert_statement_of
 from purchases.models import Purchase, PurchaseEvent, Quote
 
 # The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
@@ -140,7 +140,7 @@ def events_flush_with(
         if not batch or connection.vendor != "postgresql":
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if returning else []
-        # The batch's INSERT, its text written once per row count (core.prepared.writes).
+        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
         insert_sql, insert_params = insert_statement_of(batch)
         result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(

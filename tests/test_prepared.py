@@ -16,7 +16,7 @@ from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
 from core.prepared import PreparedQuery, PreparedRaw, PreparedUpdate
-from core.prepared.writes import insert_rows, insert_statement_of
+from core.prepared.inserts import insert_rows, insert_statement_of
 from fulfillment.models import ExecutionAttempt
 from payments import selectors as payment_selectors
 from purchases.models import Purchase, PurchaseEvent

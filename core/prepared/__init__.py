@@ -2,14 +2,15 @@
 
 The paid request's and the prepaid pay's statements never change shape, only their
 parameters do; the ORM compiles them anew on every call, which was most of their Python CPU
-(docs/benchmarks.md, issue 11). Three kinds, one module each:
+(docs/benchmarks.md, issue 11). One module per kind:
 
 - `reads`: `PreparedQuery`, a queryset compiled once with sentinel parameters, its rows made
   into instances as the ORM makes them;
 - `raw`: `PreparedRaw`, a raw statement of ours whose columns are resolved once;
-- `writes`: `PreparedTransitionMixin` (FSM saves as a conditional UPDATE, new rows'
-  INSERT), `PreparedUpdate` (a queryset's update()) and the INSERT text of new rows written
-  by hand, each once per shape.
+- `writes`: `PreparedTransitionMixin` (an FSM model's saves) and `PreparedUpdate` (a
+  queryset's update()), compiled once per shape;
+- `inserts`: new rows' INSERTs, from a save() or written by hand (`insert_rows`), their text
+  written once per shape.
 """
 
 from core.prepared.raw import PreparedRaw
