@@ -25,6 +25,10 @@ from django.db.models.sql import InsertQuery, Query
 
 from core.prepared.reads import converted
 
+# PostgreSQL's wire protocol counts a statement's parameters in 16 bits (Django sets no
+# limit there: its bulk_create sends one array per column instead).
+_PROTOCOL_MAX_PARAMS = 65_535
+
 
 @dataclass(frozen=True)
 class _SavedInsertShape:
@@ -140,7 +144,7 @@ def _insert_shape(model: type[models.Model], alias: str, vendor: str) -> InsertS
     )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=64)  # row counts seen: a request's events, a bulk writer's chunks
 def insert_sql(model: type[models.Model], alias: str, vendor: str, rows: int = 1) -> str:
     """`INSERT INTO <table> (<InsertShape's columns>) VALUES (%s, ...), ...` for `rows`
     rows, the form the ORM writes, once per model, database and row count."""
@@ -191,8 +195,8 @@ def _insert_statement(objs: Sequence[models.Model]) -> tuple[str, list[Any]] | N
     connection = connections[DEFAULT_DB_ALIAS]
     model = type(objs[0])
     shape = insert_shape(model)
-    limit = connection.features.max_query_params
-    if not shape.by_hand or (limit and len(objs) * len(shape.fields) > limit):
+    limit = connection.features.max_query_params or _PROTOCOL_MAX_PARAMS
+    if not shape.by_hand or len(objs) * len(shape.fields) > limit:
         return None
     params: list[Any] = []
     for obj in objs:
