@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import connection
 from django.db.models import Field, Model
+
+from core.prepared.inserts import insert_rows, insert_shape, insert_sql, insert_values
 
 
 def bulk_update_columns(objs: Iterable[Model], fields: Sequence[str]) -> int:
@@ -55,26 +58,26 @@ def insert_unless_conflict(
     database's log, no savepoint to roll back). Sets obj.pk and returns True when the row
     went in; False when `conflict` (e.g. `(quote_key) WHERE state = 'open'`, naming a
     partial unique index) already had one. PostgreSQL and SQLite (3.35+) both speak it.
-    No signals, no auto_now: callers set every value.
+    No signals; values prepared as the ORM prepares a new row's (auto_now_add included).
+    The text is written once per model and conflict (core.prepared.inserts).
 
     `also`: (sql, params) of a statement that follows the INSERT in the same statement, as
     a data-modifying CTE reading the new row from `inserted` (PostgreSQL only: pass None
     elsewhere and write it after).
     """
-    meta = obj._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608 (names from models)
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
-        f"ON CONFLICT {conflict} DO NOTHING RETURNING {quote(str(meta.pk.column))}"
-    )
-    params = [f.get_db_prep_save(f.pre_save(obj, add=True), connection) for f in fields]
+    sql = _unless_conflict_sql(type(obj), connection.alias, connection.vendor, conflict)
+    params = insert_values([obj])
     if also is not None:
         also_sql, also_params = also
         sql = f"WITH inserted AS ({sql}), also AS ({also_sql}) SELECT * FROM inserted"  # noqa: S608 (both built from models)
         params += also_params
     return insert_returning_pk(obj, sql, params)
+
+
+@functools.cache
+def _unless_conflict_sql(model: type[Model], alias: str, vendor: str, conflict: str) -> str:
+    pk = insert_shape(model).pk
+    return f"{insert_sql(model, alias, vendor)} ON CONFLICT {conflict} DO NOTHING RETURNING {pk}"
 
 
 def insert_returning_pk(obj: Model, sql: str, params: Any) -> bool:
@@ -93,26 +96,31 @@ def insert_returning_pk(obj: Model, sql: str, params: Any) -> bool:
 def insert_after(obj: Model, *, new_id_into: str | None = None) -> tuple[str, list[Any]]:
     """`obj`'s INSERT as the `also` of insert_unless_conflict (PostgreSQL): written only if
     that row went in, with its id in the field `new_id_into` when given. Every value is cast
-    to its column's type (they are a SELECT's outputs, not VALUES)."""
-    meta = obj._meta
-    quote = connection.ops.quote_name
-    columns: list[str] = []
-    values: list[str] = []
-    params: list[Any] = []
-    for field in meta.concrete_fields:
-        if field.primary_key:
-            continue
-        columns.append(quote(str(field.column)))
-        if field.name == new_id_into:
-            values.append("inserted.id")
-            continue
-        values.append(f"%s::{field.cast_db_type(connection)}")
-        params.append(field.get_db_prep_save(field.pre_save(obj, add=True), connection))
+    to its column's type (they are a SELECT's outputs, not VALUES). The text is written once
+    per model and field."""
+    sql, new_id_at = _after_sql(type(obj), connection.alias, connection.vendor, new_id_into)
+    params = insert_values([obj])
+    if new_id_at is not None:
+        del params[new_id_at]  # the statement reads it from the new row
+    return sql, params
+
+
+@functools.cache
+def _after_sql(
+    model: type[Model], alias: str, vendor: str, new_id_into: str | None
+) -> tuple[str, int | None]:
+    """insert_after's text, and where among the row's values the new row's id goes."""
+    shape = insert_shape(model)
+    names = [field.name for field in shape.fields]
+    values = [
+        "inserted.id" if name == new_id_into else f"%s::{cast}"
+        for name, cast in zip(names, shape.casts, strict=True)
+    ]
     sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(columns)}) "  # noqa: S608 (names from models)
+        f"INSERT INTO {shape.table} ({', '.join(shape.columns)}) "  # noqa: S608 (names from models)
         f"SELECT {', '.join(values)} FROM inserted"
     )
-    return sql, params
+    return sql, names.index(new_id_into) if new_id_into is not None else None
 
 
 def bulk_insert_rows(objs: Sequence[Model], *, copy_from: int = 200) -> None:
@@ -122,19 +130,18 @@ def bulk_insert_rows(objs: Sequence[Model], *, copy_from: int = 200) -> None:
     From `copy_from` objects on PostgreSQL, one COPY instead of one INSERT with a
     placeholder per value: Django compiles that statement row by row and the server parses
     all of it, which at thousands of rows costs more than the writes themselves. Fewer
-    objects (a request's few events) keep the ordinary bulk_create, which query counts see.
+    objects (a request's few events) go in one INSERT, which query counts see, its text
+    written once per row count (core.prepared.inserts.insert_rows).
     """
     if not objs:
         return
-    model = type(objs[0])
     if connection.vendor != "postgresql" or len(objs) < copy_from:
-        model._default_manager.bulk_create(objs)
+        insert_rows(objs)
         return
-    meta = model._meta
-    fields = [f for f in meta.concrete_fields if not f.primary_key]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column or f.name) for f in fields)
-    sql = f"COPY {quote(meta.db_table)} ({columns}) FROM STDIN"
+    shape = insert_shape(type(objs[0]))
+    sql = f"COPY {shape.table} ({', '.join(shape.columns)}) FROM STDIN"
+    width = len(shape.fields)
+    values = insert_values(objs)
     with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
-        for obj in objs:
-            copy.write_row([f.get_db_prep_save(f.pre_save(obj, True), connection) for f in fields])
+        for start in range(0, len(values), width):
+            copy.write_row(values[start : start + width])

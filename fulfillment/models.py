@@ -66,10 +66,10 @@ class ExecutionAttempt(PreparedTransitionMixin, models.Model):
         attempt._lease_guard = True
         return attempt
 
-    def _do_update(self, base_qs: Any, *args: Any, **kwargs: Any) -> Any:
+    def _save_guard(self) -> dict[str, Any]:
         if getattr(self, "_lease_guard", False):
-            base_qs = base_qs.filter(lease_token=self.lease_token)
-        return super()._do_update(base_qs, *args, **kwargs)
+            return {"lease_token": self.lease_token}
+        return {}
 
     @transition(field=state, source=State.RUNNING, target=State.SUCCEEDED)
     def succeed(self, *, at: Any) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -14,6 +13,7 @@ from django_fsm import TransitionNotAllowed, can_proceed
 from core.actors import Actor
 from core.bulk import bulk_insert_rows, insert_after
 from core.changes import Change
+from core.prepared.inserts import insert_statement_of
 from purchases.models import Purchase, PurchaseEvent, Quote
 
 # The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
@@ -137,17 +137,11 @@ def events_flush_with(
     its rows are returned."""
     batch = _batch.get()
     with connection.cursor() as cursor:
-        if connection.vendor != "postgresql" or not batch:
+        if not batch or connection.vendor != "postgresql":
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if returning else []
-        # The INSERT the ORM would compile for these rows, written once per row count.
-        insert_sql = _events_insert_sql(connection.alias, len(batch))
-        fields = _insert_fields()
-        insert_params = [
-            field.get_db_prep_save(field.pre_save(event, True), connection)
-            for event in batch
-            for field in fields
-        ]
+        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
+        insert_sql, insert_params = insert_statement_of(batch)
         result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(
             f"WITH step AS ({sql}), noted AS ({insert_sql}) {result}",
@@ -156,21 +150,6 @@ def events_flush_with(
         written = list(cursor.fetchall()) if returning else []
     batch.clear()
     return written
-
-
-@functools.cache
-def _insert_fields() -> tuple[models.Field[Any, Any], ...]:
-    fields = tuple(PurchaseEvent._meta.get_field(name) for name in _INSERT_FIELDS)
-    assert all(isinstance(field, models.Field) for field in fields)
-    return fields  # type: ignore[return-value]
-
-
-@functools.lru_cache(maxsize=64)
-def _events_insert_sql(alias: str, rows: int) -> str:
-    """`rows` events in one multi-row INSERT (PostgreSQL), columns as event_table_sql."""
-    table, columns = event_table_sql()
-    row = f"({', '.join(['%s'] * len(_INSERT_FIELDS))})"
-    return f"INSERT INTO {table} ({columns}) VALUES {', '.join([row] * rows)}"  # noqa: S608 - names from the model
 
 
 def db_column(model: type[models.Model], field_name: str) -> str:

@@ -3,17 +3,23 @@ on PostgreSQL and on the embedded SQLite alike."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
 from django.db import connection, models, transaction
-from django.db.models import F
+from django.db.models import F, Max, Value
+from django.db.models.functions import Upper
 from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from core.prepared import PreparedQuery, PreparedRaw
+from core.prepared import PreparedQuery, PreparedRaw, PreparedUpdate
+from core.prepared.inserts import insert_rows, insert_statement_of
+from fulfillment.models import ExecutionAttempt
 from payments import selectors as payment_selectors
-from purchases.models import Purchase
+from purchases.models import Purchase, PurchaseEvent
 from tests.factories import PaymentAttemptFactory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
@@ -160,3 +166,121 @@ def test_a_prepared_insert_writes_the_row_the_orm_writes():
         stored = Purchase.objects.get(pk=purchase.pk)
         assert _fields(stored) == _fields(purchase)
         assert _fields(type(attempt).objects.get(pk=attempt.pk)) == _fields(attempt)
+
+
+def _events(purchase: Purchase, count: int) -> list[PurchaseEvent]:
+    return [
+        PurchaseEvent(
+            purchase=purchase,
+            subject="purchase.payment",
+            from_state="unpaid",
+            to_state=f"state {n}",
+            actor_type=PurchaseEvent.ActorType.SYSTEM,
+            evidence={"n": n, "nested": {"amount": str(n * 10)}},
+        )
+        for n in range(count)
+    ]
+
+
+def test_rows_inserted_by_hand_are_the_rows_bulk_create_writes():
+    purchase = PaymentAttemptFactory.create().purchase
+    for count in (1, 3, 3):  # a new row count writes its text, the same count reuses it
+        by_hand, by_orm = _events(purchase, count), _events(purchase, count)
+        before = PurchaseEvent.objects.aggregate(last=Max("pk"))["last"] or 0
+        with transaction.atomic():
+            insert_rows(by_hand)
+            PurchaseEvent.objects.bulk_create(by_orm)
+        written = list(PurchaseEvent.objects.filter(pk__gt=before).order_by("pk"))
+        assert len(written) == 2 * count
+        for got, want in zip(written[:count], written[count:], strict=True):
+            ignored = {"id", "created_at"}
+            assert {k: v for k, v in _fields(got).items() if k not in ignored} == {
+                k: v for k, v in _fields(want).items() if k not in ignored
+            }
+        assert all(event.created_at is not None for event in by_hand)  # auto_now_add, pre-saved
+        assert [e.created_at for e in written[:count]] == [e.created_at for e in by_hand]
+
+
+def test_rows_only_the_orm_can_write_go_through_it():
+    purchase = PaymentAttemptFactory.create().purchase
+    with pytest.raises(ValueError, match="cannot be written by hand"):
+        insert_statement_of([PurchaseEvent(purchase=purchase, subject=Upper(Value("x")))])
+    insert_rows([PurchaseEvent(purchase=purchase, subject=Upper(Value("x")), actor_type="system")])
+    assert PurchaseEvent.objects.filter(purchase=purchase, subject="X").exists()
+
+
+def _running_attempt() -> ExecutionAttempt:
+    purchase = PaymentAttemptFactory.create(purchase__paid=True, purchase__prepaid=True).purchase
+    now = timezone.now()
+    return ExecutionAttempt.objects.create(
+        purchase=purchase,
+        executor="report",
+        worker="first",
+        lease_token="first-lease",
+        lease_expires_at=now,
+        job_idempotency_key=f"exec:{purchase.pk}",
+        started_at=now,
+    )
+
+
+def test_a_lease_holder_saves_its_outcome_in_one_conditional_update():
+    attempt = _running_attempt()
+    held = ExecutionAttempt.held(attempt_id=attempt.pk, lease_token="first-lease", job_ref="j1")
+    held.succeed(at=timezone.now())
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        held.save(update_fields=["state", "finished_at", "job_ref"])
+    control = ("SAVEPOINT", "RELEASE SAVEPOINT", "BEGIN", "COMMIT")
+    [update] = [q["sql"] for q in captured.captured_queries if not q["sql"].startswith(control)]
+    assert update.startswith("UPDATE") and "lease_token" in update
+    stored = ExecutionAttempt.objects.get(pk=attempt.pk)
+    assert (stored.state, stored.job_ref, stored.finished_at) == (
+        "succeeded",
+        "j1",
+        held.finished_at,
+    )
+
+
+def test_a_lease_taken_over_meanwhile_is_a_concurrent_transition_and_writes_nothing():
+    attempt = _running_attempt()
+    ExecutionAttempt.objects.filter(pk=attempt.pk).update(lease_token="second-lease")
+    held = ExecutionAttempt.held(attempt_id=attempt.pk, lease_token="first-lease", job_ref="j1")
+    held.succeed(at=timezone.now())
+    with pytest.raises(ConcurrentTransition), transaction.atomic():
+        held.save(update_fields=["state", "finished_at", "job_ref"])
+    stored = ExecutionAttempt.objects.get(pk=attempt.pk)
+    assert (stored.state, stored.job_ref, stored.finished_at) == ("running", "", None)
+
+
+def _unclaimed(pk: int, now: datetime) -> tuple[models.QuerySet[Purchase], dict[str, Any]]:
+    return Purchase.objects.filter(pk=pk, paid_at__isnull=True), {
+        "paid_at": now,
+        "amount": F("amount") + 1,
+    }
+
+
+CLAIM_UNPAID = PreparedUpdate(_unclaimed, pk=int, now=datetime)
+
+
+def test_a_prepared_update_runs_the_statement_update_runs():
+    first, second = (PaymentAttemptFactory.create().purchase for _ in range(2))
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as orm:
+        queryset, values = _unclaimed(first.pk, now)
+        assert queryset.update(**values) == 1
+    with CaptureQueriesContext(connection) as prepared:
+        assert CLAIM_UNPAID.run(pk=second.pk, now=now) == 1
+        assert CLAIM_UNPAID.run(pk=second.pk, now=now) == 0  # no longer unpaid
+    written = orm.captured_queries[-1]["sql"].replace(f'"id" = {first.pk})', f'"id" = {second.pk})')
+    assert prepared.captured_queries[0]["sql"] == written
+    for purchase in (first, second):
+        stored = Purchase.objects.get(pk=purchase.pk)
+        assert (stored.paid_at, stored.amount) == (now, purchase.amount + 1)
+
+
+def test_a_prepared_update_refuses_a_parameter_the_orm_transforms():
+    by_payer = PreparedUpdate(
+        lambda payer: (Purchase.objects.filter(payer__icontains=payer), {"reason_code": "x"}),
+        payer=str,
+    )
+    with pytest.raises(ValueError, match="payer"):
+        by_payer.run(payer="0xabc")

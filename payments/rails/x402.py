@@ -22,6 +22,7 @@ from payments.rails.base import Charge, Presentation, QuoteTerms
 from payments.services import refund_record
 from payments.x402.attempts import (
     x402_attempt_authorization,
+    x402_attempt_claim_first_broadcast,
     x402_attempt_for_authorization,
     x402_attempt_mark_prepared,
     x402_attempt_prepared,
@@ -195,12 +196,8 @@ class X402Rail:
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
     ) -> SettlementOutcome:
         """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
-        claimed = PaymentAttempt.objects.filter(
-            pk=attempt.pk, broadcast_started_at__isnull=True
-        ).update(broadcast_started_at=now)
-        if not claimed:
+        if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
-        attempt.broadcast_started_at = now
         outcome = _prepare_and_broadcast(attempt, terms, now)
         return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 

@@ -11,8 +11,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, connections
+from django.db.models import QuerySet
 
 from core.changes import Change
+from core.prepared import PreparedUpdate
 from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.x402.types import (
     Authorization,
@@ -84,6 +86,26 @@ def x402_attempt_record(
         },
     )
     return attempt, change
+
+
+def _unclaimed_broadcast(
+    attempt_id: int, now: datetime
+) -> tuple[QuerySet[PaymentAttempt], dict[str, Any]]:
+    unclaimed = PaymentAttempt.objects.filter(pk=attempt_id, broadcast_started_at__isnull=True)
+    return unclaimed, {"broadcast_started_at": now}
+
+
+# Every settlement's first statement, compiled once per process (core.prepared).
+_FIRST_BROADCAST_CLAIM = PreparedUpdate(_unclaimed_broadcast, attempt_id=int, now=datetime)
+
+
+def x402_attempt_claim_first_broadcast(*, attempt: PaymentAttempt, now: datetime) -> bool:
+    """Claim the attempt's first broadcast (one conditional UPDATE): True for exactly one
+    caller ever, who performs it; the others look the settlement up instead."""
+    if not _FIRST_BROADCAST_CLAIM.run(attempt_id=attempt.pk, now=now):
+        return False
+    attempt.broadcast_started_at = now
+    return True
 
 
 def x402_attempt_mark_prepared(

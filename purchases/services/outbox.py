@@ -37,9 +37,10 @@ from typing import Any
 from celery import Celery, current_app
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Field
+from django.db.models import F, Field, QuerySet
 
 from core.clock import now_or
+from core.prepared import PreparedUpdate
 from purchases.events import events_flush_with
 from purchases.models import OUTBOX_WAITING, JobRun, OutboxMessage
 from purchases.services.job_runs import job_run
@@ -69,11 +70,26 @@ _INSERT_MANY = (
     "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id"
 )
 
-# A message sent, marked so if still waiting (OUTBOX_WAITING): the statement the ORM's
-# update() compiles, written once (it runs after every staging commit).
-_RELAYED = (
-    "UPDATE purchases_outboxmessage SET relayed_at = %s, attempts = attempts + 1 "
-    "WHERE id = %s AND relayed_at IS NULL AND retired_at IS NULL"
+
+def _waiting(message_id: int) -> QuerySet[OutboxMessage]:
+    return OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id)
+
+
+# A message sent, or its job done by the request that staged it (retired), marked so if
+# still waiting: after every staging commit and every inline run, compiled once
+# (core.prepared).
+_MARK_RELAYED = PreparedUpdate(
+    lambda message_id, now: (
+        _waiting(message_id),
+        {"relayed_at": now, "attempts": F("attempts") + 1},
+    ),
+    message_id=int,
+    now=datetime,
+)
+_MARK_RETIRED = PreparedUpdate(
+    lambda message_id, now: (_waiting(message_id), {"retired_at": now}),
+    message_id=int,
+    now=datetime,
 )
 
 
@@ -182,10 +198,7 @@ def outbox_retire_held(*, dedup_key: str, now: datetime | None = None) -> bool:
     if hold is None or dedup_key not in hold.held:
         return False
     message_id, _ = hold.held.pop(dedup_key)
-    retired = OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id).update(
-        retired_at=now_or(now)
-    )
-    return retired == 1
+    return _MARK_RETIRED.run(message_id=message_id, now=now_or(now)) == 1
 
 
 def outbox_release_held(*, dedup_key: str) -> None:
@@ -268,8 +281,7 @@ def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
         )
         _record_failure(message_id, 0, exc, now_or(None))
         return
-    with connection.cursor() as cursor:
-        cursor.execute(_RELAYED, [_db_value("relayed_at", now_or(None)), message_id])
+    _MARK_RELAYED.run(message_id=message_id, now=now_or(None))
 
 
 def outbox_relay_due(

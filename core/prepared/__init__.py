@@ -1,0 +1,20 @@
+"""Statements of a fixed shape written once per process instead of compiled on every call.
+
+The paid request's and the prepaid pay's statements never change shape, only their
+parameters do; the ORM compiles them anew on every call, which was most of their Python CPU
+(docs/benchmarks.md, issue 11). One module per kind:
+
+- `reads`: `PreparedQuery`, a queryset compiled once with sentinel parameters, its rows made
+  into instances as the ORM makes them;
+- `raw`: `PreparedRaw`, a raw statement of ours whose columns are resolved once;
+- `writes`: `PreparedTransitionMixin` (an FSM model's saves) and `PreparedUpdate` (a
+  queryset's update()), compiled once per shape;
+- `inserts`: new rows' INSERTs, from a save() or written by hand (`insert_rows`), their text
+  written once per shape.
+"""
+
+from core.prepared.raw import PreparedRaw
+from core.prepared.reads import PreparedQuery
+from core.prepared.writes import PreparedTransitionMixin, PreparedUpdate
+
+__all__ = ["PreparedQuery", "PreparedRaw", "PreparedTransitionMixin", "PreparedUpdate"]
