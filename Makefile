@@ -23,11 +23,15 @@ $(NODE_STAMP): package.json package-lock.json
 install: $(STAMP) $(NODE_STAMP)
 
 # The browser tests (tests/browser) drive Debian's chromium; playwright never downloads one.
-# CI runs as root on a fresh Debian machine, where apt works.
+# CI runs as root on a fresh Debian machine, where apt works; elsewhere sudo, if it needs no
+# password, or a message saying what to install.
 CHROMIUM := /usr/bin/chromium
 $(CHROMIUM):
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "make test: the browser tests need Debian's chromium: sudo apt-get install chromium" >&2; \
+	exit 1; fi; \
+	$$SUDO apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 demo: install
 	$(BIN)/python scripts/demo.py
