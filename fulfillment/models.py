@@ -41,6 +41,14 @@ class ExecutionAttempt(PreparedTransitionMixin, models.Model):
     )
     job_idempotency_key = models.CharField(max_length=120)
     reason_code = models.CharField(max_length=64, blank=True)
+    # An execution that ended unknown is not forgotten: its job is asked again on a slower
+    # schedule (purchases.services.execution_recheck) until the executor says for sure.
+    next_check_at = models.DateTimeField(
+        null=True, blank=True, help_text="When an unknown execution's job is asked again."
+    )
+    checks = models.PositiveIntegerField(
+        default=0, help_text="Checks of the job made since the execution ended unknown."
+    )
     started_at = models.DateTimeField()
     finished_at = models.DateTimeField(null=True, blank=True)
     state = FSMField(default=State.RUNNING, choices=State.choices, protected=True)
@@ -51,6 +59,14 @@ class ExecutionAttempt(PreparedTransitionMixin, models.Model):
                 fields=["purchase"],
                 condition=Q(state="running"),
                 name="one_live_execution_per_purchase",
+            ),
+        ]
+        indexes = [
+            # The recheck sweep's read: unknown executions whose next check is due.
+            models.Index(
+                fields=["next_check_at"],
+                condition=Q(state="unknown"),
+                name="unknown_execution_next_check",
             ),
         ]
 
@@ -84,6 +100,20 @@ class ExecutionAttempt(PreparedTransitionMixin, models.Model):
     def lose_track(self, *, reason_code: str, at: Any) -> None:
         self.reason_code = reason_code
         self.finished_at = at
+
+    @transition(field=state, source=State.UNKNOWN, target=State.SUCCEEDED)
+    def succeed_on_recheck(self, *, job_ref: str, at: Any) -> None:
+        """A later check found the job finished: the work ran once, its result is ours."""
+        self.job_ref = job_ref
+        self.finished_at = at
+        self.next_check_at = None
+
+    @transition(field=state, source=State.UNKNOWN, target=State.FAILED)
+    def fail_on_recheck(self, *, reason_code: str, at: Any) -> None:
+        """A later check got the executor's definitive word that the work failed."""
+        self.reason_code = reason_code
+        self.finished_at = at
+        self.next_check_at = None
 
     def __str__(self) -> str:
         return f"execution {self.pk} ({self.state})"

@@ -46,3 +46,15 @@ def receipt_get(*, public_id: str) -> Receipt | None:
 
 def execution_attempts(*, purchase_id: int) -> list[ExecutionAttempt]:
     return list(ExecutionAttempt.objects.filter(purchase_id=purchase_id).order_by("pk"))
+
+
+def execution_next_check_at(*, purchase_id: int) -> datetime | None:
+    """When the purchase's execution that ended unknown is next checked (None if none is)."""
+    return (
+        ExecutionAttempt.objects.filter(
+            purchase_id=purchase_id, state=ExecutionAttempt.State.UNKNOWN
+        )
+        .order_by("-pk")
+        .values_list("next_check_at", flat=True)
+        .first()
+    )

@@ -13,6 +13,7 @@ import random
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -260,6 +261,19 @@ def execution_succeed(
         attempt.save(update_fields=["state", "finished_at", "job_ref"])
     except ConcurrentTransition as lost:
         raise LeaseLost(claim.attempt_id) from lost
+    result = _result_store(purchase_id, attempt, output, payment, retention, now)
+    return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
+
+
+def _result_store(
+    purchase_id: int,
+    attempt: ExecutionAttempt,
+    output: JobOutput,
+    payment: PaymentEvidence,
+    retention: timedelta,
+    now: datetime,
+) -> Result:
+    """The result, its SHA-256 and the receipt, for the attempt that produced them."""
     digest = hashlib.sha256(output.content).hexdigest()
     result = Result(
         purchase_id=purchase_id,
@@ -288,7 +302,7 @@ def execution_succeed(
         raise RuntimeError(f"purchase {purchase_id} already has a result")  # one lease, one run
     if also is None:
         receipt.save(force_insert=True)
-    return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
+    return result
 
 
 def execution_success_change(*, claim: ExecutionClaim, output: JobOutput, job_ref: str) -> Change:
@@ -316,15 +330,115 @@ def execution_end(
 ) -> Change:
     """End an attempt as failed (the work provably did not happen) or unknown (it may have)."""
     attempt = _locked_own_attempt(claim)
+    evidence: dict[str, Any] = {"attempt": attempt.pk, "job_ref": attempt.job_ref}
     if is_known_failure:
         attempt.fail(reason_code=reason_code, at=now)
     else:
         attempt.lose_track(reason_code=reason_code, at=now)
-    attempt.save(update_fields=["state", "reason_code", "finished_at"])
+        # Unknown is not the end: the job is asked again (purchases.services.execution_recheck).
+        attempt.next_check_at = execution_next_check_at(checks=0, now=now)
+        evidence["next_check_at"] = attempt.next_check_at.isoformat()
+    attempt.save(update_fields=["state", "reason_code", "finished_at", "next_check_at"])
     return Change(
         subject="execution_attempt",
         from_state=ExecutionAttempt.State.RUNNING,
         to_state=attempt.state,
         reason_code=reason_code,
-        evidence={"attempt": attempt.pk, "job_ref": attempt.job_ref, "tries": attempt.tries},
+        evidence={**evidence, "tries": attempt.tries},
+    )
+
+
+# --- executions that ended unknown: asked again until the executor says for sure ----------
+
+
+def execution_next_check_at(*, checks: int, now: datetime) -> datetime:
+    """When an unknown execution's job is asked next: the first wait, doubled per check
+    already made, capped (TOLLBOOTH_EXECUTION_RECHECK_SECONDS / _MAX_SECONDS)."""
+    first = float(settings.TOLLBOOTH["EXECUTION_RECHECK_SECONDS"])
+    cap = float(settings.TOLLBOOTH["EXECUTION_RECHECK_MAX_SECONDS"])
+    return now + timedelta(seconds=min(cap, first * 2 ** min(checks, 20)))
+
+
+def executions_recheck_claim(*, now: datetime, hold: timedelta, limit: int = 200) -> list[int]:
+    """The purchases whose unknown execution is due for a check, each held for `hold` (its
+    next check moved past it), so the next sweep does not stage it again while its check is
+    queued. Caller's transaction."""
+    assert transaction.get_connection().in_atomic_block
+    due = list(
+        ExecutionAttempt.objects.select_for_update(skip_locked=True)
+        .filter(state=ExecutionAttempt.State.UNKNOWN, next_check_at__lte=now)
+        .order_by("next_check_at", "pk")
+        .values_list("pk", "purchase_id")[:limit]
+    )
+    ExecutionAttempt.objects.filter(pk__in=[pk for pk, _ in due]).update(next_check_at=now + hold)
+    return [purchase_id for _, purchase_id in due]
+
+
+def execution_unknown_latest(*, purchase_id: int, lock: bool = False) -> ExecutionAttempt | None:
+    """The purchase's latest execution attempt if it ended unknown, else None."""
+    attempts = ExecutionAttempt.objects.filter(purchase_id=purchase_id).order_by("-pk")
+    latest = (attempts.select_for_update() if lock else attempts).first()
+    return latest if latest and latest.state == ExecutionAttempt.State.UNKNOWN else None
+
+
+def execution_recheck_unknown(
+    *, attempt: ExecutionAttempt, job_ref: str, reason_code: str, message: str, now: datetime
+) -> Change:
+    """Still unknown after this check: count it and schedule the next; a job ref learned by
+    this check (the job existed after all) is saved. Caller holds locks."""
+    attempt.checks += 1
+    attempt.next_check_at = execution_next_check_at(checks=attempt.checks, now=now)
+    attempt.job_ref = attempt.job_ref or job_ref
+    attempt.save(update_fields=["checks", "next_check_at", "job_ref"])
+    return _recheck_change(attempt, "still_unknown", reason_code, message=message[:500])
+
+
+def execution_recheck_succeed(
+    *,
+    attempt: ExecutionAttempt,
+    purchase_id: int,
+    output: JobOutput,
+    job_ref: str,
+    payment: PaymentEvidence,
+    retention: timedelta,
+    now: datetime,
+) -> Change:
+    """The job finished after all: the attempt succeeds and its result and receipt are
+    stored (the work ran once, under our idempotency key). Caller holds locks."""
+    attempt.checks += 1
+    attempt.succeed_on_recheck(job_ref=job_ref, at=now)
+    attempt.save(update_fields=["state", "job_ref", "finished_at", "next_check_at", "checks"])
+    _result_store(purchase_id, attempt, output, payment, retention, now)
+    digest = hashlib.sha256(output.content).hexdigest()
+    return _recheck_change(
+        attempt, "succeeded", "", sha256=digest, size=len(output.content), previous="unknown"
+    )
+
+
+def execution_recheck_fail(*, attempt: ExecutionAttempt, reason_code: str, now: datetime) -> Change:
+    """The executor said for sure the work failed. Caller holds locks."""
+    attempt.checks += 1
+    attempt.fail_on_recheck(reason_code=reason_code, at=now)
+    attempt.save(update_fields=["state", "reason_code", "finished_at", "next_check_at", "checks"])
+    return _recheck_change(attempt, "failed", reason_code, previous="unknown")
+
+
+def _recheck_change(
+    attempt: ExecutionAttempt, outcome: str, reason_code: str, **evidence: Any
+) -> Change:
+    previous = evidence.pop("previous", attempt.state)
+    next_check = attempt.next_check_at.isoformat() if attempt.next_check_at else None
+    return Change(
+        subject="execution_attempt.rechecked",  # purchases.event_subjects.EXECUTION_RECHECKED
+        from_state=previous,
+        to_state=attempt.state,
+        reason_code=reason_code,
+        evidence={
+            "attempt": attempt.pk,
+            "job_ref": attempt.job_ref,
+            "check": attempt.checks,
+            "outcome": outcome,
+            "next_check_at": next_check,
+            **evidence,
+        },
     )

@@ -72,6 +72,9 @@ RESOLUTION_CODES = {
     "refund_proposed": "Refund or compensation proposed to finance",
     "buyer_informed": "Buyer informed; nothing else to do",
     "work_rerun_safely": "Conflicting effects resolved; work resumed",
+    # Closed by the system: an unknown execution's later check got the executor's answer.
+    "execution_completed_on_recheck": "The job finished after all; result stored (automatic)",
+    "execution_failed_on_recheck": "The executor said the work failed; remedy applied (automatic)",
     "no_action_needed": "No action needed (duplicate or already resolved)",
     "other": "Other (say what in the note)",
 }

@@ -34,6 +34,7 @@ PAYMENT_ID_RETENTION_EXPIRED = "payment_id.retention_expired"
 
 # --- execution and delivery ----------------------------------------------------------------
 EXECUTION_RETRIED = "execution_attempt.retried"
+EXECUTION_RECHECKED = "execution_attempt.rechecked"
 RESULT_DELIVERED = "result.delivered"
 RESULT_REDELIVERED = "result.redelivered"
 RESULT_RETENTION_EXPIRED = "result.retention_expired"
@@ -79,6 +80,10 @@ SUBJECTS: dict[str, str] = {
         "The payment id came again after its record's retention: answered with the receipt."
     ),
     EXECUTION_RETRIED: "The executor could not say what happened: another try after backoff.",
+    EXECUTION_RECHECKED: (
+        "An execution that ended unknown was checked again (outcome: still unknown with the "
+        "next check's time, succeeded, or failed for sure)."
+    ),
     RESULT_DELIVERED: "The result was delivered for the first time (channel, digest).",
     RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
     RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",

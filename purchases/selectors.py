@@ -80,14 +80,38 @@ def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
     return quote
 
 
+# Work whose outcome is unknown is still pending to the buyer: it is checked again until the
+# executor says for sure (purchases.services.execution_recheck). Unknown is never "failed".
+PENDING_RUN_STATES = (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING, RUN.UNKNOWN)
+
+
+def _execution(purchase: Purchase, now: datetime) -> dict[str, Any]:
+    if purchase.fulfillment_state != RUN.UNKNOWN:
+        return {"state": purchase.fulfillment_state}
+    next_check = fulfillment_selectors.execution_next_check_at(purchase_id=purchase.pk)
+    return {
+        "state": purchase.fulfillment_state,
+        # What is awaited: the executor's word on the job, asked again automatically.
+        "awaiting": "executor",
+        "next_check_at": next_check.isoformat() if next_check else None,
+    }
+
+
+def pending_retry_after(*, status: dict[str, Any], now: datetime) -> int:
+    """Seconds a buyer should wait before polling a pending purchase again: the usual short
+    wait, or up to the next check of work whose outcome is unknown (at most 5 minutes)."""
+    short = int(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])
+    next_check = (status.get("execution") or {}).get("next_check_at")
+    if not next_check:
+        return short
+    until = (datetime.fromisoformat(next_check) - now).total_seconds()
+    return int(min(max(until, short), 300))
+
+
 def _delivery_state(purchase: Purchase, now: datetime) -> str:
     result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
     if result is None:
-        return (
-            "pending"
-            if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING)
-            else "none"
-        )
+        return "pending" if purchase.fulfillment_state in PENDING_RUN_STATES else "none"
     if fulfillment_selectors.result_is_expired(result=result, now=now):
         return "expired"
     return "delivered" if result.first_delivered_at else "available"
@@ -136,6 +160,9 @@ def _remedy(purchase: Purchase) -> dict[str, Any]:
 
 def _next_move(purchase: Purchase, delivery: str, remedy: str) -> tuple[str, str]:
     """(next_action, owner): what should happen next and who has to do it."""
+    if purchase.fulfillment_state == RUN.UNKNOWN and purchase.payment_state == PAY.PAID:
+        # Support is told (an escalation), but the buyer's move is to poll: checked again.
+        return "poll_result", "system"
     if remedy == "escalated":
         return "wait_for_support", "support"
     if purchase.payment_state in (PAY.UNPAID, PAY.FAILED):
@@ -198,7 +225,7 @@ def purchase_status(
             "paid_at": purchase.paid_at.isoformat() if purchase.paid_at else None,
         },
         "settlement": _settlement(purchase, attempt),
-        "execution": {"state": purchase.fulfillment_state},
+        "execution": _execution(purchase, now),
         "delivery": {"state": delivery},
         "remedy": remedy,
         "reason_code": purchase.reason_code or None,

@@ -11,6 +11,10 @@ from celery import shared_task
 from purchases.services import housekeeping, outbox, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
+from purchases.services.execution_recheck import (
+    executions_recheck_due,
+    purchase_execution_recheck,
+)
 from purchases.services.sweeper import purchases_sweep_stalled
 
 logger = logging.getLogger(__name__)
@@ -29,6 +33,18 @@ def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
         return purchase_execute(purchase_id=purchase_id, worker=_worker_name(self)).value
     except ExecutionRetryable as exc:
         raise self.retry(exc=exc, countdown=exc.retry_in) from exc
+
+
+# A check is one poll (or one keyed start) and one write: a lost one is staged again by
+# recheck_unknown_executions_task once its hold runs out, so no Celery retries here.
+@shared_task(acks_late=True, soft_time_limit=120, time_limit=150)
+def purchase_execution_recheck_task(*, purchase_id: int) -> str:
+    return purchase_execution_recheck(purchase_id=purchase_id).value
+
+
+@shared_task(acks_late=True)
+def recheck_unknown_executions_task() -> int:
+    return executions_recheck_due()["staged"]
 
 
 @shared_task(acks_late=True)

@@ -128,6 +128,7 @@ EVENT_LABELS: dict[str, Label] = {
         "Payment id sent again after its retention: answered with the receipt"
     ),
     "execution_attempt.retried": Label("Executor error, retrying"),
+    "execution_attempt.rechecked": Label("Unknown execution checked again"),
     "result.delivered": Label("Result delivered (first time)"),
     "result.redelivered": Label("Result fetched again"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),

@@ -270,6 +270,13 @@ TOLLBOOTH = {
     "EXECUTION_RETRY_BACKOFF_SECONDS": env.float(
         "TOLLBOOTH_EXECUTION_RETRY_BACKOFF_SECONDS", default=2.0
     ),
+    # An execution that ended unknown (tries or deadline spent) keeps being checked: its job
+    # is asked again after this many seconds, the wait doubling per check up to the cap. The
+    # job service keys jobs by our idempotency key, so a check never starts a second job.
+    "EXECUTION_RECHECK_SECONDS": env.float("TOLLBOOTH_EXECUTION_RECHECK_SECONDS", default=60.0),
+    "EXECUTION_RECHECK_MAX_SECONDS": env.float(
+        "TOLLBOOTH_EXECUTION_RECHECK_MAX_SECONDS", default=1800.0
+    ),
     # How often a running execution polls its executor (and renews its lease).
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.5),
     # Spend caps count payments over this rolling window.
@@ -396,6 +403,7 @@ LOGGING = {
 # tasks, so no service imports purchases.tasks.
 OUTBOX_JOBS = {
     "purchase_execute": "purchases.tasks.purchase_execute_task",
+    "purchase_execution_recheck": "purchases.tasks.purchase_execution_recheck_task",
     "refund_alert": "purchases.tasks.refund_alert_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
 }
@@ -414,6 +422,13 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-stalled-executions": {
         "task": "purchases.tasks.purchase_sweep_stalled_task",
         "schedule": env.float("TOLLBOOTH_SWEEP_EVERY_SECONDS", default=30.0),
+    },
+    # Executions that ended unknown (the job service was down through every try): ask the
+    # job again once its next check is due, so the buyer's paid work completes when the
+    # service is back. Rows carry their own schedule; an idle run is one indexed query.
+    "recheck-unknown-executions": {
+        "task": "purchases.tasks.recheck_unknown_executions_task",
+        "schedule": env.float("TOLLBOOTH_RECHECK_EVERY_SECONDS", default=30.0),
     },
     # Broadcasts with unknown finality: look them up by tx hash and (payer, nonce), in batches;
     # rows carry their own backoff, so running often costs nothing for rows not yet due.

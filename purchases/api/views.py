@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -179,7 +178,7 @@ class PurchaseResultApi(APIView):
             409: PROBLEM,
             410: PROBLEM,
         },
-        summary="The stored result (202 with Retry-After while the work runs)",
+        summary="The stored result (202 with Retry-After while the work runs or is unknown)",
     )
     def get(self, request: Request, ref: str) -> Response | HttpResponse:
         purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref, with_result=True)
@@ -189,7 +188,7 @@ class PurchaseResultApi(APIView):
             return Response(
                 pending.status,
                 status=202,
-                headers={"Retry-After": str(settings.TOLLBOOTH["RETRY_AFTER_SECONDS"])},
+                headers={"Retry-After": str(pending.retry_after)},
             )
         response = HttpResponse(delivery.body, content_type=delivery.content_type)
         response["Repr-Digest"] = f"sha-256=:{delivery.sha256_b64}:"

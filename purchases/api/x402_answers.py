@@ -74,7 +74,8 @@ def x402_answer(outcome: X402Outcome) -> X402Answer:
     if isinstance(outcome, WorkPending):
         status_url = purchase_capability_url(purchase=purchase)
         body = {**outcome.status, "next_action": "poll_status_url", "status_url": status_url}
-        return X402Answer(202, body, {**headers, "Location": status_url, **_retry_after()})
+        retry_after = {"Retry-After": str(outcome.retry_after)}
+        return X402Answer(202, body, {**headers, "Location": status_url, **retry_after})
     if isinstance(outcome, ResultRefused):
         error = outcome.error
         return X402Answer(error.spec.status, error.as_problem(), {**headers, **PROBLEM_HEADERS})

@@ -16,7 +16,6 @@ from django.db import transaction
 from core.actors import Actor
 from core.clock import now_or
 from fulfillment import selectors as fulfillment_selectors
-from fulfillment.executors import ExecutorError, get_executor
 from payments import services as payment_services
 from payments.models import Refund
 from payments.x402.attempts import x402_attempt_live
@@ -25,6 +24,7 @@ from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
+from purchases.services.execution_recheck import purchase_execution_recheck
 from purchases.services.remedies import escalation_open, escalation_resolve
 from purchases.services.settlement import purchase_queue_execution_if_due, purchase_settle_attempt
 from purchases.services.sweeper import purchase_execution_stage
@@ -102,12 +102,13 @@ def case_execution_reconcile(
 ) -> ActionDone:
     """Stalled work (queued or running past its check) is staged again: the next worker
     takes the lease over and polls the saved job ref, never starting a second job. Work
-    whose outcome is unknown is inspected: the executor is asked about the saved job ref
-    and the answer recorded, for support to resolve from. Raises ActionNotSafe."""
+    whose outcome is unknown is checked at once, as the automatic check does: the executor
+    is asked about the job and the answer recorded; work found done is stored and delivered
+    and its escalation closes itself. Raises ActionNotSafe."""
     now = now_or(now)
     purchase = _require(purchase_id, Action.RECONCILE_EXECUTION, now)
     if purchase.fulfillment_state == Purchase.FulfillmentState.UNKNOWN:
-        evidence = _inspect_job(purchase)
+        evidence = _inspect_job(purchase, staff)
         _record(purchase_id, subject=RECONCILED, staff=staff, evidence=evidence)
         return ActionDone(f"Job inspected: {evidence['job_status']}.", evidence)
     with transaction.atomic():
@@ -121,16 +122,16 @@ def case_execution_reconcile(
     return ActionDone("Execution staged again; a worker resumes it from the saved job.", evidence)
 
 
-def _inspect_job(purchase: Purchase) -> dict[str, Any]:
+def _inspect_job(purchase: Purchase, staff: str) -> dict[str, Any]:
+    """The automatic check, now: the job is asked (never started twice) and what it says is
+    recorded; work found done is stored and the escalation closes itself."""
     attempts = fulfillment_selectors.execution_attempts(purchase_id=purchase.pk)
     last = attempts[-1] if attempts else None
-    if last is None or not last.job_ref:
+    if last is None:
         return {"job_ref": "", "job_status": "never_started"}
-    try:
-        status = get_executor(last.executor).poll(last.job_ref)
-    except ExecutorError as error:
-        return {"job_ref": last.job_ref, "job_status": "unreachable", "error": error.reason_code}
-    return {"job_ref": last.job_ref, "job_status": status.value, "attempt": last.pk}
+    outcome = purchase_execution_recheck(purchase_id=purchase.pk, actor=Actor.staff(staff))
+    last.refresh_from_db(fields=["job_ref", "state"])
+    return {"job_ref": last.job_ref, "job_status": outcome.value, "attempt": last.pk}
 
 
 def case_result_redeliver(

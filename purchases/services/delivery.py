@@ -21,7 +21,7 @@ from payments.models import PaymentAttempt
 from purchases import event_subjects as subjects
 from purchases.events import db_column, event_note, event_table_sql
 from purchases.models import Purchase
-from purchases.selectors import purchase_status
+from purchases.selectors import PENDING_RUN_STATES, pending_retry_after, purchase_status
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -36,11 +36,13 @@ class Delivery:
 
 
 class DeliveryPending(Exception):
-    """The work is paid for and still running: poll again."""
+    """The work is paid for and still running, or its outcome is not known yet (checked
+    again automatically): poll again after `retry_after` seconds."""
 
-    def __init__(self, status: dict[str, Any]) -> None:
+    def __init__(self, status: dict[str, Any], retry_after: int) -> None:
         super().__init__("pending")
         self.status = status
+        self.retry_after = retry_after
 
 
 def purchase_result_deliver(
@@ -57,8 +59,9 @@ def purchase_result_deliver(
     `created_with`: the purchase was created in this request with this payment (see
     purchase_status), so a pending answer reads nothing more.
 
-    Raises DeliveryPending while the paid work runs, and DomainError: payment_not_complete,
-    execution_failed, result_expired (naming the receipt).
+    Raises DeliveryPending while the paid work runs or its outcome is unknown (never told
+    as failed: it is checked again), and DomainError: payment_not_complete, execution_failed
+    (the executor said so for sure), result_expired (naming the receipt).
     """
     now = now_or(now)
     if not purchase.is_payment_sufficient_for_execution():
@@ -67,11 +70,10 @@ def purchase_result_deliver(
             purchase=purchase.ref,
             extra={"payment_state": purchase.payment_state},
         )
-    if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING):
-        raise DeliveryPending(
-            purchase_status(purchase=purchase, now=now, created_with=created_with)
-        )
-    if purchase.fulfillment_state in (RUN.FAILED, RUN.UNKNOWN):
+    if purchase.fulfillment_state in PENDING_RUN_STATES:
+        status = purchase_status(purchase=purchase, now=now, created_with=created_with)
+        raise DeliveryPending(status, pending_retry_after(status=status, now=now))
+    if purchase.fulfillment_state == RUN.FAILED:
         status = purchase_status(purchase=purchase, now=now)
         raise DomainError(
             ErrorCode.EXECUTION_FAILED,

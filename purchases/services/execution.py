@@ -201,7 +201,7 @@ def _wait_for_job(executor: Executor, claim: ExecutionClaim, job_ref: str) -> Jo
     raise ExecutorError("job_still_running")
 
 
-def _payment_evidence(purchase: Purchase) -> PaymentEvidence:
+def purchase_payment_evidence(purchase: Purchase) -> PaymentEvidence:
     """From the purchase read with `payment_reference` annotated: its settled attempt's
     transaction, or (delivery on verification) the live attempt's whose settlement is under
     way, on that attempt's network (a prepaid payment's is `prepaid`). Payer, amount and
@@ -262,7 +262,7 @@ def _succeed_once(
                 purchase_id=purchase.pk,
                 claim=claim,
                 output=output,
-                payment=_payment_evidence(purchase),
+                payment=purchase_payment_evidence(purchase),
                 retention=purchase.offering.result_retention,
                 now=now,
                 job_ref=job_ref,

@@ -56,10 +56,17 @@ def escalation_open(
 
 
 def escalation_resolve(
-    *, escalation: Escalation, by: str, resolution: str, now: datetime, code: str = ""
+    *,
+    escalation: Escalation,
+    by: str,
+    resolution: str,
+    now: datetime,
+    code: str = "",
+    actor: Actor | None = None,
 ) -> Escalation:
     """Close an escalation with what was decided (`code`: one of RESOLUTION_CODES); a second
-    call returns it unchanged.
+    call returns it unchanged. `actor`: who closed it on the timeline (staff `by` unless
+    the system closed it on evidence, e.g. a later check found the work done).
 
     Raises ValueError without a resolution text.
     """
@@ -78,7 +85,7 @@ def escalation_resolve(
         event_record(
             subject="escalation",
             purchase=escalation.purchase,
-            actor=Actor.staff(by),
+            actor=actor or Actor.staff(by),
             from_state=Escalation.State.OPEN,
             to_state=escalation.state,
             reason_code=escalation.reason_code,

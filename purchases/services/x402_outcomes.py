@@ -48,11 +48,13 @@ class SettlementPending:
 
 @dataclass(frozen=True)
 class WorkPending:
-    """Paid, and the work still runs: `status` is the purchase's status document."""
+    """Paid, and the work still runs or its outcome is unknown (checked again): `status` is
+    the purchase's status document, `retry_after` the seconds to wait before polling."""
 
     purchase: Purchase
     attempt: PaymentAttempt | None
     status: dict[str, Any]
+    retry_after: int
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,7 @@ def x402_outcome_for_purchase(
             purchase=purchase, created_with=created_with, channel=channel
         )
     except DeliveryPending as pending:
-        return WorkPending(purchase, attempt, pending.status)
+        return WorkPending(purchase, attempt, pending.status, pending.retry_after)
     except DomainError as error:
         return ResultRefused(purchase, attempt, error)
     return ResultDelivered(purchase, attempt, delivery)
