@@ -381,6 +381,14 @@ def execution_unknown_latest(*, purchase_id: int, lock: bool = False) -> Executi
     return latest if latest and latest.state == ExecutionAttempt.State.UNKNOWN else None
 
 
+def execution_recheck_stop(*, purchase_id: int) -> int:
+    """No more checks for this purchase's unknown attempts (its fulfilment moved on some
+    other way): without it the sweep would stage a check that finds nothing, forever."""
+    return ExecutionAttempt.objects.filter(
+        purchase_id=purchase_id, state=ExecutionAttempt.State.UNKNOWN, next_check_at__isnull=False
+    ).update(next_check_at=None)
+
+
 def execution_recheck_unknown(
     *, attempt: ExecutionAttempt, job_ref: str, reason_code: str, message: str, now: datetime
 ) -> Change:

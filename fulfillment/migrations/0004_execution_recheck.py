@@ -1,6 +1,17 @@
+from typing import Any
+
 from django.db import migrations, models
+from django.utils import timezone
 
 from core.indexes import AddIndexOnline
+
+
+def check_existing_unknown(apps: Any, schema_editor: Any) -> None:
+    # Executions that ended unknown before checks existed are checked at the next sweep.
+    attempts = apps.get_model("fulfillment", "ExecutionAttempt")
+    attempts.objects.filter(state="unknown", next_check_at__isnull=True).update(
+        next_check_at=timezone.now()
+    )
 
 
 class Migration(migrations.Migration):
@@ -26,6 +37,7 @@ class Migration(migrations.Migration):
                 blank=True, help_text="When an unknown execution's job is asked again.", null=True
             ),
         ),
+        migrations.RunPython(check_existing_unknown, migrations.RunPython.noop),
         AddIndexOnline(
             model_name="executionattempt",
             index=models.Index(

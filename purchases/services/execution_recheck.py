@@ -69,6 +69,7 @@ def purchase_execution_recheck(
     purchase = Purchase.objects.select_related("offering", "quote").get(pk=purchase_id)
     attempt = fulfillment_services.execution_unknown_latest(purchase_id=purchase_id)
     if purchase.fulfillment_state != RUN.UNKNOWN or attempt is None:
+        fulfillment_services.execution_recheck_stop(purchase_id=purchase_id)
         return RecheckOutcome.OBSERVED
     answer = _ask(purchase, attempt)
     return _record(purchase_id, attempt.pk, answer, now_or(now), actor or Actor.system("recheck"))

@@ -26,7 +26,7 @@ from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from purchases.services.x402_outcomes import x402_outcome_for_ref
 from purchases.tasks import recheck_unknown_executions_task
-from tests.factories import OfferingFactory
+from tests.factories import OfferingFactory, PurchaseFactory
 from tests.fixtures.jobservice import JobServiceProcess, start_job_service
 from tests.integration.helpers import wait_for
 
@@ -235,6 +235,14 @@ def test_service_down_mid_job_real_worker_buyer_pending_then_delivered_once(
         assert_buyer_hears_pending(client_for_buyer, purchase)
     service = restart(job_service)
     try:
+        # The job runs on the service's clock through the outage; the check below should
+        # find it done (the "still running" answer is the other test's case).
+        job_ref = ExecutionAttempt.objects.get(purchase=purchase).job_ref
+        wait_for(
+            # The fixture's own opener: no proxy from the environment in the way.
+            lambda: service._call("GET", f"/jobs/{job_ref}")["status"] == "succeeded",
+            message="the job to finish on the service",
+        )
         ExecutionAttempt.objects.filter(purchase=purchase).update(
             next_check_at=timezone.now() - timedelta(seconds=1)
         )  # its next check is due (time moved, not slept on)
@@ -248,3 +256,24 @@ def test_service_down_mid_job_real_worker_buyer_pending_then_delivered_once(
         assert service.stats()["replayed"] == 0  # the check polled the saved job: no start
     finally:
         service.stop()
+
+
+def test_checks_stop_once_the_purchase_is_no_longer_unknown(buyer):
+    """A stale unknown attempt under a purchase that moved on is not checked forever."""
+    purchase = PurchaseFactory.create(executed=True, prepaid=True)
+    now = timezone.now()
+    ExecutionAttempt.objects.create(
+        purchase=purchase,
+        executor="http_job",
+        worker="w",
+        lease_token="t",
+        lease_expires_at=now,
+        job_idempotency_key=f"tollbooth-{purchase.ref}",
+        started_at=now,
+        state="unknown",
+        next_check_at=now - timedelta(seconds=1),
+    )
+    assert executions_recheck_due(now=now)["staged"] == 1
+    assert purchase_execution_recheck(purchase_id=purchase.pk) == RecheckOutcome.OBSERVED
+    assert ExecutionAttempt.objects.get(purchase=purchase).next_check_at is None
+    assert executions_recheck_due(now=now + timedelta(hours=1))["staged"] == 0
