@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from core.bulk import insert_returning_pk
 from core.changes import Change
+from core.locks import lock_rows
 from payments.models import (
     LIVE_ATTEMPT_STATES,
     ExportBatch,
@@ -29,6 +30,10 @@ from payments.models import (
     Refund,
 )
 from payments.x402.types import SettlementOutcome, SettlementStatus
+
+# The paying account (purchases.Buyer), reached through the ledger's own foreign key: this
+# app never imports purchases.
+_ACCOUNTS = LedgerBalance._meta.get_field("buyer").related_model._default_manager  # type: ignore[union-attr]
 
 
 def ledger_balance(*, buyer_id: int, asset: str) -> int:
@@ -129,13 +134,17 @@ def ledger_credit(
     memo: str = "",
     purchase_id: int | None = None,
 ) -> LedgerEntry:
-    """Post a credit once per reference: a retried top-up returns the first entry.
+    """Post a credit once per reference: a retried top-up returns the first entry. Locks the
+    buyer row, then its balance (core.locks).
 
     Raises LedgerReferenceConflict when the reference already holds a different entry.
     """
     if amount <= 0:
         raise ValueError("credits are positive")
     with transaction.atomic():
+        # The account before its balance (core.locks' order), as a capped payment takes them:
+        # a credit and a payment of one buyer then queue on the buyer row, never in a cycle.
+        lock_rows(_ACCOUNTS.filter(pk=buyer_id))
         entry, created = LedgerEntry.objects.get_or_create(
             reference=reference,
             defaults={

@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from core.errors import DomainError, ErrorCode
+from core.locks import lock_one
 from core.prepared import PreparedRaw
 from payments.services import spend_in_window
 from purchases.events import db_column
@@ -91,12 +92,14 @@ def buyer_spend_cap_check(
     """Lock the buyer row and refuse a payment past its cap, on any rail.
 
     The buyer row lock serializes payments of a capped buyer, so two cannot both fit under
-    the cap. Call it inside the payment's transaction. Raises DomainError:
-    spend_cap_exceeded.
+    the cap. Taken in the one lock order (core.locks: after the quote and the purchase,
+    before the balance the debit moves), FOR NO KEY UPDATE, so a refund credited to the same
+    buyer at the same moment waits instead of deadlocking. Call it inside the payment's
+    transaction. Raises DomainError: spend_cap_exceeded.
     """
     if buyer.spend_cap is None:
         return  # nothing to bound: no lock needed (the ledger locks its own balance row)
-    Buyer.objects.select_for_update().get(pk=buyer.pk)
+    lock_one(Buyer, buyer.pk)
     since = now - settings.TOLLBOOTH["SPEND_CAP_WINDOW"]
     if spend_in_window(buyer_id=buyer.pk, since=since) + amount > buyer.spend_cap:
         raise DomainError(ErrorCode.SPEND_CAP_EXCEEDED, purchase=purchase_ref)
