@@ -38,6 +38,12 @@ def lock_rows(queryset: models.QuerySet[M]) -> list[M]:
     return list(queryset.select_for_update(no_key=True, of=("self",)).order_by("pk"))
 
 
+def locking(queryset: models.QuerySet[M]) -> models.QuerySet[M]:
+    """The queryset, to be read under lock_rows' mode (FOR NO KEY UPDATE of its own table),
+    for reads that lock one row with .get() or compile once (core.prepared)."""
+    return queryset.select_for_update(no_key=True, of=("self",))
+
+
 def lock_one(model: type[M], pk: int) -> M:
     """Lock one row by pk (see lock_rows). Raises model.DoesNotExist."""
     rows = lock_rows(model._default_manager.filter(pk=pk))

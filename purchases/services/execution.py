@@ -17,6 +17,7 @@ from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
 from core.clock import now_or
+from core.locks import locking
 from core.prepared import PreparedQuery
 from fulfillment import services as fulfillment_services
 from fulfillment.executors import (
@@ -99,7 +100,7 @@ def _retry_or_give_up(
     purchase_id: int, claim: ExecutionClaim, error: ExecutorError
 ) -> ExecutionOutcome:
     with transaction.atomic(), events_batched():
-        purchase = Purchase.objects.select_for_update(of=("self",)).get(pk=purchase_id)
+        purchase = locking(Purchase.objects).get(pk=purchase_id)
         try:
             decision = fulfillment_services.execution_record_retry(
                 claim=claim, reason_code=error.reason_code, message=str(error), now=now_or(None)
@@ -121,7 +122,7 @@ def _retry_or_give_up(
 # locked, with its offering, quote and payment evidence.
 _CLAIM_READ = PreparedQuery(
     lambda pk: (
-        Purchase.objects.select_for_update(of=("self",))
+        locking(Purchase.objects)
         .select_related("offering", "quote")
         .annotate(**payment_selectors.payment_evidence_of_purchase())
         .filter(pk=pk)
@@ -239,7 +240,7 @@ def _succeed_once(
         with transaction.atomic(), events_batched():
             if known is None:
                 purchase = (
-                    Purchase.objects.select_for_update(of=("self",))
+                    locking(Purchase.objects)
                     .select_related("offering")
                     .annotate(**payment_selectors.payment_evidence_of_purchase())
                     .get(pk=claimed.purchase.pk)
@@ -278,11 +279,7 @@ def _end(
 ) -> None:
     """Record a failed (provably did not run) or unknown (may have run) execution and its remedy."""
     with transaction.atomic(), events_batched():
-        purchase = (
-            Purchase.objects.select_for_update(of=("self",))
-            .select_related("offering")
-            .get(pk=purchase_id)
-        )
+        purchase = locking(Purchase.objects).select_related("offering").get(pk=purchase_id)
         actor = Actor.system("executor")
         now = now_or(None)
         try:
@@ -317,7 +314,7 @@ def purchase_execution_give_up(*, purchase_id: int, worker: str, reason_code: st
     Never a refund here: the work may have run. Support decides from the job service's evidence.
     """
     with transaction.atomic(), events_batched():
-        purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
+        purchase = locking(Purchase.objects).get(pk=purchase_id)
         live = fulfillment_services.execution_live_attempt(purchase_id=purchase.pk)
         if live is None or purchase.fulfillment_state != RUN.RUNNING:
             return

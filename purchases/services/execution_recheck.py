@@ -23,6 +23,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from core.clock import now_or
+from core.locks import locking
 from fulfillment import services as fulfillment_services
 from fulfillment.executors import ExecutorError, JobOutput, JobSpec, JobStatus, get_executor
 from fulfillment.models import ExecutionAttempt
@@ -109,7 +110,7 @@ def _record(
 ) -> RecheckOutcome:
     with transaction.atomic(), events_batched():
         purchase = (
-            Purchase.objects.select_for_update(of=("self",))
+            locking(Purchase.objects)
             .select_related("offering")
             .annotate(**payment_selectors.payment_evidence_of_purchase())
             .get(pk=purchase_id)
