@@ -28,7 +28,7 @@ from purchases.services.x402_outcomes import x402_outcome_for_ref
 from purchases.tasks import recheck_unknown_executions_task
 from tests.factories import OfferingFactory, PurchaseFactory
 from tests.fixtures.jobservice import JobServiceProcess, start_job_service
-from tests.integration.helpers import wait_for
+from tests.integration.helpers import race, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 TRIES = 2
@@ -277,3 +277,22 @@ def test_checks_stop_once_the_purchase_is_no_longer_unknown(buyer):
     assert purchase_execution_recheck(purchase_id=purchase.pk) == RecheckOutcome.OBSERVED
     assert ExecutionAttempt.objects.get(purchase=purchase).next_check_at is None
     assert executions_recheck_due(now=now + timedelta(hours=1))["staged"] == 0
+
+
+def test_two_checks_at_once_start_one_job_and_store_one_result(buyer, job_service):
+    """The sweep's check and staff's "Reconcile execution now" racing: the job service's own
+    key gives one job; the purchase's lock lets one of them record it."""
+    job_service.stop()
+    purchase = paid_purchase(buyer, duration_ms=0, key="unknown-recovery-key-05")
+    with pytest.raises(ExecutionRetryable):
+        purchase_execute(purchase_id=purchase.pk, worker="w")
+    assert purchase_execute(purchase_id=purchase.pk, worker="w") == ExecutionOutcome.ESCALATED
+    service = restart(job_service)
+    try:
+        outcomes = race(2, lambda i: purchase_execution_recheck(purchase_id=purchase.pk))
+        assert sorted(outcomes) == [RecheckOutcome.OBSERVED, RecheckOutcome.SUCCEEDED]
+        assert service.stats()["jobs_created"] == 1
+        assert Result.objects.filter(purchase=purchase).count() == 1
+        assert purchase.events.filter(subject="execution_attempt.rechecked").count() == 1
+    finally:
+        service.stop()
