@@ -38,6 +38,9 @@ class ExecutionAttemptAdmin(ReadOnlyModelAdmin):
         "takeovers",
         "lease_expires_at",
         "reason_code",
+        # An execution that ended unknown: when its job is asked next, and how often it was.
+        "next_check_at",
+        "checks",
         "started_at",
         "finished_at",
     )

@@ -223,6 +223,14 @@ def _execute_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str
             _item("started", utc_seconds(run.started_at), field="case_execution"),
             _item("finished", utc_seconds(run.finished_at), field="case_execution"),
         ]
+        if run.next_check_at is not None:  # ended unknown: checked again automatically
+            items += [
+                _item(
+                    "next check",
+                    f"{utc_seconds(run.next_check_at)} · {run.checks} checks so far",
+                    field="case_execution",
+                )
+            ]
     result = records.result
     if result is not None:
         items += [
