@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.anvil",
     "tests.fixtures.broker",
     "tests.fixtures.jobservice",
+    "tests.fixtures.outages",
     "tests.fixtures.replicas",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
