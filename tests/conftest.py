@@ -11,7 +11,9 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+from core import rate_limit
 from purchases.models import Buyer, Offering
+from purchases.services import outbox
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
@@ -84,6 +86,14 @@ def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
         if needs_redis and not settings.REDIS_URL:
             missing.setdefault(item, []).append("REDIS_URL is not set")
     return missing
+
+
+@pytest.fixture(autouse=True)
+def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dependency one test took away is not taken away for the next: the throttle's Redis
+    outage and the outbox's paused immediate sends are process state (issue 18)."""
+    monkeypatch.setattr(rate_limit, "_outage", rate_limit._Outage())
+    monkeypatch.setattr(outbox, "_immediate_paused_until", 0.0)
 
 
 @pytest.fixture

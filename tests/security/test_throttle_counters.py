@@ -184,12 +184,11 @@ def test_the_process_memory_counters_of_the_embedded_demo_agree(settings):
 
 @pytest.mark.django_db
 def test_with_redis_unreachable_throttling_falls_back_to_process_memory(
-    settings, make_client, buyer, offering, monkeypatch, caplog
+    settings, make_client, buyer, offering, caplog
 ):
     """Issue 18 item 4: no Redis is no shared counter, not a failed request. The same rates
     are counted in process memory; each such decision is counted on /metrics and the outage
     is logged once, not per request."""
-    monkeypatch.setattr(rate_limit, "_outage", rate_limit._Outage())
     rate_limit._fallback_cache.clear()
     settings.CACHES = {
         "default": {
