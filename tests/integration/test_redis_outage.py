@@ -83,6 +83,12 @@ def test_redis_stopped_mid_test_degrades_throttling_and_fails_nothing(
     assert len(slow) <= 1, [(a.url, a.elapsed) for a in slow]
     # Every throttled request (quote, pay, 402) was decided in the process's memory.
     assert _fallbacks(server.url) == 12
+    # Readiness reports the broker down but keeps the replica in rotation: every replica
+    # shares this Redis, and the API serves without it.
+    ready = requests.get(f"{server.url}/readyz", timeout=10)
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["status"] == "degraded"
+    assert ready.json()["checks"]["broker"]["ok"] is False
     log = server.log_path.read_text()
     assert log.count(OUTAGE_LINE) == 1  # once per outage, not per request
 
