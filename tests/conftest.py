@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from core import rate_limit
 from purchases.models import Buyer, Offering
-from purchases.services import outbox
+from purchases.services import leases, outbox
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
@@ -89,11 +89,17 @@ def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
 
 
 @pytest.fixture(autouse=True)
-def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A dependency one test took away is not taken away for the next: the throttle's Redis
-    outage and the outbox's paused immediate sends are process state (issue 18)."""
+    outage and the outbox's paused immediate sends are process state (issue 18). Nor are
+    the payment-id leases a test claimed and never finished: the heartbeat would renew
+    them into the next test's database (and, after the last, a dropped one)."""
     monkeypatch.setattr(rate_limit, "_outage", rate_limit._Outage())
     monkeypatch.setattr(outbox, "_immediate_paused_until", 0.0)
+    yield
+    with leases._process.lock:
+        leases._process.held.clear()
+        leases._process.pending.clear()
 
 
 @pytest.fixture

@@ -589,7 +589,12 @@ def payment_id_release(*, claim: KeyClaim) -> None:
             pk=claim.record_id,
             lease_token=claim.lease_token,
             state=IdempotencyRecord.State.IN_FLIGHT,
-        ).update(locked_until=None)
+        ).update(
+            # The token goes too: a heartbeat renewing the lease at this instant then
+            # matches nothing, instead of holding a released id for a few more beats.
+            locked_until=None,
+            lease_token="",
+        )
     except DatabaseFailure as exc:
         logger.warning("payment id %s not released now, at the next beat: %r", claim.record_id, exc)
         lease_release_later(token=claim.lease_token, record_id=claim.record_id)

@@ -170,7 +170,7 @@ def _beat(process: _Process, now: datetime) -> None:
         ).update(locked_until=now + BEATS_TO_DEAD * timedelta(seconds=_beat_seconds()))
     if pending:
         owed = reduce(or_, (Q(pk=pk, lease_token=token) for token, pk in pending.items()))
-        in_flight.filter(owed).update(locked_until=None)
+        in_flight.filter(owed).update(locked_until=None, lease_token="")
         with process.lock:
             for token in pending:
                 process.pending.pop(token, None)
