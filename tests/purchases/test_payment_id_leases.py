@@ -112,3 +112,22 @@ def _wrapped(cause: BaseException) -> db_utils.OperationalError:
     error = db_utils.OperationalError(*cause.args)
     error.__cause__ = cause
     return error
+
+
+def test_outside_the_api_views_an_unreachable_database_is_a_503_too(rf):
+    """handler500 (the admin, a middleware): the same answer as the API's."""
+    from purchases.api.problems import server_error_view
+
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect(host="127.0.0.1", port=free_port(), connect_timeout=2)
+    try:
+        raise _wrapped(refused.value)
+    except db_utils.OperationalError:
+        answer = server_error_view(rf.get("/admin/"))
+    assert answer.status_code == 503
+    assert answer["Retry-After"] == "5"
+    assert answer["Content-Type"] == "application/problem+json"
+    try:
+        raise ValueError("a bug")
+    except ValueError:
+        assert server_error_view(rf.get("/admin/")).status_code == 500
