@@ -10,10 +10,14 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
 - `/readyz`: the database, the broker, each configured x402 network's RPC and, for a
   network settled through a facilitator, that facilitator (`GET /supported`) answer, each
   within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
-  that long. 200 when every check passes, 503 otherwise. Each check reports `ok` and its
-  latency; a failure names only the error's type (a message could carry a host or an RPC
-  key). A result is reused for TOLLBOOTH_READINESS_CACHE_SECONDS, so a flood of probes
-  cannot turn into a flood of RPC calls on a metered provider.
+  that long. 200 when every check passes, 503 otherwise; except the broker, whose failure
+  is reported (`"status": "degraded"`, still 200): the API serves without it (the outbox
+  keeps the jobs, throttling counts in process memory), and every replica shares the one
+  broker, so taking them out of rotation would turn a Redis outage into a full one. Each
+  check reports `ok` and its latency; a failure names only the error's type (a message
+  could carry a host or an RPC key). A result is reused for
+  TOLLBOOTH_READINESS_CACHE_SECONDS, so a flood of probes cannot turn into a flood of RPC
+  calls on a metered provider.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ LIVENESS_PATH = "/healthz"
 READINESS_PATH = "/readyz"
 
 CheckResult = dict[str, Any]
+# Checks whose failure degrades the service but must not take a replica out of rotation.
+DEGRADING_CHECKS = frozenset({"broker"})
 
 _cache_lock = threading.Lock()
 _cached: tuple[float, int, dict[str, Any]] | None = None
@@ -153,8 +159,10 @@ def readiness() -> tuple[int, dict[str, Any]]:
         if _cached is not None and now - _cached[0] < ttl:
             return _cached[1], _cached[2]
         results = _run(readiness_checks())
-        ready = all(result["ok"] for result in results.values())
-        body = {"status": "ready" if ready else "unavailable", "checks": results}
+        failed = {name for name, result in results.items() if not result["ok"]}
+        ready = failed <= DEGRADING_CHECKS
+        label = "unavailable" if not ready else "degraded" if failed else "ready"
+        body = {"status": label, "checks": results}
         status = 200 if ready else 503
         _cached = (time.monotonic(), status, body)
         return status, body

@@ -77,6 +77,8 @@ class ErrorCode(StrEnum):
     RESULT_EXPIRED = "result_expired"
     RETENTION_EXPIRED = "retention_expired"
     RECEIPT_NOT_FOUND = "receipt_not_found"
+    # A dependency (the database, the broker) cannot be reached right now.
+    SERVICE_UNAVAILABLE = "service_unavailable"
     # Anything unanticipated.
     INTERNAL_ERROR = "internal_error"
 
@@ -309,6 +311,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "This payment id's record is past retention; the purchase it paid is in the receipt.",
     ),
     ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
+    ErrorCode.SERVICE_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_key_later",
+        True,
+        "A service this request needs is unreachable; retry the same request after Retry-After.",
+    ),
     ErrorCode.INTERNAL_ERROR: CodeSpec(
         500, Owner.SUPPORT, "retry_same_key_later", True, "Unexpected error."
     ),

@@ -10,21 +10,36 @@ script, so one round trip whatever the number of windows, and atomic: concurrent
 can never both take the last place. Otherwise (the embedded demo's process memory) the same
 algorithm runs under a process lock.
 
-If Redis cannot be reached the error propagates: the request is refused with a 500, as it
-was when the counters went through Django's cache (docs/security.md).
+If Redis cannot be reached, throttling degrades instead of failing the request: the same
+windows are decided in this process's memory (the embedded algorithm, the same rates, but
+per process: N web processes let through up to N times the rate), logged once per outage,
+counted on `tollbooth_throttle_fallback_total`, and Redis is probed again every
+`_PROBE_SECONDS`; the first decision it answers ends the outage (docs/security.md).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 from django.core.cache.backends.redis import RedisCache
+from prometheus_client import Counter
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+throttle_fallbacks = Counter(
+    "tollbooth_throttle_fallback_total",
+    "Throttle decisions made in process memory because Redis could not be reached.",
+)
 
 # KEYS: one sorted set per window (member: one hit, score: its time in seconds).
 # ARGV: now, the hit's member, then limit and seconds for each key in order.
@@ -63,6 +78,21 @@ _script: Any = None
 # whose construction cost more CPU than the throttle's round trip (issue 11). A client is
 # only a handle on its pool (thread-safe, and it reconnects in a forked worker).
 _clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# While Redis is unreachable, each process counts in its own memory (a cache of its own, so
+# an outage's counts never mix with anything else) and asks Redis again this often: often
+# enough that shared limits resume within seconds, rarely enough that a dead Redis costs
+# one failed connect per process per period, not one per request.
+_PROBE_SECONDS = 2.0
+_fallback_cache = LocMemCache("tollbooth-throttle-fallback", {})
+
+
+@dataclass
+class _Outage:
+    since: float | None = None  # monotonic time of the first failure; None while Redis answers
+    probe_at: float = 0.0
+
+
+_outage = _Outage()
 
 
 @dataclass(frozen=True)
@@ -90,15 +120,50 @@ def parse_rate(rate: str) -> tuple[int, int]:
 def rate_limit_hit(*, windows: list[Window], now: float) -> Decision:
     """Count one hit in every window, or in none if any is full (then: how long to wait).
 
-    Raises whatever the cache's Redis raises when it cannot be reached (a 500 upstream).
+    Never raises for an unreachable Redis: the process decides alone meanwhile.
     """
     if not windows:
         return Decision(True)
     cache = caches["default"]
     keys = [cache.make_key(f"throttle:{window.name}") for window in windows]
     if isinstance(cache, RedisCache):
-        return _redis_hit(cache, keys, windows, now)
+        return _shared_hit(cache, keys, windows, now)
     return _local_hit(cache, keys, windows, now)
+
+
+def _shared_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: float) -> Decision:
+    """Redis's decision, or this process's own while Redis cannot be reached."""
+    if _outage.since is not None and time.monotonic() < _outage.probe_at:
+        throttle_fallbacks.inc()
+        return _local_hit(_fallback_cache, keys, windows, now)
+    try:
+        decision = _redis_hit(cache, keys, windows, now)
+    except (RedisError, OSError) as exc:
+        _outage_noted(exc)
+        throttle_fallbacks.inc()
+        return _local_hit(_fallback_cache, keys, windows, now)
+    if _outage.since is not None:
+        logger.warning(
+            "throttling: Redis answers again after %.1f s; shared limits resumed",
+            time.monotonic() - _outage.since,
+        )
+        _outage.since = None
+    return decision
+
+
+def _outage_noted(exc: Exception) -> None:
+    """Logged once per outage (its first failure), not per request."""
+    started = _outage.since is None
+    clock = time.monotonic()
+    if started:
+        _outage.since = clock
+    _outage.probe_at = clock + _PROBE_SECONDS
+    if started:
+        logger.error(
+            "throttling: Redis unreachable (%r); limits are counted per process until it "
+            "answers again",
+            exc,
+        )
 
 
 def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: float) -> Decision:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,7 +11,9 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+from core import rate_limit
 from purchases.models import Buyer, Offering
+from purchases.services import leases, outbox
 from purchases.services.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
@@ -19,6 +21,7 @@ pytest_plugins = [
     "tests.fixtures.anvil",
     "tests.fixtures.broker",
     "tests.fixtures.jobservice",
+    "tests.fixtures.outages",
     "tests.fixtures.replicas",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
@@ -83,6 +86,20 @@ def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
         if needs_redis and not settings.REDIS_URL:
             missing.setdefault(item, []).append("REDIS_URL is not set")
     return missing
+
+
+@pytest.fixture(autouse=True)
+def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A dependency one test took away is not taken away for the next: the throttle's Redis
+    outage and the outbox's paused immediate sends are process state (issue 18). Nor are
+    the payment-id leases a test claimed and never finished: the heartbeat would renew
+    them into the next test's database (and, after the last, a dropped one)."""
+    monkeypatch.setattr(rate_limit, "_outage", rate_limit._Outage())
+    monkeypatch.setattr(outbox, "_immediate_paused_until", 0.0)
+    yield
+    with leases._process.lock:
+        leases._process.held.clear()
+        leases._process.pending.clear()
 
 
 @pytest.fixture

@@ -197,6 +197,15 @@ CACHES = {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "tollbooth",
+            # A Redis that stops answering (host gone, packets dropped) must cost a request
+            # well under a second before throttling falls back to process memory
+            # (core/rate_limit.py), never the kernel's minutes-long connect timeout.
+            "OPTIONS": {
+                "socket_connect_timeout": env.float(
+                    "TOLLBOOTH_REDIS_CONNECT_TIMEOUT_SECONDS", default=0.5
+                ),
+                "socket_timeout": env.float("TOLLBOOTH_REDIS_TIMEOUT_SECONDS", default=1.0),
+            },
         }
         if REDIS_URL
         else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -249,14 +258,27 @@ TOLLBOOTH = {
     "IDEMPOTENCY_RETENTION": timedelta(
         hours=env.int("TOLLBOOTH_IDEMPOTENCY_RETENTION_HOURS", default=24)
     ),
-    # A request holding a payment id this long without finishing is presumed dead. Longer
-    # than the slowest x402 wait (confirmation timeout + result wait), so a live request is
-    # never taken over.
+    # The most a request may hold a payment id, however alive its process: a request hung
+    # this long is presumed stuck and the next retry takes over. Longer than the slowest
+    # x402 wait (confirmation timeout + result wait), so a working request is never taken
+    # over. A holder that died is recognised much sooner (IDEMPOTENCY_HEARTBEAT).
     "IDEMPOTENCY_LEASE": timedelta(
         seconds=env.int("TOLLBOOTH_IDEMPOTENCY_LEASE_SECONDS", default=120)
     ),
+    # A process renews the leases its live requests hold this often (one UPDATE for all of
+    # them, from a thread of its own); a lease not renewed for 4 beats is its dead holder's
+    # and the next retry takes it over (purchases/services/leases.py).
+    "IDEMPOTENCY_HEARTBEAT": timedelta(
+        seconds=env.float("TOLLBOOTH_IDEMPOTENCY_HEARTBEAT_SECONDS", default=2.0)
+    ),
     # Seconds an agent is told to wait before polling again.
     "RETRY_AFTER_SECONDS": env.int("TOLLBOOTH_RETRY_AFTER_SECONDS", default=2),
+    # Retry-After on `503 service_unavailable` (the database or broker unreachable): long
+    # enough that a fleet of agents does not hammer a recovering database, short enough
+    # that a blip costs a buyer seconds.
+    "UNAVAILABLE_RETRY_AFTER_SECONDS": env.int(
+        "TOLLBOOTH_UNAVAILABLE_RETRY_AFTER_SECONDS", default=5
+    ),
     # A worker must renew its claim on an execution within this lease.
     "EXECUTION_LEASE": timedelta(seconds=env.int("TOLLBOOTH_EXECUTION_LEASE_SECONDS", default=60)),
     # An execution whose executor cannot say what happened is tried this many times in all

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
@@ -13,6 +15,7 @@ from rest_framework.response import Response
 
 from core.errors import DomainError, ErrorCode
 from core.input_limits import JsonTooDeep, RefusedText
+from core.outages import dependency_unreachable
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -66,6 +69,8 @@ def _from_drf(exc: Exception) -> DomainError | None:
 def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     """DRF's exception handler: anticipated errors as problems, anything else a logged 500."""
     error = exc if isinstance(exc, DomainError) else _from_drf(exc)
+    if error is None and dependency_unreachable(exc):
+        error = unavailable(exc, context.get("view").__class__.__name__)
     if error is None:
         logger.exception("unanticipated error in %s", context.get("view").__class__.__name__)
         error = DomainError(ErrorCode.INTERNAL_ERROR)
@@ -75,11 +80,27 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> Respon
     return response
 
 
+def unavailable(exc: BaseException, where: str) -> DomainError:
+    """A dependency is unreachable: 503 with Retry-After, logged in one line (an outage
+    makes hundreds of these; the first one's traceback says nothing the line does not)."""
+    logger.warning("dependency unreachable in %s: %r", where, exc)
+    return DomainError(
+        ErrorCode.SERVICE_UNAVAILABLE,
+        retry_after=settings.TOLLBOOTH["UNAVAILABLE_RETRY_AFTER_SECONDS"],
+    )
+
+
 def _plain_problem(code: ErrorCode) -> JsonResponse:
-    error = DomainError(code)
-    return JsonResponse(
+    return _plain_error(DomainError(code))
+
+
+def _plain_error(error: DomainError) -> JsonResponse:
+    response = JsonResponse(
         error.as_problem(), status=error.spec.status, content_type=PROBLEM_CONTENT_TYPE
     )
+    if error.retry_after is not None:
+        response["Retry-After"] = str(error.retry_after)
+    return response
 
 
 def not_found_view(request: HttpRequest, exception: Exception) -> JsonResponse:
@@ -93,5 +114,10 @@ def bad_request_view(request: HttpRequest, exception: Exception) -> JsonResponse
 
 
 def server_error_view(request: HttpRequest) -> JsonResponse:
-    """handler500: anything that escaped a view; logged by Django, no trace leaked."""
+    """handler500: anything that escaped a view; logged by Django, no trace leaked. An
+    unreachable database or broker outside the API's views (a middleware, the admin) is a
+    503 with Retry-After there too."""
+    exc = sys.exc_info()[1]
+    if exc is not None and dependency_unreachable(exc):
+        return _plain_error(unavailable(exc, request.path))
     return _plain_problem(ErrorCode.INTERNAL_ERROR)

@@ -14,13 +14,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
 from django.conf import settings
+from django.db import Error as DatabaseFailure
 from django.db import connection, transaction
 from django.db.models import F, Field
 from django.urls import reverse
@@ -41,6 +41,14 @@ from purchases.events import (
     events_flush_with,
 )
 from purchases.models import IdempotencyRecord, Purchase
+from purchases.services.leases import (
+    lease_abandoned,
+    lease_done,
+    lease_hold,
+    lease_release_later,
+    lease_token_new,
+    lease_until,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -142,17 +150,19 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
     hashed = payment_id_hash(request.key)
-    token = secrets.token_hex(8)
+    token = lease_token_new()
     if connection.vendor == "postgresql":
         # One statement: claim the key, or read (and note) what it already has.
         rows = _claim_or_known(request, token, hashed)
         claimed = next((row.claimed_id for row in rows if row.claimed_id is not None), None)  # type: ignore[attr-defined]
         if claimed is not None:
+            lease_hold(token=token, record_id=int(claimed), now=request.now)
             return KeyClaim(int(claimed), token, is_new=True)
         known = {record.key: record for record in rows}
     else:
         record_id = _insert_if_absent(request, token, hashed)
         if record_id is not None:
+            lease_hold(token=token, record_id=record_id, now=request.now)
             return KeyClaim(record_id, token, is_new=True)
         known = {record.key: record for record in _known_noted(request, hashed)}
     record = known.get(request.key)
@@ -336,7 +346,7 @@ def _insert_params(request: KeyedRequest, token: str, hashed: str) -> dict[str, 
         principal=request.principal,
         request_fingerprint=request.fingerprint,
         lease_token=token,
-        locked_until=request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"],
+        locked_until=lease_until(request.now),
         created_at=request.now,
     )
     params: dict[str, Any] = {
@@ -435,7 +445,7 @@ def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
             refusal = _conflict(record, request)
         elif record.state == IdempotencyRecord.State.COMPLETED:
             return KeyClaim(record.pk, "", _stored(record), record.recovery_point)
-        elif record.locked_until is not None and record.locked_until > request.now:
+        elif _lease_is_live(record, request.now):
             refusal = DomainError(
                 ErrorCode.PAYMENT_IN_FLIGHT,
                 purchase=record.purchase.ref if record.purchase else None,
@@ -445,6 +455,15 @@ def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
             return _take_over(record, request, token)
         _note_refusal(record, request, refusal)
     raise refusal
+
+
+def _lease_is_live(record: IdempotencyRecord, now: datetime) -> bool:
+    """Someone still works under this key: its lease is renewed (its holder's process
+    lives, purchases/services/leases.py) and, if this process is the holder, one of its
+    requests still holds it."""
+    if record.locked_until is None or record.locked_until <= now:
+        return False
+    return not lease_abandoned(record.lease_token)
 
 
 def _note_refusal(record: IdempotencyRecord, request: KeyedRequest, refusal: DomainError) -> None:
@@ -478,8 +497,9 @@ def _take_over(record: IdempotencyRecord, request: KeyedRequest, token: str) -> 
         record.recovery_point,
     )
     record.lease_token = token
-    record.locked_until = request.now + settings.TOLLBOOTH["IDEMPOTENCY_LEASE"]
+    record.locked_until = lease_until(request.now)
     record.save(update_fields=["lease_token", "locked_until"])
+    lease_hold(token=token, record_id=record.pk, now=request.now)
     return KeyClaim(record.pk, token, None, record.recovery_point)
 
 
@@ -561,10 +581,23 @@ def _store_answer_sql(vendor: str, names: tuple[str, ...]) -> str:
 
 
 def payment_id_release(*, claim: KeyClaim) -> None:
-    """Give the key back unanswered (an unanticipated error): the next retry starts afresh."""
-    IdempotencyRecord.objects.filter(
-        pk=claim.record_id, lease_token=claim.lease_token, state=IdempotencyRecord.State.IN_FLIGHT
-    ).update(locked_until=None)
+    """Give the key back unanswered (an unanticipated error): the next retry starts afresh
+    from its recovery point. If the database cannot be reached to say so, the release is
+    sent when it can (purchases/services/leases.py); never raises for that."""
+    try:
+        IdempotencyRecord.objects.filter(
+            pk=claim.record_id,
+            lease_token=claim.lease_token,
+            state=IdempotencyRecord.State.IN_FLIGHT,
+        ).update(
+            # The token goes too: a heartbeat renewing the lease at this instant then
+            # matches nothing, instead of holding a released id for a few more beats.
+            locked_until=None,
+            lease_token="",
+        )
+    except DatabaseFailure as exc:
+        logger.warning("payment id %s not released now, at the next beat: %r", claim.record_id, exc)
+        lease_release_later(token=claim.lease_token, record_id=claim.record_id)
 
 
 def ref_if_exists(ref: str | None) -> str | None:
@@ -584,23 +617,27 @@ def idempotent_request(
     `work` stores its own answer in the transaction of what it did. A DomainError it raises
     becomes the key's stored answer (as `refused(error)` answers it), except the codes about
     the key itself (request.unstored), which give the key back and propagate; anything
-    unanticipated gives the key back and propagates (a 500), so the next retry starts afresh
-    from the recovery point.
+    unanticipated gives the key back and propagates (a 500, or a 503 when the database or
+    broker is unreachable; then the key is given back as soon as the database answers), so
+    the next retry starts afresh from the recovery point.
     `render(answer, is_replay)` turns a stored answer into what the caller returns.
     """
     claim = payment_id_claim(request=request)
     if claim.replay is not None:
         return render(claim.replay, True)
     try:
-        return work(claim)
-    except DomainError as error:
-        if error.code in request.unstored:
-            payment_id_release(claim=claim)
-            raise
-        error.purchase = ref_if_exists(error.purchase)
-        answer = refused(error)
-        payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
-        return render(answer, False)
+        try:
+            return work(claim)
+        except DomainError as error:
+            if error.code in request.unstored:
+                raise
+            error.purchase = ref_if_exists(error.purchase)
+            answer = refused(error)
+            payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
+            return render(answer, False)
     except Exception:
+        # Unanswered (a code about the key, a bug, the database gone): give the key back.
         payment_id_release(claim=claim)
         raise
+    finally:
+        lease_done(token=claim.lease_token)

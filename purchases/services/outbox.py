@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -271,11 +272,22 @@ def _record_failure(message_id: int, attempts: int, exc: Exception, now: datetim
     )
 
 
+# After an immediate send failed (the broker unreachable), requests stop trying for this
+# long: each try costs a paying request the client's connect-and-retry time (about 0.8 s on
+# a refused Redis), and the relay loop sends what they staged once the broker is back.
+IMMEDIATE_PAUSE_SECONDS = 5.0
+_immediate_paused_until = 0.0
+
+
 def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
     """Right after the staging commit: send it now. Best effort; the loop covers a failure."""
+    global _immediate_paused_until  # one process-wide pause, whichever request saw the failure
+    if time.monotonic() < _immediate_paused_until:
+        return  # the message waits, due after its grace, for the relay loop
     try:
         _send(job, kwargs)
     except Exception as exc:
+        _immediate_paused_until = time.monotonic() + IMMEDIATE_PAUSE_SECONDS
         logger.warning(
             "outbox %s (%s) not sent now; the relay loop retries: %r", message_id, job, exc
         )

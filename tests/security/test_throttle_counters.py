@@ -17,6 +17,7 @@ from django.core.cache.backends.redis import RedisCache
 from django.db import connection
 from rest_framework.test import APIClient
 
+from core import rate_limit
 from core.rate_limit import Window, rate_limit_hit
 from purchases.api.throttles import PaidRequestThrottle
 from purchases.models import Quote
@@ -182,23 +183,35 @@ def test_the_process_memory_counters_of_the_embedded_demo_agree(settings):
 
 
 @pytest.mark.django_db
-def test_with_redis_unreachable_a_paid_request_is_a_500_and_does_nothing(
-    settings, make_client, buyer, offering
+def test_with_redis_unreachable_throttling_falls_back_to_process_memory(
+    settings, make_client, buyer, offering, caplog
 ):
-    """As before the one-round-trip counters: no Redis, no unthrottled paid request."""
+    """Issue 18 item 4: no Redis is no shared counter, not a failed request. The same rates
+    are counted in process memory; each such decision is counted on /metrics and the outage
+    is logged once, not per request."""
+    rate_limit._fallback_cache.clear()
     settings.CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",
             "LOCATION": "redis://127.0.0.1:1/0",  # nothing listens on port 1
         }
     }
+    rates(settings, api_key="2/min")
+    fallbacks = _fallback_count()
     client = make_client(buyer)
-    client.raise_request_exception = False
-    answer = client.post(
-        "/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json"
-    )
-    assert answer.status_code == 500
-    assert answer.json()["code"] == "internal_error"
-    assert not Quote.objects.exists()
-    # What the throttles do not cover still answers.
+    body = {"offering": offering.slug, "input": CSV_INPUT}
+    answers = [client.post("/api/v1/quotes", body, format="json") for _ in range(3)]
+    assert [a.status_code for a in answers[:2]] == [201, 200]  # the open quote, again
+    assert_throttled(answers[2])  # the same rate, counted here
+    assert Quote.objects.count() == 1  # the second quote was the first one's (idempotent)
+    assert _fallback_count() == fallbacks + 3
+    outage_lines = [r for r in caplog.records if "Redis unreachable" in r.getMessage()]
+    assert len(outage_lines) == 1
+    # What the throttles do not cover answers as ever.
     assert client.get("/api/v1/offerings").status_code == 200
+
+
+def _fallback_count() -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("tollbooth_throttle_fallback_total") or 0.0
