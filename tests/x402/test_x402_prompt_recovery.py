@@ -1,0 +1,138 @@
+"""Recovery that does not wait for a clock (issue 18 items 3, 6 and 13): the first
+resubmission of a payment a facilitator never broadcast goes out on the buyer's next retry,
+and a facilitator's HTTP 500 `settlement_pending` is named for what it says.
+
+Real anvil chain, real HTTP facilitator double; no clock is moved unless a test says so.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db.models import F
+from rest_framework.test import APIClient
+
+from devtools.facilitator_double import FacilitatorDouble
+from payments.models import PaymentAttempt
+from purchases.models import Purchase, PurchaseEvent
+from tests.x402.e2e import PRICE, X402World, ask, sign_payment
+
+pytestmark = pytest.mark.embedded
+
+RESUBMITTED = "payment_attempt.resubmitted"
+BROADCAST = "payment_attempt.broadcast"
+ANSWERED = "facilitator.answered"
+DUPLICATE_OF = "Tollbooth-Duplicate-Of"
+
+
+def _first_payment(world: X402World, client: APIClient, payment_id: str | None) -> str:
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], payment_id)
+    first = ask(client, world, payment=payment)
+    assert first.status_code == 202, first.content
+    assert first.json()["status"] == "settlement_pending"
+    return payment
+
+
+def _retry(world: X402World, client: APIClient, payment: str, how: str) -> Any:
+    """The buyer's retry: the same PAYMENT-SIGNATURE, or (a stock client) a new signature
+    for the same input inside the duplicate window, which is answered as the same purchase."""
+    if how == "resend":
+        return ask(client, world, payment=payment)
+    again = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    answer = ask(client, world, payment=again)
+    assert answer[DUPLICATE_OF] == Purchase.objects.get().ref
+    return answer
+
+
+def _signed_payloads(double: FacilitatorDouble) -> set[str]:
+    return {body["paymentPayload"]["payload"]["signature"] for body in double.bodies["settle"]}
+
+
+@pytest.mark.parametrize("how", ["resend", "re-sign"])
+def test_the_first_resubmission_goes_out_on_the_buyers_next_retry_not_30_s_later(
+    make_facilitated_world, db, how
+):
+    world, double = make_facilitated_world(mode="invalid_transaction_state")
+    client = APIClient()
+    payment = _first_payment(world, client, "prompt-resubmit-0001" if how == "resend" else None)
+    assert double.calls["settle"] == 1 and double.broadcast_count == 0
+    double.mode = "ok"  # the facilitator would broadcast now
+
+    retried = _retry(world, client, payment, how)  # at once: no clock moved
+
+    assert retried.json()["payment"]["state"] == "paid", retried.content
+    assert double.calls["settle"] == 2 and double.broadcast_count == 1
+    assert world.seller_balance() == PRICE
+    assert len(_signed_payloads(double)) == 1  # the first authorization, never a new one
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.resubmissions) == ("succeeded", 1)
+    assert attempt.resubmitted_at is not None and attempt.broadcast_started_at is not None
+    assert attempt.resubmitted_at - attempt.broadcast_started_at < timedelta(seconds=30)
+    [event] = PurchaseEvent.objects.filter(subject=RESUBMITTED)
+    assert (event.evidence["try"], event.evidence["answer"]["status"]) == (1, "confirmed")
+
+
+def test_only_the_first_resubmission_skips_the_backoff(make_facilitated_world, db):
+    world, double = make_facilitated_world(mode="invalid_transaction_state")
+    client = APIClient()
+    payment = _first_payment(world, client, "prompt-resubmit-0002")
+
+    ask(client, world, payment=payment)  # try 1, at once; still refused
+    ask(client, world, payment=payment)  # try 2 waits its 2 minutes
+    assert double.calls["settle"] == 2
+    PaymentAttempt.objects.update(resubmitted_at=F("resubmitted_at") - timedelta(seconds=119))
+    ask(client, world, payment=payment)
+    assert double.calls["settle"] == 2
+    PaymentAttempt.objects.update(resubmitted_at=F("resubmitted_at") - timedelta(seconds=2))
+    double.mode = "ok"
+    paid = ask(client, world, payment=payment)
+
+    assert paid.json()["payment"]["state"] == "paid"
+    assert double.calls["settle"] == 3 and double.broadcast_count == 1
+    assert PaymentAttempt.objects.get().resubmissions == 2
+    assert world.seller_balance() == PRICE
+
+
+def test_a_first_submission_that_may_still_be_running_keeps_its_backoff(make_facilitated_world, db):
+    """A request that died after claiming the first broadcast leaves the attempt `recorded`:
+    its /settle may still be on its way, so nothing is sent beside it for 30 s."""
+    from purchases.services.resubmit import payment_resubmit_next_at
+
+    world, _ = make_facilitated_world(mode="invalid_transaction_state")
+    _first_payment(world, APIClient(), "prompt-resubmit-0003")
+    answered = PaymentAttempt.objects.get()
+    assert payment_resubmit_next_at(attempt=answered) == answered.broadcast_started_at
+    in_flight = PaymentAttempt(
+        state=PaymentAttempt.State.RECORDED, broadcast_started_at=answered.broadcast_started_at
+    )
+    assert payment_resubmit_next_at(attempt=in_flight) == answered.broadcast_started_at + (
+        timedelta(seconds=30)
+    )
+
+
+def test_a_facilitators_http_500_settlement_pending_is_labelled_pending_with_its_hash(
+    make_facilitated_world, db
+):
+    world, double = make_facilitated_world(mode="settlement_pending_500")
+    client = APIClient()
+    payment = _first_payment(world, client, "cdp-pending-000001")
+
+    [tx_hash] = double.broadcasts
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.reason_code) == ("settlement_pending", "settlement_pending")
+    assert attempt.tx_hash == tx_hash.lower()
+    assert Purchase.objects.get().reason_code == "settlement_pending"
+    [broadcast] = PurchaseEvent.objects.filter(subject=BROADCAST)
+    assert broadcast.reason_code == "settlement_pending"
+    assert broadcast.evidence["tx_hash"] == tx_hash
+    settle = PurchaseEvent.objects.get(subject=ANSWERED, reason_code="settle")
+    assert (settle.evidence["http_status"], settle.evidence["success"]) == (500, False)
+    assert settle.evidence["error_reason"] == "settlement_pending"
+    assert settle.evidence["transaction"] == tx_hash
+    assert not PurchaseEvent.objects.filter(reason_code="facilitator_bad_response").exists()
+
+    paid = ask(client, world, payment=payment)  # the named hash is reconciled, not resent
+    assert paid.json()["payment"]["state"] == "paid"
+    assert double.calls["settle"] == 1 and world.seller_balance() == PRICE
