@@ -110,6 +110,9 @@ class PreparedBroadcast:
     tx_hash: str | None = None
     raw_transaction: str | None = None
     relayer_nonce: int | None = None
+    # Direct mode: what was done to close a nonce gap below this transaction before it was
+    # sent, as (relayer nonce, action, tx hash); evidence only, never recorded on the attempt.
+    gap_closed: tuple[tuple[int, str, str], ...] = ()
 
 
 class Settler(Protocol):

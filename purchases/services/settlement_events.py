@@ -39,8 +39,10 @@ def settlement_notes_take(
 def payment_broadcast_record(
     *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
 ) -> None:
-    """The first broadcast, with how it went. Inside the caller's locked transaction."""
+    """The first broadcast, with how it went (and any relayer nonce gap closed before it).
+    Inside the caller's locked transaction."""
     started = attempt.broadcast_started_at
+    gap = outcome.evidence.get("relayer_gap_closed")
     event_record(
         subject=subjects.PAYMENT_BROADCAST,
         purchase=purchase,
@@ -54,6 +56,7 @@ def payment_broadcast_record(
             "relayer_nonce": attempt.relayer_nonce,
             "sent_at": started.isoformat() if started else None,
             "status": outcome.status.value,
+            **({"relayer_gap_closed": gap} if gap else {}),
         },
     )
 

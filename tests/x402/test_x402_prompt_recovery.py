@@ -1,12 +1,14 @@
-"""Recovery that does not wait for a clock (issue 18 items 3, 6 and 13): the first
-resubmission of a payment a facilitator never broadcast goes out on the buyer's next retry,
-and a facilitator's HTTP 500 `settlement_pending` is named for what it says.
+"""Recovery that does not wait for a clock (issue 18 items 3, 6 and 13): a relayer nonce gap
+left by a lost broadcast is closed before the next buyer's broadcast, the first resubmission
+of a payment a facilitator never broadcast goes out on the buyer's next retry, and a
+facilitator's HTTP 500 `settlement_pending` is named for what it says.
 
 Real anvil chain, real HTTP facilitator double; no clock is moved unless a test says so.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +18,7 @@ from rest_framework.test import APIClient
 
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
-from purchases.models import Purchase, PurchaseEvent
+from purchases.models import JobRun, Purchase, PurchaseEvent
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -136,3 +138,109 @@ def test_a_facilitators_http_500_settlement_pending_is_labelled_pending_with_its
     paid = ask(client, world, payment=payment)  # the named hash is reconciled, not resent
     assert paid.json()["payment"]["state"] == "paid"
     assert double.calls["settle"] == 1 and world.seller_balance() == PRICE
+
+
+# --- a relayer nonce gap (item 3) ---------------------------------------------------------
+
+OTHER_INPUT = {"title": "Another report", "csv": "region,units\nsouth,5\n"}
+
+
+def _next_buyer_pays(world: X402World, client: APIClient) -> tuple[Any, float]:
+    """Another buyer, another input, on a chain that mines as it receives: timed."""
+    required = ask(client, world, OTHER_INPUT)["PAYMENT-REQUIRED"]
+    payment = sign_payment(required, world.payers[1], "gap-next-buyer-0001")
+    started = time.monotonic()
+    answer = ask(client, world, OTHER_INPUT, payment=payment)
+    return answer, time.monotonic() - started
+
+
+def _gap_closed_before(purchase: Purchase) -> list[dict[str, Any]]:
+    broadcast = PurchaseEvent.objects.get(purchase=purchase, subject=BROADCAST)
+    closed: list[dict[str, Any]] = broadcast.evidence.get("relayer_gap_closed", [])
+    return closed
+
+
+@pytest.mark.parametrize("window", ["open", "closed"])
+def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
+    make_x402_world, db, window
+):
+    world = make_x402_world(no_mining=True)
+    client = APIClient()
+    valid_before = int(time.time()) + 35  # the shortest window the seller accepts
+    required = ask(client, world)["PAYMENT-REQUIRED"]
+    lost_payment = sign_payment(required, world.payers[0], "gap-lost-buyer-0001",
+                                valid_before=valid_before)  # fmt: skip
+    assert ask(client, world, payment=lost_payment).status_code == 202
+    lost = PaymentAttempt.objects.get()
+    world.node.drop_transaction(lost.tx_hash)  # the node loses it: its nonce is a gap now
+    if window == "closed":  # the authorization-expired situation: it can never execute
+        world.node.set_next_block_timestamp(valid_before + 1)
+        world.node.mine()
+    world.node.set_automine(True)
+
+    answer, seconds = _next_buyer_pays(world, client)
+
+    assert answer.json()["payment"]["state"] == "paid", answer.content  # in this request
+    assert seconds < world.network_settings["confirmation_timeout"]  # never waited it out
+    assert not JobRun.objects.filter(job="heal_relayers").exists()
+    purchase = Purchase.objects.exclude(pk=lost.purchase_id).get()
+    attempt = purchase.payment_attempts.get()
+    assert (attempt.state, attempt.relayer_nonce) == ("succeeded", lost.relayer_nonce + 1)
+    [closed] = _gap_closed_before(purchase)
+    assert closed["nonce"] == lost.relayer_nonce
+    latest = world.w3.eth.get_transaction_count(world.relayer.address, "latest")
+    assert latest == lost.relayer_nonce + 2  # the gap and the new one, both mined
+    if window == "open":  # the lost transaction itself, byte for byte: its buyer is paid too
+        assert (closed["action"], closed["tx_hash"]) == ("rebroadcast", lost.tx_hash)
+        assert world.seller_balance() == 2 * PRICE
+        again = ask(client, world, payment=lost_payment)
+        assert again.json()["payment"]["state"] == "paid"
+    else:  # it can no longer execute: a 0-value self-transfer holds its nonce instead
+        assert closed["action"] == "gap_filled" and closed["tx_hash"] != lost.tx_hash
+        filler = world.w3.eth.get_transaction(closed["tx_hash"])
+        assert (filler["to"], filler["value"]) == (world.relayer.address, 0)
+        assert world.seller_balance() == PRICE  # the expired authorization moved nothing
+
+
+def test_after_a_reorg_undid_our_transaction_the_next_purchase_settles_at_once(make_x402_world, db):
+    world = make_x402_world()  # mining as it receives
+    client = APIClient()
+    snapshot = world.node.rpc("evm_snapshot")
+    required = ask(client, world)["PAYMENT-REQUIRED"]
+    first_payment = sign_payment(required, world.payers[0], "gap-reorg-buyer-001")
+    first = ask(client, world, payment=first_payment)
+    assert first.json()["payment"]["state"] == "paid"
+    undone = PaymentAttempt.objects.get()
+    world.node.rpc("evm_revert", [snapshot])  # the block holding it is gone, and the tx
+    assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == (
+        undone.relayer_nonce
+    )
+
+    answer, _ = _next_buyer_pays(world, client)
+
+    assert answer.json()["payment"]["state"] == "paid", answer.content
+    purchase = Purchase.objects.exclude(pk=undone.purchase_id).get()
+    assert _gap_closed_before(purchase) == [
+        {"nonce": undone.relayer_nonce, "action": "rebroadcast", "tx_hash": undone.tx_hash}
+    ]
+    assert world.seller_balance() == 2 * PRICE  # the undone transfer landed again, once
+    assert not JobRun.objects.filter(job="heal_relayers").exists()
+
+
+def test_a_nonce_whose_own_send_may_still_be_on_its_way_is_not_touched(make_x402_world, db):
+    """Concurrent settlements pipeline: a nonce handed out just before ours, recorded and not
+    yet sent, is that settlement's to send. Nothing is sent or filled in its place."""
+    from payments.x402.networks import network_config
+    from payments.x402.relayer import relayer_gap_close
+
+    world = make_x402_world(no_mining=True)
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    assert ask(client, world, payment=payment).status_code == 202
+    world.node.drop_transaction(PaymentAttempt.objects.get().tx_hash)
+    PaymentAttempt.objects.update(state="recorded")  # as if its first send were under way
+    network = network_config("eip155:31337")
+    account = world.relayer
+
+    assert relayer_gap_close(network=network, account=account, chain_pending=0, allocated=1) == []
+    assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
