@@ -158,9 +158,11 @@ def relayer_gap_close(
     holds, whose send is over (its attempt has answered, or it is older than UNSENT_GRACE),
     was lost (dropped from the pool, undone by a reorg): it is sent again byte for byte, or
     replaced by a 0-value self-transfer if it can no longer execute, exactly as
-    `relayer_heal` does. A nonce still on its way to its own send, or handed out and never
-    recorded, is left to its sender or to `relayer_heal`. Call with no transaction open.
-    Returns the actions taken; raises what `relayer_heal` raises.
+    `relayer_heal` does; one of a payment recorded as failed is only ever replaced (we never
+    move money for a purchase we told was not paid). A nonce still on its way to its own
+    send, or handed out and never recorded, is left to its sender or to `relayer_heal`.
+    Call with no transaction open. Returns the actions taken; raises what `relayer_heal`
+    raises.
     """
     nonces = range(chain_pending, min(allocated, chain_pending + INLINE_GAP_LIMIT))
     lost = _lost_broadcasts(network, account, nonces, now or timezone.now())
@@ -168,23 +170,24 @@ def relayer_gap_close(
         return []
     w3 = w3_for(network)
     actions: list[HealAction] = []
-    for nonce, raws in sorted(lost.items()):
+    for nonce, (raws, resendable) in sorted(lost.items()):
         if not any(_node_knows(w3, raw) for raw in raws):
             actions += _resend_or_fill(w3=w3, account=account, network=network,
-                                       nonce=nonce, raws=raws)  # fmt: skip
+                                       nonce=nonce, raws=resendable)  # fmt: skip
     return actions
 
 
 def _lost_broadcasts(
     network: NetworkConfig, account: LocalAccount, nonces: range, now: datetime
-) -> dict[int, list[str]]:
-    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce."""
+) -> dict[int, tuple[list[str], list[str]]]:
+    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce: all
+    of them, and those that may be sent again (not of a payment recorded as failed)."""
     if not nonces:
         return {}
     rows = PaymentAttempt.objects.filter(
         network=network.caip2, relayer_nonce__gte=nonces.start, relayer_nonce__lt=nonces.stop
     ).exclude(raw_transaction="")
-    by_nonce: dict[int, list[str]] = {}
+    by_nonce: dict[int, tuple[list[str], list[str]]] = {}
     in_flight: set[int] = set()
     for nonce, raw, state, started in rows.values_list(
         "relayer_nonce", "raw_transaction", "state", "broadcast_started_at"
@@ -194,8 +197,11 @@ def _lost_broadcasts(
         ):
             in_flight.add(nonce)  # its first send may not have left yet: not ours to judge
         elif _is_ours(raw, account=account, nonce=nonce):
-            by_nonce.setdefault(nonce, []).append(raw)
-    return {nonce: raws for nonce, raws in by_nonce.items() if nonce not in in_flight}
+            raws, resendable = by_nonce.setdefault(nonce, ([], []))
+            raws.append(raw)
+            if state != PaymentAttempt.State.FAILED:
+                resendable.append(raw)
+    return {nonce: found for nonce, found in by_nonce.items() if nonce not in in_flight}
 
 
 def _resend_or_fill(

@@ -14,11 +14,13 @@ from typing import Any
 
 import pytest
 from django.db.models import F
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import JobRun, Purchase, PurchaseEvent
+from purchases.services.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -160,7 +162,7 @@ def _gap_closed_before(purchase: Purchase) -> list[dict[str, Any]]:
     return closed
 
 
-@pytest.mark.parametrize("window", ["open", "closed"])
+@pytest.mark.parametrize("window", ["open", "closed", "closed_and_failed"])
 def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
     make_x402_world, db, window
 ):
@@ -173,9 +175,13 @@ def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
     assert ask(client, world, payment=lost_payment).status_code == 202
     lost = PaymentAttempt.objects.get()
     world.node.drop_transaction(lost.tx_hash)  # the node loses it: its nonce is a gap now
-    if window == "closed":  # the authorization-expired situation: it can never execute
+    if window != "open":  # the authorization-expired situation: it can never execute
         world.node.set_next_block_timestamp(valid_before + 1)
         world.node.mine()
+    if window == "closed_and_failed":  # and reconciliation has failed it for good since
+        reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=3))
+        lost.refresh_from_db()
+        assert (lost.state, lost.reason_code) == ("failed", "authorization_expired_unused")
     world.node.set_automine(True)
 
     answer, seconds = _next_buyer_pays(world, client)
@@ -244,3 +250,26 @@ def test_a_nonce_whose_own_send_may_still_be_on_its_way_is_not_touched(make_x402
 
     assert relayer_gap_close(network=network, account=account, chain_pending=0, allocated=1) == []
     assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
+
+
+def test_a_lost_transaction_of_a_payment_recorded_as_failed_is_filled_never_sent_again(
+    make_x402_world, db
+):
+    """Its authorization could still execute, yet the purchase was told it is not paid: our
+    relayer must not move that money now. Its nonce gets a self-transfer instead."""
+    world = make_x402_world(no_mining=True)
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    assert ask(client, world, payment=payment).status_code == 202
+    lost = PaymentAttempt.objects.get()
+    world.node.drop_transaction(lost.tx_hash)
+    PaymentAttempt.objects.update(state="failed")  # recorded as failed, whatever the reason
+    world.node.set_automine(True)
+
+    answer, _ = _next_buyer_pays(world, client)
+
+    assert answer.json()["payment"]["state"] == "paid", answer.content
+    purchase = Purchase.objects.exclude(pk=lost.purchase_id).get()
+    [closed] = _gap_closed_before(purchase)
+    assert (closed["nonce"], closed["action"]) == (lost.relayer_nonce, "gap_filled")
+    assert world.seller_balance() == PRICE  # only the new buyer's
