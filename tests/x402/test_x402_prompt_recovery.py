@@ -147,13 +147,11 @@ def test_a_facilitators_http_500_settlement_pending_is_labelled_pending_with_its
 OTHER_INPUT = {"title": "Another report", "csv": "region,units\nsouth,5\n"}
 
 
-def _next_buyer_pays(world: X402World, client: APIClient) -> tuple[Any, float]:
-    """Another buyer, another input, on a chain that mines as it receives: timed."""
+def _next_buyer_pays(world: X402World, client: APIClient) -> Any:
+    """Another buyer, another input, on a chain that mines as it receives."""
     required = ask(client, world, OTHER_INPUT)["PAYMENT-REQUIRED"]
     payment = sign_payment(required, world.payers[1], "gap-next-buyer-0001")
-    started = time.monotonic()
-    answer = ask(client, world, OTHER_INPUT, payment=payment)
-    return answer, time.monotonic() - started
+    return ask(client, world, OTHER_INPUT, payment=payment)
 
 
 def _gap_closed_before(purchase: Purchase) -> list[dict[str, Any]]:
@@ -184,10 +182,9 @@ def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
         assert (lost.state, lost.reason_code) == ("failed", "authorization_expired_unused")
     world.node.set_automine(True)
 
-    answer, seconds = _next_buyer_pays(world, client)
+    answer = _next_buyer_pays(world, client)
 
     assert answer.json()["payment"]["state"] == "paid", answer.content  # in this request
-    assert seconds < world.network_settings["confirmation_timeout"]  # never waited it out
     assert not JobRun.objects.filter(job="heal_relayers").exists()
     purchase = Purchase.objects.exclude(pk=lost.purchase_id).get()
     attempt = purchase.payment_attempts.get()
@@ -222,7 +219,7 @@ def test_after_a_reorg_undid_our_transaction_the_next_purchase_settles_at_once(m
         undone.relayer_nonce
     )
 
-    answer, _ = _next_buyer_pays(world, client)
+    answer = _next_buyer_pays(world, client)
 
     assert answer.json()["payment"]["state"] == "paid", answer.content
     purchase = Purchase.objects.exclude(pk=undone.purchase_id).get()
@@ -266,7 +263,7 @@ def test_a_lost_transaction_of_a_payment_recorded_as_failed_is_filled_never_sent
     PaymentAttempt.objects.update(state="failed")  # recorded as failed, whatever the reason
     world.node.set_automine(True)
 
-    answer, _ = _next_buyer_pays(world, client)
+    answer = _next_buyer_pays(world, client)
 
     assert answer.json()["payment"]["state"] == "paid", answer.content
     purchase = Purchase.objects.exclude(pk=lost.purchase_id).get()
