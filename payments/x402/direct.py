@@ -163,7 +163,7 @@ def _relayer_account(network: NetworkConfig) -> LocalAccount:
 
 def _close_gap_below(
     network: NetworkConfig, account: LocalAccount, chain_pending: int, nonce: int
-) -> tuple[tuple[int, str, str], ...]:
+) -> tuple[tuple[int, str, str, tuple[int, ...]], ...]:
     """A nonce above the chain's pending count may sit behind a lost broadcast of ours:
     close that gap now, so this transaction does not wait for the heal job behind it."""
     if nonce <= chain_pending:
@@ -177,14 +177,17 @@ def _close_gap_below(
             "relayer %s: closing the gap below nonce %s failed", account.address, nonce
         )
         return ()
-    return tuple((a["nonce"], a["action"], a["tx_hash"]) for a in actions)
+    return tuple((a["nonce"], a["action"], a["tx_hash"], tuple(a["attempts"])) for a in actions)
 
 
 def _with_gap(outcome: SettlementOutcome, prepared: PreparedBroadcast) -> SettlementOutcome:
     """Name on the outcome (so on the timeline) the gap closed before this broadcast."""
     if not prepared.gap_closed:
         return outcome
-    closed = [{"nonce": n, "action": a, "tx_hash": h} for n, a, h in prepared.gap_closed]
+    closed = [
+        {"nonce": n, "action": a, "tx_hash": h, "attempts": list(ids)}
+        for n, a, h, ids in prepared.gap_closed
+    ]
     return replace(outcome, evidence={**outcome.evidence, "relayer_gap_closed": closed})
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -170,37 +171,48 @@ def relayer_gap_close(
         return []
     w3 = w3_for(network)
     actions: list[HealAction] = []
-    for nonce, (raws, resendable) in sorted(lost.items()):
-        if not any(_node_knows(w3, raw) for raw in raws):
-            actions += _resend_or_fill(w3=w3, account=account, network=network,
-                                       nonce=nonce, raws=resendable)  # fmt: skip
+    for nonce, found in sorted(lost.items()):
+        if not any(_node_knows(w3, raw) for raw in found.raws):
+            done = _resend_or_fill(w3=w3, account=account, network=network,
+                                   nonce=nonce, raws=found.resendable)  # fmt: skip
+            actions += [{**action, "attempts": found.attempts} for action in done]
     return actions
+
+
+@dataclass
+class _Lost:
+    """Our recorded transactions at one nonce: all, those that may be sent again (not of a
+    payment recorded as failed), and their attempts (whose timelines are told)."""
+
+    raws: list[str] = field(default_factory=list)
+    resendable: list[str] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
 
 
 def _lost_broadcasts(
     network: NetworkConfig, account: LocalAccount, nonces: range, now: datetime
-) -> dict[int, tuple[list[str], list[str]]]:
-    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce: all
-    of them, and those that may be sent again (not of a payment recorded as failed)."""
+) -> dict[int, _Lost]:
+    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce."""
     if not nonces:
         return {}
     rows = PaymentAttempt.objects.filter(
         network=network.caip2, relayer_nonce__gte=nonces.start, relayer_nonce__lt=nonces.stop
     ).exclude(raw_transaction="")
-    by_nonce: dict[int, tuple[list[str], list[str]]] = {}
+    by_nonce: dict[int, _Lost] = {}
     in_flight: set[int] = set()
-    for nonce, raw, state, started in rows.values_list(
-        "relayer_nonce", "raw_transaction", "state", "broadcast_started_at"
+    for pk, nonce, raw, state, started in rows.values_list(
+        "pk", "relayer_nonce", "raw_transaction", "state", "broadcast_started_at"
     ):
         if state == PaymentAttempt.State.RECORDED and (
             started is None or now - started < UNSENT_GRACE
         ):
             in_flight.add(nonce)  # its first send may not have left yet: not ours to judge
         elif _is_ours(raw, account=account, nonce=nonce):
-            raws, resendable = by_nonce.setdefault(nonce, ([], []))
-            raws.append(raw)
+            found = by_nonce.setdefault(nonce, _Lost())
+            found.raws.append(raw)
+            found.attempts.append(pk)
             if state != PaymentAttempt.State.FAILED:
-                resendable.append(raw)
+                found.resendable.append(raw)
     return {nonce: found for nonce, found in by_nonce.items() if nonce not in in_flight}
 
 

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.embedded
 RESUBMITTED = "payment_attempt.resubmitted"
 BROADCAST = "payment_attempt.broadcast"
 ANSWERED = "facilitator.answered"
+GAP_CLOSED = "payment_attempt.relayer_gap_closed"
 DUPLICATE_OF = "Tollbooth-Duplicate-Of"
 
 
@@ -190,7 +191,20 @@ def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
     attempt = purchase.payment_attempts.get()
     assert (attempt.state, attempt.relayer_nonce) == ("succeeded", lost.relayer_nonce + 1)
     [closed] = _gap_closed_before(purchase)
-    assert closed["nonce"] == lost.relayer_nonce
+    assert (closed["nonce"], closed["attempts"]) == (lost.relayer_nonce, [lost.pk])
+    # The lost payment's own timeline says what became of its transaction, and why.
+    [note] = PurchaseEvent.objects.filter(purchase_id=lost.purchase_id, subject=GAP_CLOSED)
+    assert note.reason_code == closed["action"]
+    assert note.evidence == {
+        "attempt": lost.pk,
+        "mode": "direct",
+        "payer": lost.payer,
+        "nonce": lost.authorization_nonce,
+        "tx_hash": lost.tx_hash,
+        "relayer_nonce": lost.relayer_nonce,
+        "sent_tx_hash": closed["tx_hash"],
+        "before_purchase": purchase.ref,
+    }
     latest = world.w3.eth.get_transaction_count(world.relayer.address, "latest")
     assert latest == lost.relayer_nonce + 2  # the gap and the new one, both mined
     if window == "open":  # the lost transaction itself, byte for byte: its buyer is paid too
@@ -224,7 +238,12 @@ def test_after_a_reorg_undid_our_transaction_the_next_purchase_settles_at_once(m
     assert answer.json()["payment"]["state"] == "paid", answer.content
     purchase = Purchase.objects.exclude(pk=undone.purchase_id).get()
     assert _gap_closed_before(purchase) == [
-        {"nonce": undone.relayer_nonce, "action": "rebroadcast", "tx_hash": undone.tx_hash}
+        {
+            "nonce": undone.relayer_nonce,
+            "action": "rebroadcast",
+            "tx_hash": undone.tx_hash,
+            "attempts": [undone.pk],
+        }
     ]
     assert world.seller_balance() == 2 * PRICE  # the undone transfer landed again, once
     assert not JobRun.objects.filter(job="heal_relayers").exists()
