@@ -9,7 +9,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import requests
@@ -17,7 +16,6 @@ from django.conf import settings
 from django.test import Client
 from django.test.utils import override_settings
 from django.urls import reverse
-from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from x402.http.utils import decode_payment_signature_header
@@ -260,12 +258,6 @@ def attempt_for(payment: str) -> PaymentAttempt:
 
 def ref_of(attempt: PaymentAttempt) -> str:
     return str(Purchase.objects.values_list("ref", flat=True).get(pk=attempt.purchase_id))
-
-
-def age_broadcast(attempt: PaymentAttempt, *, seconds: int) -> None:
-    PaymentAttempt.objects.filter(pk=attempt.pk).update(
-        broadcast_started_at=timezone.now() - timedelta(seconds=seconds)
-    )
 
 
 def fulfillment_state_of(ref: str) -> str:

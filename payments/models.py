@@ -92,6 +92,13 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
                 condition=Q(state__in=PENDING_ATTEMPT_STATES),
                 name="attempt_pending_scale",
             ),
+            # A settlement that finds a nonce gap below its own looks up which of our
+            # transactions held those nonces (payments.x402.relayer.relayer_gap_close).
+            models.Index(
+                fields=["network", "relayer_nonce"],
+                condition=Q(relayer_nonce__isnull=False),
+                name="attempt_relayer_nonce",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

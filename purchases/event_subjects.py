@@ -24,6 +24,7 @@ PAYMENT_BROADCAST = "payment_attempt.broadcast"
 PAYMENT_DROPPED = "payment_attempt.dropped"
 PAYMENT_RESUBMITTED = "payment_attempt.resubmitted"
 PAYMENT_RESUBMIT_REFUSED = "payment_attempt.resubmit_refused"
+PAYMENT_RELAYER_GAP_CLOSED = "payment_attempt.relayer_gap_closed"
 FACILITATOR_ANSWERED = "facilitator.answered"
 
 # --- the payment id ------------------------------------------------------------------------
@@ -66,6 +67,11 @@ SUBJECTS: dict[str, str] = {
     ),
     PAYMENT_RESUBMITTED: "The same signed authorization was sent again (try number, nonce).",
     PAYMENT_RESUBMIT_REFUSED: "No more resubmissions: the limit was reached; support escalated.",
+    PAYMENT_RELAYER_GAP_CLOSED: (
+        "This payment's relayer transaction was lost and its nonce held up later ones: just "
+        "before another purchase's broadcast it was re-sent byte for byte (`rebroadcast`) or "
+        "its nonce given to a 0-value self-transfer (`gap_filled`)."
+    ),
     FACILITATOR_ANSWERED: (
         "What the facilitator answered to /verify or /settle: HTTP status, valid or success, "
         "the reason it gave, the transaction (never the whole body)."

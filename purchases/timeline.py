@@ -112,6 +112,13 @@ EVENT_LABELS: dict[str, Label] = {
     # Boundary events (purchases/event_subjects.py says what each means).
     "payment_attempt.broadcast": Label("Payment broadcast (first send)"),
     "payment_attempt.dropped": Label("Broadcast dropped: not on chain, nonce unused"),
+    "payment_attempt.relayer_gap_closed": Label(
+        "Lost relayer transaction dealt with",
+        by_reason={
+            "rebroadcast": "Lost relayer transaction re-sent (it held up later settlements)",
+            "gap_filled": "Lost relayer transaction's nonce filled (it can no longer execute)",
+        },
+    ),
     "facilitator.answered": Label(
         "Facilitator answered",
         by_reason={

@@ -8,7 +8,9 @@ transaction hash, because unknown is not failed.
 
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
@@ -21,7 +23,7 @@ from hexbytes import HexBytes
 from payments.chain.token import transfer_with_authorization_calldata
 from payments.x402.chain import is_hash32
 from payments.x402.receipts import receipt_poll_delays
-from payments.x402.relayer import dynamic_fee_fields, relayer_nonce_allocate
+from payments.x402.relayer import dynamic_fee_fields, relayer_gap_close, relayer_nonce_allocate
 from payments.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
@@ -55,6 +57,7 @@ _ALREADY_SENT = (
     "nonce is too low",
     "oldnonce",
 )
+logger = logging.getLogger(__name__)
 # A node's refusal, or no usable answer at all: either way the chain did not say.
 _NETWORK_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
 # web3's fallback where a node lacks eth_maxPriorityFeePerGas: the mean of the non-zero 5th
@@ -104,6 +107,7 @@ class DirectSettler:
         nonce = relayer_nonce_allocate(
             network=network, address=account.address, chain_pending_nonce=chain_pending
         )
+        gap_closed = _close_gap_below(network, account, chain_pending, nonce)
         tx: dict[str, Any] = {"to": _checksummed(network.token_address), "value": 0,
                               "data": data, "gas": TRANSFER_WITH_AUTHORIZATION_GAS,
                               "chainId": network.chain_id, "nonce": nonce, **fees}  # fmt: skip
@@ -112,6 +116,7 @@ class DirectSettler:
             tx_hash=signed.hash.to_0x_hex(),
             raw_transaction=signed.raw_transaction.to_0x_hex(),
             relayer_nonce=nonce,
+            gap_closed=gap_closed,
         )
 
     def broadcast(
@@ -128,7 +133,9 @@ class DirectSettler:
         rpc = self._rpc(network)
         refused = _send(rpc, raw)
         if refused is not None:
-            return _pending(tx_hash, "rpc_error", network, prepared, error=refused)
+            return _with_gap(
+                _pending(tx_hash, "rpc_error", network, prepared, error=refused), prepared
+            )
         deadline = time.monotonic() + network.confirmation_timeout
         delays = receipt_poll_delays(ceiling=self.poll_interval)
         while True:
@@ -138,7 +145,7 @@ class DirectSettler:
                 outcome = _pending(tx_hash, "rpc_error", network, prepared, error=repr(exc))
             remaining = deadline - time.monotonic()
             if outcome.status is not SettlementStatus.PENDING or remaining <= 0:
-                return outcome
+                return _with_gap(outcome, prepared)
             time.sleep(min(next(delays), remaining))
 
     def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
@@ -152,6 +159,36 @@ def _relayer_account(network: NetworkConfig) -> LocalAccount:
         raise ImproperlyConfigured(f"no relayer key for {network.caip2} (direct mode)")
     account: LocalAccount = Account.from_key(network.relayer_private_key)
     return account
+
+
+def _close_gap_below(
+    network: NetworkConfig, account: LocalAccount, chain_pending: int, nonce: int
+) -> tuple[tuple[int, str, str, tuple[int, ...]], ...]:
+    """A nonce above the chain's pending count may sit behind a lost broadcast of ours:
+    close that gap now, so this transaction does not wait for the heal job behind it."""
+    if nonce <= chain_pending:
+        return ()  # nothing of ours is missing below it: the usual case, no query, no RPC
+    try:
+        actions = relayer_gap_close(
+            network=network, account=account, chain_pending=chain_pending, allocated=nonce
+        )
+    except Exception:  # any fault: this broadcast goes ahead; `relayer_heal` closes it later
+        logger.exception(
+            "relayer %s: closing the gap below nonce %s failed", account.address, nonce
+        )
+        return ()
+    return tuple((a["nonce"], a["action"], a["tx_hash"], tuple(a["attempts"])) for a in actions)
+
+
+def _with_gap(outcome: SettlementOutcome, prepared: PreparedBroadcast) -> SettlementOutcome:
+    """Name on the outcome (so on the timeline) the gap closed before this broadcast."""
+    if not prepared.gap_closed:
+        return outcome
+    closed = [
+        {"nonce": n, "action": a, "tx_hash": h, "attempts": list(ids)}
+        for n, a, h, ids in prepared.gap_closed
+    ]
+    return replace(outcome, evidence={**outcome.evidence, "relayer_gap_closed": closed})
 
 
 @lru_cache(maxsize=64)

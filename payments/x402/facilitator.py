@@ -16,6 +16,8 @@ Classification (see `classify_verify` and `classify_settle`):
   /settle  200 {"success": false, reason in PROVEN, no transaction named}
                                                         -> FAILED  facilitator_rejected:<r>
   /settle  200 {"success": false, "settlement_pending"} -> PENDING settlement_pending
+  /settle  5xx {"success": false, "settlement_pending"} -> PENDING settlement_pending (how the
+                                                           CDP facilitator answers it)
   /settle  200 {"success": false, any other reason}     -> PENDING facilitator_unresolved:<r>
   /settle  no answer (timeout, refused, cut mid-body)   -> PENDING facilitator_unavailable
   /settle  any other answer (non-200, 3xx, HTML, bad JSON, success without a usable hash)
@@ -231,6 +233,9 @@ def classify_settle(reply: HttpReply, *, network: str) -> SettlementOutcome:
     evidence["transaction"] = str(raw_tx)[:80] if raw_tx else None
     if "errorReason" in data:
         evidence["error_reason"] = _reason_text(data["errorReason"])
+    if _pending_under_server_error(reply.status, success, evidence):
+        # The CDP facilitator answers an unconfirmed broadcast this way: pending, named so.
+        return _pending(REASON_SETTLEMENT_PENDING, evidence, tx_hash)
     if reply.status != 200 or not isinstance(success, bool):
         # e.g. 503 with a success body: the facilitator contradicts itself, so it proves nothing.
         return _pending(REASON_BAD_RESPONSE, evidence, tx_hash)
@@ -241,6 +246,16 @@ def classify_settle(reply: HttpReply, *, network: str) -> SettlementOutcome:
             return SettlementOutcome(SettlementStatus.CONFIRMED, tx_hash=tx_hash, evidence=evidence)
         return _pending(REASON_BAD_RESPONSE, evidence, tx_hash)
     return _refusal(_reason_text(data.get("errorReason")), raw_tx, tx_hash, evidence)
+
+
+def _pending_under_server_error(status: int, success: object, evidence: dict[str, Any]) -> bool:
+    """A 5xx whose JSON says `success: false`, `errorReason: "settlement_pending"`. Either way
+    it is PENDING; this only decides whether it is labelled for what it says."""
+    return (
+        500 <= status <= 599
+        and success is False
+        and evidence.get("error_reason") == REASON_SETTLEMENT_PENDING
+    )
 
 
 def _refusal(

@@ -4,13 +4,15 @@ The relayer pays the gas for direct-mode settlements. Each settlement's transact
 signed with a nonce handed out here before anything is sent, so concurrent settlements
 pipeline instead of racing the node's pending count. A transaction the network drops, or a
 nonce handed out to a process that died before sending, leaves a gap that stalls every
-later transaction of the account: `relayer_heal` closes such gaps.
+later transaction of the account: `relayer_heal` closes such gaps every few minutes, and
+`relayer_gap_close` closes a lost broadcast's gap at once, before our next broadcast.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -27,7 +29,8 @@ from web3 import Web3
 from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
 from web3.types import TxParams
 
-from payments.models import RelayerAccount
+from payments.models import PaymentAttempt, RelayerAccount
+from payments.x402.chain import w3_for
 from payments.x402.types import NetworkConfig
 
 logger = logging.getLogger(__name__)
@@ -47,6 +50,10 @@ _NONCE_OCCUPIED = (
     "oldnonce",
     "replacement transaction",
 )
+
+# Nonces closed inside one settlement at most: a longer gap (a node that lost its whole pool,
+# a chain reset under a kept database) is left to `relayer_heal`, off the buyer's request.
+INLINE_GAP_LIMIT = 8
 
 HealAction = dict[str, Any]
 
@@ -135,6 +142,78 @@ def relayer_heal(
     for nonce in unsent:
         actions += _fill_gap(w3=w3, account=account, network=network, nonce=nonce)
     return actions
+
+
+def relayer_gap_close(
+    *,
+    network: NetworkConfig,
+    account: LocalAccount,
+    chain_pending: int,
+    allocated: int,
+    now: datetime | None = None,
+) -> list[HealAction]:
+    """Close the gap below a nonce just handed out, before its transaction is sent.
+
+    `chain_pending` is the node's pending count read before `allocated` was handed out, so
+    every nonce in between is missing from the node. One that a recorded broadcast of ours
+    holds, whose send is over (its attempt has answered, or it is older than UNSENT_GRACE),
+    was lost (dropped from the pool, undone by a reorg): it is sent again byte for byte, or
+    replaced by a 0-value self-transfer if it can no longer execute, exactly as
+    `relayer_heal` does; one of a payment recorded as failed is only ever replaced (we never
+    move money for a purchase we told was not paid). A nonce still on its way to its own
+    send, or handed out and never recorded, is left to its sender or to `relayer_heal`.
+    Call with no transaction open. Returns the actions taken; raises what `relayer_heal`
+    raises.
+    """
+    nonces = range(chain_pending, min(allocated, chain_pending + INLINE_GAP_LIMIT))
+    lost = _lost_broadcasts(network, account, nonces, now or timezone.now())
+    if not lost:
+        return []
+    w3 = w3_for(network)
+    actions: list[HealAction] = []
+    for nonce, found in sorted(lost.items()):
+        if not any(_node_knows(w3, raw) for raw in found.raws):
+            done = _resend_or_fill(w3=w3, account=account, network=network,
+                                   nonce=nonce, raws=found.resendable)  # fmt: skip
+            actions += [{**action, "attempts": found.attempts} for action in done]
+    return actions
+
+
+@dataclass
+class _Lost:
+    """Our recorded transactions at one nonce: all, those that may be sent again (not of a
+    payment recorded as failed), and their attempts (whose timelines are told)."""
+
+    raws: list[str] = field(default_factory=list)
+    resendable: list[str] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+
+
+def _lost_broadcasts(
+    network: NetworkConfig, account: LocalAccount, nonces: range, now: datetime
+) -> dict[int, _Lost]:
+    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce."""
+    if not nonces:
+        return {}
+    rows = PaymentAttempt.objects.filter(
+        network=network.caip2, relayer_nonce__gte=nonces.start, relayer_nonce__lt=nonces.stop
+    ).exclude(raw_transaction="")
+    by_nonce: dict[int, _Lost] = {}
+    in_flight: set[int] = set()
+    for pk, nonce, raw, state, started in rows.values_list(
+        "pk", "relayer_nonce", "raw_transaction", "state", "broadcast_started_at"
+    ):
+        if state == PaymentAttempt.State.RECORDED and (
+            started is None or now - started < UNSENT_GRACE
+        ):
+            in_flight.add(nonce)  # its first send may not have left yet: not ours to judge
+        elif _is_ours(raw, account=account, nonce=nonce):
+            found = by_nonce.setdefault(nonce, _Lost())
+            found.raws.append(raw)
+            found.attempts.append(pk)
+            if state != PaymentAttempt.State.FAILED:
+                found.resendable.append(raw)
+    return {nonce: found for nonce, found in by_nonce.items() if nonce not in in_flight}
 
 
 def _resend_or_fill(
@@ -228,8 +307,15 @@ def _can_execute(w3: Web3, raw: str, *, sender: str) -> bool:
 
 
 def _check_ours(raw: str, *, account: LocalAccount, nonce: int) -> None:
-    if Account.recover_transaction(raw) != account.address or _decode(raw)["nonce"] != nonce:
+    if not _is_ours(raw, account=account, nonce=nonce):
         raise ValueError(f"raw transaction at nonce {nonce} is not {account.address}'s")
+
+
+def _is_ours(raw: str, *, account: LocalAccount, nonce: int) -> bool:
+    # A transaction signed by an earlier relayer key may sit at the same nonce number.
+    return bool(
+        Account.recover_transaction(raw) == account.address and _decode(raw)["nonce"] == nonce
+    )
 
 
 def _decode(raw: str) -> dict[str, Any]:

@@ -11,7 +11,8 @@ submissions reach the chain, at most one moves money; a new buyer signature is n
 The rail judges whether an answer proves the payment never arrived (`never_reached`) and
 sends it again (`resend`); this module owns the policy. The buyer's resend, the status URL
 and the reconciliation job all come through `payment_resubmit_if_due`. Tries are counted
-on the attempt in the database, spaced by `BACKOFF`, bounded by
+on the attempt in the database, spaced by `BACKOFF` (the first at once once the first
+submission has answered), bounded by
 `SETTLEMENT_RESUBMIT_LIMIT`; past it the attempt stays pending for reconciliation (its
 window closing proves the failure) and support is escalated. Every drop found (once per
 submission), every try with what the facilitator answered, and the refusal at the limit,
@@ -46,7 +47,9 @@ LIMIT_REACHED = "resubmission_limit_reached"
 ESCALATION_REASON = "settlement_resubmissions_exhausted"
 # Wait before try n (from the previous submission). The first step outlasts a facilitator
 # call (twice its 10 s timeout) and a direct broadcast's receipt wait, so a submission still
-# in flight is never raced; the rest keep a facilitator that keeps refusing from being hammered.
+# in flight is never raced; it is skipped once the first submission's answer is on record
+# (`payment_resubmit_next_at`). The rest keep a facilitator that keeps refusing from being
+# hammered.
 BACKOFF = (
     timedelta(seconds=30),
     timedelta(minutes=2),
@@ -59,10 +62,17 @@ _ANSWER_KEYS = ("http_status", "success", "error_reason", "transaction", "transp
 
 
 def payment_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
-    """When the next try is due: backoff from the last submission (None if never submitted)."""
+    """When the next try is due: backoff from the last submission (None if never submitted).
+
+    The first resubmission is due at once when the first submission's answer is recorded
+    (the attempt left `recorded`): that call is over, nothing of ours is in flight, and
+    EIP-3009 lets at most one submission move the money. Only a first submission that may
+    still be running (its request died or is still waiting) waits the first step."""
     last = attempt.resubmitted_at or attempt.broadcast_started_at
     if last is None:
         return None
+    if attempt.resubmissions == 0 and attempt.state == PaymentAttempt.State.SETTLEMENT_PENDING:
+        return last
     return last + BACKOFF[min(attempt.resubmissions, len(BACKOFF) - 1)]
 
 

@@ -37,6 +37,7 @@ from purchases.services.quotes import quote_terms
 from purchases.services.resubmit import payment_resubmit_if_due
 from purchases.services.settlement_events import (
     payment_broadcast_record,
+    relayer_gap_notes_record,
     settlement_notes_take,
     settler_answers_record,
 )
@@ -91,6 +92,7 @@ def purchase_settle_attempt(
         now=now,
         known=known,
     )
+    relayer_gap_notes_record(purchase=purchase, outcome=outcome)
     return Settled(outcome, purchase, attempt)
 
 

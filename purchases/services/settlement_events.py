@@ -39,8 +39,10 @@ def settlement_notes_take(
 def payment_broadcast_record(
     *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
 ) -> None:
-    """The first broadcast, with how it went. Inside the caller's locked transaction."""
+    """The first broadcast, with how it went (and any relayer nonce gap closed before it).
+    Inside the caller's locked transaction."""
     started = attempt.broadcast_started_at
+    gap = outcome.evidence.get("relayer_gap_closed")
     event_record(
         subject=subjects.PAYMENT_BROADCAST,
         purchase=purchase,
@@ -54,6 +56,7 @@ def payment_broadcast_record(
             "relayer_nonce": attempt.relayer_nonce,
             "sent_at": started.isoformat() if started else None,
             "status": outcome.status.value,
+            **({"relayer_gap_closed": gap} if gap else {}),
         },
     )
 
@@ -146,3 +149,27 @@ def payment_drop_record(
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def relayer_gap_notes_record(*, purchase: Purchase, outcome: SettlementOutcome) -> None:
+    """On the timeline of each payment whose lost relayer transaction `purchase`'s broadcast
+    just re-sent or replaced (its nonce held up ours), say so. Call after that broadcast's
+    record committed: each note is its own short transaction, and no other purchase's row
+    is locked meanwhile (that could deadlock with a look-up recording it)."""
+    for closed in outcome.evidence.get("relayer_gap_closed") or ():
+        ids = closed.get("attempts") or []
+        for attempt in PaymentAttempt.objects.filter(pk__in=ids).exclude(purchase=purchase):
+            event_note(
+                subject=subjects.PAYMENT_RELAYER_GAP_CLOSED,
+                purchase=Purchase(pk=attempt.purchase_id),
+                actor=Actor.system("settlement"),
+                reason_code=closed["action"],
+                evidence={
+                    "attempt": attempt.pk,
+                    **rail_for(attempt.rail).describe(attempt=attempt),
+                    "tx_hash": attempt.tx_hash,
+                    "relayer_nonce": closed["nonce"],
+                    "sent_tx_hash": closed["tx_hash"],
+                    "before_purchase": purchase.ref,
+                },
+            )

@@ -85,6 +85,8 @@ FAULTS = [
     Fault("success_503", S.PENDING, "facilitator_bad_response", 1, True),
     Fault("truncated", S.PENDING, "facilitator_bad_response", 1, False),
     Fault("settlement_pending", S.PENDING, "settlement_pending", 1, True),
+    # The CDP facilitator's way of saying it: HTTP 500, success false, the hash (issue 18 #13).
+    Fault("settlement_pending_500", S.PENDING, "settlement_pending", 1, True),
     Fault(
         "invalid_transaction_state",
         S.PENDING,
@@ -322,6 +324,16 @@ def reply(status: int | None, document: object) -> HttpReply:
          "facilitator_unresolved:unspecified", None),
         (400, {"success": False, "errorReason": "invalid_signature"}, S.PENDING,
          "facilitator_bad_response", None),
+        (500, {"success": False, "errorReason": "settlement_pending", "transaction": TX},
+         S.PENDING, "settlement_pending", TX),
+        (503, {"success": False, "errorReason": "settlement_pending", "transaction": ""},
+         S.PENDING, "settlement_pending", None),
+        (500, {"success": True, "errorReason": "settlement_pending", "transaction": TX},
+         S.PENDING, "facilitator_bad_response", TX),
+        (500, {"success": False, "errorReason": "transaction_failed", "transaction": TX},
+         S.PENDING, "facilitator_bad_response", TX),
+        (400, {"success": False, "errorReason": "settlement_pending", "transaction": TX},
+         S.PENDING, "facilitator_bad_response", TX),
     ],
 )  # fmt: skip
 def test_settle_classification(
