@@ -154,6 +154,46 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
 }
 
 
+# The timeline's evidence is scoped like the pages: an evidence key that copies a field of a
+# record (a nonce, a job ref, a digest) shows on the timeline only to a role that sees that
+# field on that record's page (purchases.admin.case_file.timeline_rows). A key nested in an
+# answer ("answers.payload.authorization.nonce") is scoped by each part of its path. Keys not
+# named here (states, amounts, tx hashes, wallets, times, notes) show with the timeline.
+EVIDENCE_SOURCES: dict[str, tuple[str, str]] = {
+    # The relayer's own account nonce and raw transaction: superusers only.
+    "relayer_nonce": ("payments.paymentattempt", "relayer_nonce"),
+    "raw_transaction": ("payments.paymentattempt", "raw_transaction"),
+    # The signed authorization: its nonce and window are support's, its signature nobody's.
+    "nonce": ("payments.paymentattempt", "authorization_nonce"),
+    "signature": ("payments.paymentattempt", "authorization"),
+    "valid_before": ("payments.paymentattempt", "valid_before_at"),
+    "valid_after": ("payments.paymentattempt", "valid_before_at"),
+    "validBefore": ("payments.paymentattempt", "valid_before_at"),
+    "validAfter": ("payments.paymentattempt", "valid_before_at"),
+    "fingerprint": ("payments.paymentattempt", "fingerprint"),
+    "payment_id": ("payments.paymentattempt", "idempotency_record"),
+    "resubmission": ("payments.paymentattempt", "resubmissions"),
+    # The work: job refs, workers and the executor's words are support's.
+    "job_ref": ("fulfillment.executionattempt", "job_ref"),
+    "job_status": ("fulfillment.executionattempt", "state"),
+    "job_idempotency_key": ("fulfillment.executionattempt", "job_idempotency_key"),
+    "worker": ("fulfillment.executionattempt", "worker"),
+    "lease_expires_at": ("fulfillment.executionattempt", "lease_expires_at"),
+    "try": ("fulfillment.executionattempt", "tries"),
+    # The result's digest and where it is fetched: not finance's.
+    "sha256": ("purchases.purchase", "result_sha256"),
+    "result_sha256": ("purchases.purchase", "result_sha256"),
+    "body_sha256": ("purchases.purchase", "result_sha256"),
+    "size": ("purchases.purchase", "result_size"),
+    "kept_until": ("purchases.purchase", "result_expires_at"),
+    "url": ("purchases.purchase", "result_sha256"),
+    # The buyer's input and the request's fingerprint: support's.
+    "input": ("purchases.quote", "canonical_input"),
+    "input_hash": ("purchases.quote", "input_hash"),
+    "request_fingerprint": ("purchases.idempotencyrecord", "request_fingerprint"),
+}
+
+
 def _view_permissions(labels: list[str]) -> list[Permission]:
     query = Q()
     for label in labels:

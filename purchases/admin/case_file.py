@@ -10,9 +10,11 @@ authorization."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from django.apps import apps
 from django.http import HttpRequest
 from django.urls import reverse
 
@@ -27,6 +29,7 @@ from purchases.case_file import (
     relative,
 )
 from purchases.models import Escalation, Purchase, PurchaseEvent
+from purchases.roles import EVIDENCE_SOURCES
 from purchases.selectors import CaseRecords
 from purchases.services import case_actions
 from purchases.timeline import event_label, evidence_items, utc_seconds
@@ -90,7 +93,7 @@ def case_context(
             for a in allowed
         ],
         "case_strip": lifecycle_strip(purchase, records, scoping),
-        "case_timeline": timeline_rows(purchase)
+        "case_timeline": timeline_rows(purchase, evidence_shown(request))
         if role_scoping(request, PurchaseEvent).has_scope
         else [],
         "case_balance": prepaid_balance(purchase) if scoping.sees("case_balance") else None,
@@ -298,7 +301,32 @@ def _remedy_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str,
     return items or [_item("remedies", "none", field="case_remedy")]
 
 
-def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
+def evidence_shown(request: HttpRequest) -> Callable[[str], bool]:
+    """Whether the requester sees a (flattened) evidence key: each part of its path that
+    copies a record's field (purchases.roles.EVIDENCE_SOURCES) must be a field the role sees
+    on that record's page, as the role table scopes the pages themselves."""
+    timeline = role_scoping(request, PurchaseEvent)
+    scopings: dict[str, RoleScoping] = {}
+
+    def sees_source(part: str) -> bool:
+        source = EVIDENCE_SOURCES.get(part)
+        if source is None:
+            return True
+        label, name = source
+        if label not in scopings:
+            scopings[label] = role_scoping(request, apps.get_model(label))
+        return scopings[label].sees(name)
+
+    def shown(key: str) -> bool:
+        return timeline.sees("evidence") and all(sees_source(p) for p in key.split("."))
+
+    return shown
+
+
+def timeline_rows(
+    purchase: Purchase, shown: Callable[[str], bool] = lambda key: True
+) -> list[dict[str, Any]]:
+    """Every event in order; its evidence reduced to the keys `shown` lets the role see."""
     return [
         {
             "pk": event.pk,
@@ -312,7 +340,11 @@ def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
             if event.from_state and event.to_state and event.from_state != event.to_state
             else event.to_state,
             "reason_code": event.reason_code,
-            "evidence": evidence_items(event.evidence, amount=lambda a: money(a, purchase)),
+            "evidence": [
+                (key, value)
+                for key, value in evidence_items(event.evidence, amount=lambda a: money(a, purchase))
+                if shown(key)
+            ],
         }
         for event in purchase.events.order_by("created_at", "pk")
     ]
