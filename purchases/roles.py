@@ -43,7 +43,10 @@ NEVER_SHOWN: dict[str, frozenset[str]] = {
 }
 
 _PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail created_at updated_at"
-_PURCHASE_MONEY = "amount amount_human asset network paid_at payment_attempts__tx_hash"
+_PURCHASE_MONEY = (
+    "amount amount_human asset network paid_at payment_attempts__tx_hash "
+    "payment_attempts__payer refunds__transaction refunds__paid_reference refunds__payer"
+)
 _PURCHASE_STATE = "payment_state fulfillment_state reason_code"
 # The purchase list's queues (list filters, by their URL parameter).
 _PURCHASE_QUEUES = "open_escalation refund_owed stuck buyer_ref payer_wallet"
@@ -92,9 +95,9 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchaseevent": _scope(_TIMELINE),
         "purchases.escalation": _scope(
             "pk purchase purchase__ref owner reason_code details deadline_at deadline_utc "
-            "is_overdue note assigned_by assigned_at state created_at resolved_at resolved_by "
-            "resolution_code resolution",
-            actions="resolve_selected",
+            "is_overdue note assignee assigned_by assigned_at state created_at resolved_at "
+            "resolved_by resolution_code resolution",
+            actions="resolve_selected assign_to_me",
         ),
         "purchases.quote": _scope(
             "pk public_id offering buyer buyer__ref purchase__ref quote_key canonical_input "

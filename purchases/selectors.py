@@ -434,13 +434,38 @@ SEARCH_MATCHES_MAX = 1000
 
 
 # What a purchase search can look at, named as the admin's search fields (role-scoped).
-SEARCH_KINDS = ("ref", "buyer__ref", "payer", "payment_attempts__tx_hash")
+SEARCH_KINDS = (
+    "ref",
+    "buyer__ref",
+    "payer",
+    "payment_attempts__tx_hash",
+    "payment_attempts__payer",
+    "refunds__transaction",
+    "refunds__paid_reference",
+    "refunds__payer",
+)
+
+
+def _touched_arms(hex_term: str, kinds: set[str]) -> list[Any]:
+    """Every tx hash and wallet a purchase touched besides its payer: each attempt's tx hash
+    and payer (a second authorization may come from another wallet), the transfer a refund
+    returns (a late or duplicate one), its pay-back's hash and the wallet it is owed to."""
+    paid_back = Refund.objects.alias(reference_lower=Lower("paid_reference"))
+    candidates = {
+        "payment_attempts__tx_hash": PaymentAttempt.objects.filter(tx_hash=hex_term),
+        "payment_attempts__payer": PaymentAttempt.objects.filter(payer=hex_term),
+        "refunds__transaction": Refund.objects.filter(transaction=hex_term),
+        "refunds__paid_reference": paid_back.filter(reference_lower=hex_term),
+        "refunds__payer": Refund.objects.filter(payer=hex_term),
+    }
+    return [q.values("purchase_id") for kind, q in candidates.items() if kind in kinds]
 
 
 def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> list[int]:
     """The purchases an exact support search names: purchase ref, buyer ref, payment id,
-    transaction hash or payer wallet, as far as `kinds` (what the searcher may see) allows;
-    a payment id goes with the ref. One query, each arm an index lookup.
+    any transaction hash or wallet it touched (`_touched_arms`), as far as `kinds` (what the
+    searcher may see) allows; a payment id goes with the ref. One query, each arm an index
+    lookup.
 
     The term is normalised, not the column: hex (wallets, hashes) is matched lower-case, as
     stored; refs and payment ids are case-sensitive and matched as typed. A payment id past
@@ -470,8 +495,8 @@ def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> li
             .filter(payer_lower=hex_term)
             .values("pk")
         )
-    if hex_term is not None and "payment_attempts__tx_hash" in kinds:
-        arms.append(PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"))
+    if hex_term is not None:
+        arms += _touched_arms(hex_term, kinds)
     if not arms:
         return []
     first, *rest = arms

@@ -195,6 +195,16 @@ def _attempt_note(attempt: PaymentAttempt) -> str:
     return ""
 
 
+def attempt_transfer_note(attempt: PaymentAttempt) -> str:
+    """'late transfer: refund owed': a failed attempt whose money landed after all (or a
+    second transfer for a paid purchase) is not only "failed" wherever the attempt shows."""
+    reasons = {r.reason_code: r.state for r in attempt.refunds.all()}
+    for reason, words in (("duplicate_settlement", "duplicate"), ("late_settlement", "late")):
+        if reason in reasons:
+            return f"{words} transfer: refund {reasons[reason]}"
+    return "-"
+
+
 def _authorize_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
     items = []
     for attempt in records.attempts:
@@ -342,7 +352,9 @@ def timeline_rows(
             "reason_code": event.reason_code,
             "evidence": [
                 (key, value)
-                for key, value in evidence_items(event.evidence, amount=lambda a: money(a, purchase))
+                for key, value in evidence_items(
+                    event.evidence, amount=lambda a: money(a, purchase)
+                )
                 if shown(key)
             ],
         }

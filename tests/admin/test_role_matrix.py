@@ -170,6 +170,7 @@ MARKS = [
     # The case file's assignment: support's.
     _m("purchases.escalation", "note", "mark-escalation-note", SU),
     _m("purchases.escalation", "assigned_by", "mark-assigned-by", SU),
+    _m("purchases.escalation", "assignee", "mark-assignee", SU),
     _m("purchases.escalation", "resolution_code", "mark_resolution_code", SU),
     _m("purchases.idempotencyrecord", "key", "mark-idem-key", SU),
     _m("purchases.idempotencyrecord", "principal", "mark-principal", SU),
@@ -314,6 +315,7 @@ def _seed() -> dict[str, Model]:
                 "reason_code",
                 "note",
                 "assigned_by",
+                "assignee",
                 "resolution_code",
             )
         },
@@ -602,6 +604,7 @@ ACTIONS = [
     Action(Refund, "mark_paid_back", FU),
     Action(Refund, "export_csv", FU),
     Action(Escalation, "resolve_selected", SU),
+    Action(Escalation, "assign_to_me", SU),
     Action(Buyer, "issue_api_key", ONLY_SUPERUSER),
     Action(Buyer, "delete_selected", ONLY_SUPERUSER),
     Action(Offering, "delete_selected", ONLY_SUPERUSER),
