@@ -93,6 +93,13 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
                 condition=Q(state__in=PENDING_ATTEMPT_STATES),
                 name="attempt_pending_scale",
             ),
+            # The case file names a relayer nonce gap below a pending settlement: a short
+            # range of our relayer's nonces, read by index (purchases.selectors).
+            models.Index(
+                fields=["network", "relayer_nonce"],
+                condition=Q(relayer_nonce__isnull=False),
+                name="attempt_relayer_nonce_scale",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

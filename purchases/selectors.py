@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Lower, TruncDate
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
@@ -20,8 +20,18 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
-from payments.models import PaymentAttempt, Refund
-from purchases.case_file import DUPLICATE, LATE, CaseFacts, EscalationFact, RefundFact
+from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Refund
+from purchases.case_checks import HEAL_EVERY
+from purchases.case_file import (
+    DUPLICATE,
+    LATE,
+    CaseFacts,
+    EscalationFact,
+    ExecutionFact,
+    RefundFact,
+    RelayerGapFact,
+)
+from purchases.event_subjects import EXECUTION_RETRIED
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.services.idempotency import payment_id_hash
 
@@ -322,6 +332,8 @@ def purchase_case_facts(
     # While a settlement is pending, reconciliation keeps the attempt's reason current (the
     # purchase's is the one it was parked with): the case reads the fresher one.
     reason_code = (pending[-1].reason_code if pending else "") or purchase.reason_code
+    live = pending[-1] if pending else None
+    tb = settings.TOLLBOOTH
     return CaseFacts(
         payment_state=str(purchase.payment_state),
         fulfillment_state=str(purchase.fulfillment_state),
@@ -343,6 +355,90 @@ def purchase_case_facts(
             EscalationFact(e.pk, e.owner, e.reason_code, e.deadline_at) for e in open_escalations
         ),
         refunds=tuple(RefundFact(r.pk, r.state, r.reason_code, r.amount) for r in records.refunds),
+        settlement_grace=tb["SETTLEMENT_GRACE"],
+        pending_created_at=live.created_at if live else None,
+        pending_broadcast_at=live.broadcast_started_at if live else None,
+        pending_tx_hash=(live.tx_hash or "") if live else "",
+        settlement_escalates_at=(live.broadcast_started_at or live.created_at)
+        + tb["RECONCILIATION_DEADLINE"]
+        if live
+        else None,
+        relayer_gap=_relayer_gap(live, now) if live else None,
+        void_sweep_at=_void_sweep_at(purchase, attempts),
+        execution=_execution_fact(purchase, live_execution),
+    )
+
+
+def _void_sweep_at(purchase: Purchase, attempts: Iterable[PaymentAttempt]) -> datetime | None:
+    """From when finalize_failed_purchases may mark a failed purchase void: FAILED_FINAL_AFTER
+    after it failed, and not before every authorization's window closed (its own rule)."""
+    if purchase.payment_state != PAY.FAILED:
+        return None
+    at = purchase.updated_at + settings.TOLLBOOTH["FAILED_FINAL_AFTER"]
+    windows = [a.valid_before_at for a in attempts if a.rail == "x402" and a.valid_before_at]
+    return max([at, *windows])
+
+
+RELAYER_GAP_SPAN = 256
+
+
+def _relayer_gap(attempt: PaymentAttempt, now: datetime) -> RelayerGapFact | None:
+    """An earlier relayer nonce of ours on the same network that may never have been mined:
+    a dropped transaction whose authorization then expired (its nonce left unused) or a
+    nonce handed out and never sent. The heal job fills such a gap within its interval, so
+    only one older than that is no longer named."""
+    if attempt.relayer_nonce is None:
+        return None
+    heal_every = HEAL_EVERY
+    below = (
+        PaymentAttempt.objects.filter(
+            network=attempt.network,
+            # A short range of nonces just below ours (by index): a gap far below would
+            # have stalled everything long ago and been healed.
+            relayer_nonce__lt=attempt.relayer_nonce,
+            relayer_nonce__gte=max(attempt.relayer_nonce - RELAYER_GAP_SPAN, 0),
+            updated_at__gte=now - heal_every,
+        )
+        .filter(
+            Q(state=PaymentAttempt.State.FAILED, reason_code="authorization_expired_unused")
+            | Q(state__in=PENDING_ATTEMPT_STATES, raw_transaction="")
+        )
+        .order_by("relayer_nonce")
+        .values_list("pk", "relayer_nonce", "updated_at")
+        .first()
+    )
+    if below is None:
+        return None
+    pk, nonce, updated_at = below
+    return RelayerGapFact(pk, nonce, attempt.relayer_nonce, updated_at + heal_every)
+
+
+def _execution_fact(purchase: Purchase, run: ExecutionAttempt | None) -> ExecutionFact | None:
+    """The live execution, with its latest try that ended unknown (one read, only while
+    running): the worker holds such work over the backoff, it is not simply "running"."""
+    if run is None:
+        return None
+    retried = (
+        purchase.events.filter(subject=EXECUTION_RETRIED, evidence__attempt=run.pk)
+        .order_by("-pk")
+        .values_list("evidence", "created_at")
+        .first()
+    )
+    fact = ExecutionFact(
+        worker=run.worker,
+        tries=run.tries,
+        max_tries=int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]),
+        give_up_at=run.started_at + settings.TOLLBOOTH["EXECUTION_DEADLINE"],
+    )
+    if retried is None:
+        return fact
+    evidence, at = retried
+    retry_in = timedelta(seconds=float(evidence.get("retry_in_seconds") or 0))
+    return replace(
+        fact,
+        failed_tries=int(evidence.get("try") or 0),
+        last_error=str(evidence.get("error") or ""),
+        retry_at=at + retry_in,
     )
 
 

@@ -5,7 +5,7 @@ from core.indexes import AddIndexOnline
 
 
 class Migration(migrations.Migration):
-    # CREATE INDEX CONCURRENTLY: the refund table stays writable while it is indexed.
+    # CREATE INDEX CONCURRENTLY: the tables stay writable while it is indexed.
     atomic = False
 
     dependencies = [
@@ -13,6 +13,14 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        AddIndexOnline(
+            model_name="paymentattempt",
+            index=models.Index(
+                condition=models.Q(("relayer_nonce__isnull", False)),
+                fields=["network", "relayer_nonce"],
+                name="attempt_relayer_nonce_scale",
+            ),
+        ),
         AddIndexOnline(
             model_name="refund",
             index=models.Index(fields=["transaction"], name="refund_transaction_scale"),

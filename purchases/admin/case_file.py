@@ -83,6 +83,9 @@ def case_context(
         "case_deadline_utc": utc_seconds(case.deadline_at),
         "case_deadline_relative": relative(case.deadline_at, now),
         "case_changes_until_utc": utc_seconds(case.changes_until),
+        "case_next_check_utc": utc_seconds(case.next_check_at),
+        "case_next_check_relative": relative(case.next_check_at, now),
+        "case_links": case_links(request, purchase, case),
         "case_actions": [
             {
                 "name": a.value,
@@ -98,6 +101,26 @@ def case_context(
         else [],
         "case_balance": prepaid_balance(purchase) if scoping.sees("case_balance") else None,
     }
+
+
+def case_links(request: HttpRequest, purchase: Purchase, case: Case) -> list[dict[str, str]]:
+    """Records a person opens to act, beside the actions: an owed refund, for finance on the
+    owed list narrowed to this purchase (where it is marked paid back), for support on its
+    page. Only for a role that sees refunds."""
+    refunds = role_scoping(request, Refund)
+    if not refunds.has_scope:
+        return []
+    links = []
+    for link in case.links:
+        pk = link.removeprefix("refund:")
+        if refunds.may_run("mark_paid_back"):
+            url = reverse("admin:payments_refund_changelist") + f"?state=owed&q={purchase.ref}"
+            label = f"Pay back refund {pk} (owed), then mark it paid back"
+        else:
+            url = reverse("admin:payments_refund_change", args=[pk])
+            label = f"Refund {pk} (owed: finance pays it back)"
+        links.append({"name": f"refund-{pk}", "label": label, "url": url})
+    return links
 
 
 def _notes(case: Case, escalations: RoleScoping) -> list[str]:
