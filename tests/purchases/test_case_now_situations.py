@@ -40,7 +40,7 @@ GIVE_UP = FIRST_TRY + 2 * H  # EXECUTION_DEADLINE
 RETRY_DUE = NOW + 30 * S
 
 
-def _facts(payment: str, fulfillment: str = "not_started", **kw: object) -> CaseFacts:
+def _facts(payment: str, fulfillment: str = "not_started", /, **kw: object) -> CaseFacts:
     """A purchase at a moment of a situation; defaults as the demo's settings make them."""
     base = CaseFacts(
         payment_state=payment,
@@ -65,7 +65,7 @@ def _pending(**kw: object) -> CaseFacts:
         next_check_at=NOW + 10 * S, settlement_escalates_at=BROADCAST_AT + 6 * H,
         valid_before_at=NOW + 4 * MIN, landable_valid_before_at=NOW + 4 * MIN,
     )  # fmt: skip
-    return _facts("settlement_pending", **{**args, **kw})
+    return _facts("settlement_pending", "not_started", **{**args, **kw})
 
 
 def _running(**kw: object) -> CaseFacts:
