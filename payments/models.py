@@ -6,6 +6,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Lower
 from django_fsm import FSMField, transition
 
 from core.prepared import PreparedTransitionMixin
@@ -93,7 +94,8 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
                 name="attempt_pending_scale",
             ),
             # A settlement that finds a nonce gap below its own looks up which of our
-            # transactions held those nonces (payments.x402.relayer.relayer_gap_close).
+            # transactions held those nonces (payments.x402.relayer.relayer_gap_close); the
+            # case file names such a gap below a pending settlement (purchases.selectors).
             models.Index(
                 fields=["network", "relayer_nonce"],
                 condition=Q(relayer_nonce__isnull=False),
@@ -246,6 +248,12 @@ class Refund(PreparedTransitionMixin, models.Model):
             # The refund CSV's order: its first row streams at once instead of after a sort
             # of every refund (7.5 s at a million).
             models.Index(fields=["created_at", "id"], name="refund_export_order"),
+            # Support searches purchases by what a complaint names: the transfer refunded,
+            # the pay-back's hash (as finance typed it: matched lower-case) and the wallet
+            # owed (purchases.selectors.purchase_search_ids).
+            models.Index(fields=["transaction"], name="refund_transaction_scale"),
+            models.Index(Lower("paid_reference"), name="refund_paid_reference_lower"),
+            models.Index(fields=["payer"], name="refund_payer_scale"),
         ]
 
     @transition(field=state, source=State.PROPOSED, target=State.OWED)

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from core.errors import ErrorCode, Owner
+from purchases.case_checks import case_said
 
 ANY = "*"
 
@@ -47,8 +48,13 @@ class Deadline(StrEnum):
 
     QUOTE_EXPIRY = "quote_expiry"  # the quote's expiry
     NEXT_CHECK = "next_check"  # the pending attempt's next reconciliation look-up
+    # A pending settlement: reconciliation resolves it by RECONCILIATION_DEADLINE from its
+    # broadcast, or escalates it (purchases.services.reconcile._escalate_if_overdue).
+    SETTLEMENT_ESCALATION = "settlement_escalation"
     AUTHORIZATION_WINDOW = "authorization_window"  # the authorization's validBefore
-    FAILED_FINAL = "failed_final"  # when a failure becomes final (void)
+    # A failure: until when it can still change (a new payment for its open quote, or an
+    # authorization it received that is unspent and still valid); final after.
+    FAILED_FINAL = "failed_final"
     EXECUTION_CHECK = "execution_check"  # lease expiry (running) or sweep (queued)
     RESULT_RETENTION = "result_retention"  # the stored result's expiry
     ESCALATION = "escalation"  # the earliest open escalation's deadline
@@ -337,6 +343,38 @@ class CaseFacts:
     result_delivered_at: datetime | None = None
     escalations: tuple[EscalationFact, ...] = ()  # open ones
     refunds: tuple[RefundFact, ...] = ()
+    # What the jobs read to decide their next move (purchases.case_checks says it).
+    settlement_grace: timedelta = timedelta(0)
+    pending_created_at: datetime | None = None
+    pending_broadcast_at: datetime | None = None  # the pending attempt's broadcast, if sent
+    pending_tx_hash: str = ""
+    settlement_escalates_at: datetime | None = None  # broadcast + RECONCILIATION_DEADLINE
+    relayer_gap: RelayerGapFact | None = None
+    void_sweep_at: datetime | None = None  # from when the finalize sweep may mark it void
+    execution: ExecutionFact | None = None  # the live (running) execution
+
+
+@dataclass(frozen=True)
+class ExecutionFact:
+    worker: str
+    tries: int  # tries started, counted in the database across workers
+    max_tries: int
+    give_up_at: datetime  # the first try + EXECUTION_DEADLINE: unknown and escalated after
+    # The latest try that ended with the outcome unknown (its timeline event), if any.
+    failed_tries: int = 0
+    last_error: str = ""
+    retry_at: datetime | None = None  # when that retry is due (the lease covers the backoff)
+
+
+@dataclass(frozen=True)
+class RelayerGapFact:
+    """An earlier transaction of our relayer that may never have been mined: a later one
+    (this purchase's) waits behind its nonce until the relayer heal fills it."""
+
+    attempt_id: int
+    relayer_nonce: int
+    ours: int  # this purchase's pending attempt's relayer nonce
+    heal_by: datetime  # the heal job's next run at the latest
 
 
 @dataclass(frozen=True)
@@ -358,6 +396,11 @@ class Case:
     # A refund owed and not yet paid back: the purchase may be final (settled) while its
     # remedy is still open, and the page says both.
     refund_open: bool = False
+    # The next automatic check that can move it, and what it is (none once final, or when
+    # only a person can move it).
+    next_check_at: datetime | None = None
+    next_check: str = ""
+    links: tuple[str, ...] = ()  # records to open (an owed refund), by kind: "refund:<pk>"
 
     @property
     def is_final(self) -> bool:
@@ -397,13 +440,12 @@ def _deadline(row: Row, facts: CaseFacts) -> datetime | None:
     if source == Deadline.QUOTE_EXPIRY:
         return facts.quote_expires_at
     if source == Deadline.NEXT_CHECK:
-        return facts.next_check_at
+        return facts.settlement_escalates_at or facts.next_check_at or _first_look_up(facts)
     if source == Deadline.AUTHORIZATION_WINDOW:
         return facts.valid_before_at or facts.next_check_at
-    if source == Deadline.FAILED_FINAL:
-        final_at = facts.updated_at + facts.failed_final_after
-        return max(final_at, facts.valid_before_at) if facts.valid_before_at else final_at
     if source == Deadline.EXECUTION_CHECK:
+        if facts.fulfillment_state == "running" and facts.execution is not None:
+            return facts.execution.give_up_at
         if facts.fulfillment_state == "running" and facts.lease_expires_at:
             return facts.lease_expires_at
         return facts.updated_at + facts.sweep_grace
@@ -411,10 +453,16 @@ def _deadline(row: Row, facts: CaseFacts) -> datetime | None:
         return facts.result_expires_at
     if source == Deadline.ESCALATION and facts.escalations:
         return min(e.deadline_at for e in facts.escalations)
-    if source == Deadline.STILL_PAYABLE:
+    if source in (Deadline.STILL_PAYABLE, Deadline.FAILED_FINAL):
         window = facts.landable_valid_before_at
         return max(facts.quote_expires_at, window) if window else facts.quote_expires_at
     return None
+
+
+def _first_look_up(facts: CaseFacts) -> datetime | None:
+    """An attempt with no look-up scheduled yet is reconciliation's after the grace."""
+    created = facts.pending_created_at
+    return created + facts.settlement_grace if created else None
 
 
 def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
@@ -486,7 +534,7 @@ def _still_payable_overlay(
     """After a late transfer only a new payment for its quote, or an authorization it
     received and not yet spent, can change the failure. Once neither can, it is final
     and nobody waits on the buyer (the sweep only relabels it void later)."""
-    if row.deadline != Deadline.STILL_PAYABLE:
+    if row.deadline not in (Deadline.STILL_PAYABLE, Deadline.FAILED_FINAL):
         return
     if row_deadline_at is not None and row_deadline_at > now:
         now_.notes.append(
@@ -495,7 +543,7 @@ def _still_payable_overlay(
         )
         return
     now_.finality, now_.final_after_at = Finality.FINAL, None
-    if now_.deadline_source == Deadline.STILL_PAYABLE:
+    if now_.deadline_source in (Deadline.STILL_PAYABLE, Deadline.FAILED_FINAL):
         now_.no_deadline()
     if now_.owner == Owner.BUYER:
         now_.owner = Owner.NONE
@@ -571,8 +619,12 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         now_.no_deadline()  # a source with nothing to read (no escalation open) is no deadline
     actions = tuple(a for a in dict.fromkeys(now_.candidates) if _is_safe(a, facts, now))
     reasons = {r.reason_code for r in facts.refunds if r.state != "declined"}
+    said = case_said(facts, owner=now_.owner, is_final=now_.finality == Finality.FINAL, now=now)
+    if now_.deadline_source == Deadline.NEXT_CHECK and facts.settlement_escalates_at:
+        now_.deadline_source = Deadline.SETTLEMENT_ESCALATION
+    owed = tuple(f"refund:{r.pk}" for r in facts.refunds if r.state == "owed")
     return Case(
-        sentence=row.sentence,
+        sentence=said.sentence or row.sentence,
         owner=now_.owner,
         deadline_at=now_.deadline_at,
         deadline_source=now_.deadline_source,
@@ -581,10 +633,13 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         row=row,
         late_transfer=LATE in reasons,
         duplicate_transfer=DUPLICATE in reasons,
-        notes=tuple(now_.notes),
+        notes=(*now_.notes, *said.notes),
         final_after_at=now_.final_after_at,
         escalation_reason=escalation_reason,
-        refund_open=any(r.state == "owed" for r in facts.refunds),
+        refund_open=bool(owed),
+        next_check_at=said.next_check_at,
+        next_check=said.next_check if said.next_check_at else "",
+        links=owed,
     )
 
 

@@ -387,6 +387,8 @@ class Escalation(PreparedTransitionMixin, models.Model):
     note = models.TextField(blank=True)
     assigned_by = models.CharField(max_length=150, blank=True)
     assigned_at = models.DateTimeField(null=True, blank=True)
+    # The person (a staff username) working it now, besides the owning role: "assign to me".
+    assignee = models.CharField(max_length=150, blank=True, db_index=True)
     # Told to a person once (see purchases/services/alerts.py): claimed, then delivered.
     alert_claimed_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)

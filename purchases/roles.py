@@ -43,7 +43,10 @@ NEVER_SHOWN: dict[str, frozenset[str]] = {
 }
 
 _PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail created_at updated_at"
-_PURCHASE_MONEY = "amount amount_human asset network paid_at payment_attempts__tx_hash"
+_PURCHASE_MONEY = (
+    "amount amount_human asset network paid_at payment_attempts__tx_hash "
+    "payment_attempts__payer refunds__transaction refunds__paid_reference refunds__payer"
+)
 _PURCHASE_STATE = "payment_state fulfillment_state reason_code"
 # The purchase list's queues (list filters, by their URL parameter).
 _PURCHASE_QUEUES = "open_escalation refund_owed stuck buyer_ref payer_wallet"
@@ -92,9 +95,9 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchaseevent": _scope(_TIMELINE),
         "purchases.escalation": _scope(
             "pk purchase purchase__ref owner reason_code details deadline_at deadline_utc "
-            "is_overdue note assigned_by assigned_at state created_at resolved_at resolved_by "
-            "resolution_code resolution",
-            actions="resolve_selected",
+            "is_overdue note assignee assigned_by assigned_at state created_at resolved_at "
+            "resolved_by resolution_code resolution",
+            actions="resolve_selected assign_to_me",
         ),
         "purchases.quote": _scope(
             "pk public_id offering buyer buyer__ref purchase__ref quote_key canonical_input "
@@ -151,6 +154,46 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
             "last_created_at sha256"
         ),
     },
+}
+
+
+# The timeline's evidence is scoped like the pages: an evidence key that copies a field of a
+# record (a nonce, a job ref, a digest) shows on the timeline only to a role that sees that
+# field on that record's page (purchases.admin.case_file.timeline_rows). A key nested in an
+# answer ("answers.payload.authorization.nonce") is scoped by each part of its path. Keys not
+# named here (states, amounts, tx hashes, wallets, times, notes) show with the timeline.
+EVIDENCE_SOURCES: dict[str, tuple[str, str]] = {
+    # The relayer's own account nonce and raw transaction: superusers only.
+    "relayer_nonce": ("payments.paymentattempt", "relayer_nonce"),
+    "raw_transaction": ("payments.paymentattempt", "raw_transaction"),
+    # The signed authorization: its nonce and window are support's, its signature nobody's.
+    "nonce": ("payments.paymentattempt", "authorization_nonce"),
+    "signature": ("payments.paymentattempt", "authorization"),
+    "valid_before": ("payments.paymentattempt", "valid_before_at"),
+    "valid_after": ("payments.paymentattempt", "valid_before_at"),
+    "validBefore": ("payments.paymentattempt", "valid_before_at"),
+    "validAfter": ("payments.paymentattempt", "valid_before_at"),
+    "fingerprint": ("payments.paymentattempt", "fingerprint"),
+    "payment_id": ("payments.paymentattempt", "idempotency_record"),
+    "resubmission": ("payments.paymentattempt", "resubmissions"),
+    # The work: job refs, workers and the executor's words are support's.
+    "job_ref": ("fulfillment.executionattempt", "job_ref"),
+    "job_status": ("fulfillment.executionattempt", "state"),
+    "job_idempotency_key": ("fulfillment.executionattempt", "job_idempotency_key"),
+    "worker": ("fulfillment.executionattempt", "worker"),
+    "lease_expires_at": ("fulfillment.executionattempt", "lease_expires_at"),
+    "try": ("fulfillment.executionattempt", "tries"),
+    # The result's digest and where it is fetched: not finance's.
+    "sha256": ("purchases.purchase", "result_sha256"),
+    "result_sha256": ("purchases.purchase", "result_sha256"),
+    "body_sha256": ("purchases.purchase", "result_sha256"),
+    "size": ("purchases.purchase", "result_size"),
+    "kept_until": ("purchases.purchase", "result_expires_at"),
+    "url": ("purchases.purchase", "result_sha256"),
+    # The buyer's input and the request's fingerprint: support's.
+    "input": ("purchases.quote", "canonical_input"),
+    "input_hash": ("purchases.quote", "input_hash"),
+    "request_fingerprint": ("purchases.idempotencyrecord", "request_fingerprint"),
 }
 
 

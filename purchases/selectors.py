@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.db.models.functions import Lower, TruncDate
 from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
@@ -20,8 +20,18 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
-from payments.models import PaymentAttempt, Refund
-from purchases.case_file import DUPLICATE, LATE, CaseFacts, EscalationFact, RefundFact
+from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Refund
+from purchases.case_checks import HEAL_EVERY
+from purchases.case_file import (
+    DUPLICATE,
+    LATE,
+    CaseFacts,
+    EscalationFact,
+    ExecutionFact,
+    RefundFact,
+    RelayerGapFact,
+)
+from purchases.event_subjects import EXECUTION_RETRIED
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.services.idempotency import payment_id_hash
 
@@ -349,6 +359,8 @@ def purchase_case_facts(
     # While a settlement is pending, reconciliation keeps the attempt's reason current (the
     # purchase's is the one it was parked with): the case reads the fresher one.
     reason_code = (pending[-1].reason_code if pending else "") or purchase.reason_code
+    live = pending[-1] if pending else None
+    tb = settings.TOLLBOOTH
     return CaseFacts(
         payment_state=str(purchase.payment_state),
         fulfillment_state=str(purchase.fulfillment_state),
@@ -370,6 +382,90 @@ def purchase_case_facts(
             EscalationFact(e.pk, e.owner, e.reason_code, e.deadline_at) for e in open_escalations
         ),
         refunds=tuple(RefundFact(r.pk, r.state, r.reason_code, r.amount) for r in records.refunds),
+        settlement_grace=tb["SETTLEMENT_GRACE"],
+        pending_created_at=live.created_at if live else None,
+        pending_broadcast_at=live.broadcast_started_at if live else None,
+        pending_tx_hash=(live.tx_hash or "") if live else "",
+        settlement_escalates_at=(live.broadcast_started_at or live.created_at)
+        + tb["RECONCILIATION_DEADLINE"]
+        if live
+        else None,
+        relayer_gap=_relayer_gap(live, now) if live else None,
+        void_sweep_at=_void_sweep_at(purchase, attempts),
+        execution=_execution_fact(purchase, live_execution),
+    )
+
+
+def _void_sweep_at(purchase: Purchase, attempts: Iterable[PaymentAttempt]) -> datetime | None:
+    """From when finalize_failed_purchases may mark a failed purchase void: FAILED_FINAL_AFTER
+    after it failed, and not before every authorization's window closed (its own rule)."""
+    if purchase.payment_state != PAY.FAILED:
+        return None
+    at = purchase.updated_at + settings.TOLLBOOTH["FAILED_FINAL_AFTER"]
+    windows = [a.valid_before_at for a in attempts if a.rail == "x402" and a.valid_before_at]
+    return max([at, *windows])
+
+
+RELAYER_GAP_SPAN = 256
+
+
+def _relayer_gap(attempt: PaymentAttempt, now: datetime) -> RelayerGapFact | None:
+    """An earlier relayer nonce of ours on the same network that may never have been mined:
+    a dropped transaction whose authorization then expired (its nonce left unused) or a
+    nonce handed out and never sent. The heal job fills such a gap within its interval, so
+    only one older than that is no longer named."""
+    if attempt.relayer_nonce is None:
+        return None
+    heal_every = HEAL_EVERY
+    below = (
+        PaymentAttempt.objects.filter(
+            network=attempt.network,
+            # A short range of nonces just below ours (by index): a gap far below would
+            # have stalled everything long ago and been healed.
+            relayer_nonce__lt=attempt.relayer_nonce,
+            relayer_nonce__gte=max(attempt.relayer_nonce - RELAYER_GAP_SPAN, 0),
+            updated_at__gte=now - heal_every,
+        )
+        .filter(
+            Q(state=PaymentAttempt.State.FAILED, reason_code="authorization_expired_unused")
+            | Q(state__in=PENDING_ATTEMPT_STATES, raw_transaction="")
+        )
+        .order_by("relayer_nonce")
+        .values_list("pk", "relayer_nonce", "updated_at")
+        .first()
+    )
+    if below is None:
+        return None
+    pk, nonce, updated_at = below
+    return RelayerGapFact(pk, nonce, attempt.relayer_nonce, updated_at + heal_every)
+
+
+def _execution_fact(purchase: Purchase, run: ExecutionAttempt | None) -> ExecutionFact | None:
+    """The live execution, with its latest try that ended unknown (one read, only while
+    running): the worker holds such work over the backoff, it is not simply "running"."""
+    if run is None:
+        return None
+    retried = (
+        purchase.events.filter(subject=EXECUTION_RETRIED, evidence__attempt=run.pk)
+        .order_by("-pk")
+        .values_list("evidence", "created_at")
+        .first()
+    )
+    fact = ExecutionFact(
+        worker=run.worker,
+        tries=run.tries,
+        max_tries=int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]),
+        give_up_at=run.started_at + settings.TOLLBOOTH["EXECUTION_DEADLINE"],
+    )
+    if retried is None:
+        return fact
+    evidence, at = retried
+    retry_in = timedelta(seconds=float(evidence.get("retry_in_seconds") or 0))
+    return replace(
+        fact,
+        failed_tries=int(evidence.get("try") or 0),
+        last_error=str(evidence.get("error") or ""),
+        retry_at=at + retry_in,
     )
 
 
@@ -461,13 +557,38 @@ SEARCH_MATCHES_MAX = 1000
 
 
 # What a purchase search can look at, named as the admin's search fields (role-scoped).
-SEARCH_KINDS = ("ref", "buyer__ref", "payer", "payment_attempts__tx_hash")
+SEARCH_KINDS = (
+    "ref",
+    "buyer__ref",
+    "payer",
+    "payment_attempts__tx_hash",
+    "payment_attempts__payer",
+    "refunds__transaction",
+    "refunds__paid_reference",
+    "refunds__payer",
+)
+
+
+def _touched_arms(hex_term: str, kinds: set[str]) -> list[Any]:
+    """Every tx hash and wallet a purchase touched besides its payer: each attempt's tx hash
+    and payer (a second authorization may come from another wallet), the transfer a refund
+    returns (a late or duplicate one), its pay-back's hash and the wallet it is owed to."""
+    paid_back = Refund.objects.alias(reference_lower=Lower("paid_reference"))
+    candidates = {
+        "payment_attempts__tx_hash": PaymentAttempt.objects.filter(tx_hash=hex_term),
+        "payment_attempts__payer": PaymentAttempt.objects.filter(payer=hex_term),
+        "refunds__transaction": Refund.objects.filter(transaction=hex_term),
+        "refunds__paid_reference": paid_back.filter(reference_lower=hex_term),
+        "refunds__payer": Refund.objects.filter(payer=hex_term),
+    }
+    return [q.values("purchase_id") for kind, q in candidates.items() if kind in kinds]
 
 
 def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> list[int]:
     """The purchases an exact support search names: purchase ref, buyer ref, payment id,
-    transaction hash or payer wallet, as far as `kinds` (what the searcher may see) allows;
-    a payment id goes with the ref. One query, each arm an index lookup.
+    any transaction hash or wallet it touched (`_touched_arms`), as far as `kinds` (what the
+    searcher may see) allows; a payment id goes with the ref. One query, each arm an index
+    lookup.
 
     The term is normalised, not the column: hex (wallets, hashes) is matched lower-case, as
     stored; refs and payment ids are case-sensitive and matched as typed. A payment id past
@@ -497,8 +618,8 @@ def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> li
             .filter(payer_lower=hex_term)
             .values("pk")
         )
-    if hex_term is not None and "payment_attempts__tx_hash" in kinds:
-        arms.append(PaymentAttempt.objects.filter(tx_hash=hex_term).values("purchase_id"))
+    if hex_term is not None:
+        arms += _touched_arms(hex_term, kinds)
     if not arms:
         return []
     first, *rest = arms

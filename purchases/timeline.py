@@ -183,6 +183,10 @@ def evidence_items(
         elif key in UNIX_TIME_KEYS and _is_unix_seconds(value):
             seconds = int(value)
             items.append((key, f"{utc_seconds(datetime.fromtimestamp(seconds, UTC))} ({seconds})"))
+        elif isinstance(value, list) and any(isinstance(v, dict) for v in value):
+            # Each answer in a list of them under its index, so its keys are scoped one by one.
+            nested = {str(i): v for i, v in enumerate(value)}
+            items.extend((f"{key}.{k}", v) for k, v in evidence_items(nested, amount=amount))
         elif isinstance(value, list):
             items.append((key, ", ".join(str(v) for v in value)))
         else:

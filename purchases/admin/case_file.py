@@ -10,9 +10,11 @@ authorization."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from django.apps import apps
 from django.http import HttpRequest
 from django.urls import reverse
 
@@ -27,6 +29,7 @@ from purchases.case_file import (
     relative,
 )
 from purchases.models import Escalation, Purchase, PurchaseEvent
+from purchases.roles import EVIDENCE_SOURCES
 from purchases.selectors import CaseRecords
 from purchases.services import case_actions
 from purchases.timeline import event_label, evidence_items, utc_seconds
@@ -80,6 +83,9 @@ def case_context(
         "case_deadline_utc": utc_seconds(case.deadline_at),
         "case_deadline_relative": relative(case.deadline_at, now),
         "case_changes_until_utc": utc_seconds(case.changes_until),
+        "case_next_check_utc": utc_seconds(case.next_check_at),
+        "case_next_check_relative": relative(case.next_check_at, now),
+        "case_links": case_links(request, purchase, case),
         "case_actions": [
             {
                 "name": a.value,
@@ -90,11 +96,31 @@ def case_context(
             for a in allowed
         ],
         "case_strip": lifecycle_strip(purchase, records, scoping),
-        "case_timeline": timeline_rows(purchase)
+        "case_timeline": timeline_rows(purchase, evidence_shown(request))
         if role_scoping(request, PurchaseEvent).has_scope
         else [],
         "case_balance": prepaid_balance(purchase) if scoping.sees("case_balance") else None,
     }
+
+
+def case_links(request: HttpRequest, purchase: Purchase, case: Case) -> list[dict[str, str]]:
+    """Records a person opens to act, beside the actions: an owed refund, for finance on the
+    owed list narrowed to this purchase (where it is marked paid back), for support on its
+    page. Only for a role that sees refunds."""
+    refunds = role_scoping(request, Refund)
+    if not refunds.has_scope:
+        return []
+    links = []
+    for link in case.links:
+        pk = link.removeprefix("refund:")
+        if refunds.may_run("mark_paid_back"):
+            url = reverse("admin:payments_refund_changelist") + f"?state=owed&q={purchase.ref}"
+            label = f"Pay back refund {pk} (owed), then mark it paid back"
+        else:
+            url = reverse("admin:payments_refund_change", args=[pk])
+            label = f"Refund {pk} (owed: finance pays it back)"
+        links.append({"name": f"refund-{pk}", "label": label, "url": url})
+    return links
 
 
 def _notes(case: Case, escalations: RoleScoping) -> list[str]:
@@ -190,6 +216,16 @@ def _attempt_note(attempt: PaymentAttempt) -> str:
     if "late_settlement" in reasons:
         return "late transfer: refund"
     return ""
+
+
+def attempt_transfer_note(attempt: PaymentAttempt) -> str:
+    """'late transfer: refund owed': a failed attempt whose money landed after all (or a
+    second transfer for a paid purchase) is not only "failed" wherever the attempt shows."""
+    reasons = {r.reason_code: r.state for r in attempt.refunds.all()}
+    for reason, words in (("duplicate_settlement", "duplicate"), ("late_settlement", "late")):
+        if reason in reasons:
+            return f"{words} transfer: refund {reasons[reason]}"
+    return "-"
 
 
 def _authorize_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str, Any]]:
@@ -306,7 +342,32 @@ def _remedy_evidence(purchase: Purchase, records: CaseRecords) -> list[dict[str,
     return items or [_item("remedies", "none", field="case_remedy")]
 
 
-def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
+def evidence_shown(request: HttpRequest) -> Callable[[str], bool]:
+    """Whether the requester sees a (flattened) evidence key: each part of its path that
+    copies a record's field (purchases.roles.EVIDENCE_SOURCES) must be a field the role sees
+    on that record's page, as the role table scopes the pages themselves."""
+    timeline = role_scoping(request, PurchaseEvent)
+    scopings: dict[str, RoleScoping] = {}
+
+    def sees_source(part: str) -> bool:
+        source = EVIDENCE_SOURCES.get(part)
+        if source is None:
+            return True
+        label, name = source
+        if label not in scopings:
+            scopings[label] = role_scoping(request, apps.get_model(label))
+        return scopings[label].sees(name)
+
+    def shown(key: str) -> bool:
+        return timeline.sees("evidence") and all(sees_source(p) for p in key.split("."))
+
+    return shown
+
+
+def timeline_rows(
+    purchase: Purchase, shown: Callable[[str], bool] = lambda key: True
+) -> list[dict[str, Any]]:
+    """Every event in order; its evidence reduced to the keys `shown` lets the role see."""
     return [
         {
             "pk": event.pk,
@@ -320,7 +381,13 @@ def timeline_rows(purchase: Purchase) -> list[dict[str, Any]]:
             if event.from_state and event.to_state and event.from_state != event.to_state
             else event.to_state,
             "reason_code": event.reason_code,
-            "evidence": evidence_items(event.evidence, amount=lambda a: money(a, purchase)),
+            "evidence": [
+                (key, value)
+                for key, value in evidence_items(
+                    event.evidence, amount=lambda a: money(a, purchase)
+                )
+                if shown(key)
+            ],
         }
         for event in purchase.events.order_by("created_at", "pk")
     ]

@@ -128,3 +128,31 @@ class PayerWalletFilter(_TextFilter):
         # Payers are stored lower-case; explorers show checksummed addresses.
         value = (self.value() or "").strip().lower()
         return queryset.filter(payer=value) if value else queryset
+
+
+# --- escalations ---------------------------------------------------------------------------
+ME, NOBODY = "__me__", "__none__"
+
+
+class AssigneeFilter(admin.SimpleListFilter):
+    """Escalations by the person working them: mine, nobody's yet, or a named colleague's."""
+
+    title = "assigned to"
+    parameter_name = "assignee"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        people = (
+            Escalation.objects.exclude(assignee="")
+            .order_by("assignee")
+            .values_list("assignee", flat=True)
+            .distinct()[:50]
+        )
+        return [(ME, "Me"), (NOBODY, "Nobody yet"), *((p, p) for p in people)]
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value == ME:
+            return queryset.filter(assignee=request.user.get_username())
+        return queryset.filter(assignee="" if value == NOBODY else value)

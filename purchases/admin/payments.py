@@ -29,6 +29,7 @@ from payments.services import (
     ledger_credit,
     refund_reference_problem,
 )
+from purchases.admin.case_file import attempt_transfer_note
 from purchases.admin.finance import (
     human_amount_of,
     ledger_reference_of_refunds,
@@ -58,12 +59,23 @@ class PaymentAttemptAdmin(ReadOnlyModelAdmin):
         "payer",
         "amount",
         "state",
+        "transfer_note",
         "tx_hash",
         "created_at",
     )
     list_filter = ("rail", "state", "network")
     list_select_related = ("purchase",)
     search_fields = ("=purchase__ref", "=payer", "=tx_hash", "=settlement_reference")
+    readonly_fields = ("transfer_note",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PaymentAttempt]:
+        # The late/duplicate label reads the attempt's refunds: one query for the page.
+        return super().get_queryset(request).prefetch_related("refunds")
+
+    @admin.display(description="late or duplicate transfer")
+    def transfer_note(self, obj: PaymentAttempt) -> str:
+        # "failed" alone would hide that its money landed after all and is owed back.
+        return attempt_transfer_note(obj)
 
 
 # --- refunds: the owed list, paid back with a reference, exported for the books ------
@@ -127,6 +139,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "pk",
         "purchase",
         "payer",
+        "transaction",
         "amount_human",
         "method",
         "reason_code",

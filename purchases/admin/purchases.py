@@ -31,9 +31,10 @@ from core.admin import (
 from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt, Refund
 from purchases.admin.case_actions import case_action_view
-from purchases.admin.case_file import case_context
+from purchases.admin.case_file import attempt_transfer_note, case_context
 from purchases.admin.dashboard import dashboard_view
 from purchases.admin.filters import (
+    AssigneeFilter,
     BuyerFilter,
     OpenEscalationFilter,
     PayerWalletFilter,
@@ -46,6 +47,7 @@ from purchases.models import (
     Purchase,
 )
 from purchases.selectors import CaseRecords, purchase_case_records, purchase_search_ids
+from purchases.services.case_actions import escalations_assign_to_me
 from purchases.services.remedies import escalation_resolve
 from purchases.timeline import utc_seconds
 
@@ -98,11 +100,7 @@ class PaymentAttemptInline(ReadOnlyInline):
     @admin.display(description="late or duplicate transfer")
     def transfer_note(self, obj: PaymentAttempt) -> str:
         # Said on the attempt row too, not only in the header: this transfer is owed back.
-        reasons = {r.reason_code: r.state for r in obj.refunds.all()}
-        for reason, words in (("duplicate_settlement", "duplicate"), ("late_settlement", "late")):
-            if reason in reasons:
-                return f"{words} transfer: refund {reasons[reason]}"
-        return "-"
+        return attempt_transfer_note(obj)
 
 
 class ExecutionAttemptInline(ReadOnlyInline):
@@ -147,6 +145,7 @@ class EscalationInline(ReadOnlyInline):
         "reason_code",
         "state",
         "deadline_at",
+        "assignee",
         "resolved_by",
         "resolution_code",
         "resolution",
@@ -183,8 +182,20 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
     # the whole table).
     # Exact look-ups only; purchase_search_ids runs them as one UNION of index look-ups, each
     # kind only if the role sees its field.
-    search_fields = ("=ref", "=buyer__ref", "=payer", "=payment_attempts__tx_hash")
-    search_help_text = "Purchase ref, buyer ref, payment id, payer wallet or transaction hash."
+    search_fields = (
+        "=ref",
+        "=buyer__ref",
+        "=payer",
+        "=payment_attempts__tx_hash",
+        "=payment_attempts__payer",
+        "=refunds__transaction",
+        "=refunds__paid_reference",
+        "=refunds__payer",
+    )
+    search_help_text = (
+        "Purchase ref, buyer ref, payment id, or any wallet or transaction hash it touched "
+        "(payer, each payment, a late or duplicate transfer, a refund's pay-back or its wallet)."
+    )
     show_full_result_count = False
     paginator = CappedCountPaginator
     change_form_template = "admin/purchases/purchase/change_form.html"
@@ -354,10 +365,10 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         "is_overdue",
         "reason_code",
         "state",
-        "assigned_by",
+        "assignee",
         "resolution_code",
     )
-    list_filter = ("state", "owner", "reason_code")
+    list_filter = ("state", "owner", AssigneeFilter, "reason_code")
     list_select_related = ("purchase",)
     search_fields = ("=purchase__ref",)
     readonly_fields = ("is_overdue", "deadline_utc")
@@ -369,6 +380,7 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         "deadline_utc",
         "is_overdue",
         "note",
+        "assignee",
         "assigned_by",
         "assigned_at",
         "state",
@@ -378,7 +390,7 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         "resolution_code",
         "resolution",
     )
-    actions = ("resolve_selected",)
+    actions = ("resolve_selected", "assign_to_me")
     change_form_template = "admin/purchases/escalation/change_form.html"
 
     def get_ordering(self, request: HttpRequest) -> list[Any]:
@@ -425,6 +437,21 @@ class EscalationAdmin(ReadOnlyModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[Escalation]
     ) -> HttpResponse | None:
         return self._resolve_page(request, queryset, is_action=True)
+
+    def has_assign_to_me_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.role_allows_action(request, "assign_to_me")
+
+    @admin.action(description="Assign selected escalations to me", permissions=["assign_to_me"])
+    def assign_to_me(self, request: HttpRequest, queryset: QuerySet[Escalation]) -> None:
+        me = request.user.get_username()
+        ids = list(queryset.values_list("pk", flat=True))
+        changed = escalations_assign_to_me(escalation_ids=ids, staff=me, now=timezone.now())
+        self.message_user(
+            request,
+            f"Assigned {changed} open escalation(s) to {me}; "
+            f"{len(ids) - changed} left (resolved, or already yours).",
+            messages.SUCCESS,
+        )
 
     def resolve_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         escalation = self.get_object(request, unquote(object_id))  # None for a malformed id

@@ -273,3 +273,37 @@ def case_resolve(
         raise ActionNotSafe("already resolved")
     text = note.strip() or RESOLUTION_CODES[code]
     return escalation_resolve(escalation=escalation, by=staff, resolution=text, now=now, code=code)
+
+
+def escalations_assign_to_me(
+    *, escalation_ids: list[int], staff: str, now: datetime | None = None
+) -> int:
+    """Put `staff` on open escalations as the person working them ("assign to me"); the
+    owning role and deadline stay. Each change is on its purchase's timeline. Resolved ones,
+    and ones already theirs, are left as they are. Returns how many changed."""
+    now = now_or(now)
+    changed = 0
+    for pk in sorted(escalation_ids):
+        with transaction.atomic():
+            purchase_id = (
+                Escalation.objects.filter(pk=pk).values_list("purchase_id", flat=True).first()
+            )
+            if purchase_id is None:
+                continue
+            # The lock order: the purchase, then its escalation.
+            purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
+            escalation = Escalation.objects.select_for_update().get(pk=pk)
+            if escalation.state != Escalation.State.OPEN or escalation.assignee == staff:
+                continue
+            previous = escalation.assignee
+            escalation.assignee, escalation.assigned_by, escalation.assigned_at = staff, staff, now
+            escalation.save(update_fields=["assignee", "assigned_by", "assigned_at"])
+            event_record(
+                subject=ASSIGNED,
+                purchase=purchase,
+                actor=Actor.staff(staff),
+                reason_code=escalation.reason_code,
+                evidence={"escalation": pk, "assignee": staff, "previous_assignee": previous},
+            )
+            changed += 1
+    return changed

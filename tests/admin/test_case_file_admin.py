@@ -569,7 +569,9 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     PaymentAttempt.objects.filter(purchase=cases.pending).update(reason_code="not_on_chain_yet")
     page = support.get(_change(cases.pending)).content.decode()
     sentence = re.search(r'data-testid="case-sentence">([^<]*)<', page)
-    assert sentence and "nonce is unused" in sentence.group(1)
+    # It was broadcast (its tx hash is on the page): not "no broadcast of it is known".
+    assert sentence and "nonce unused" in sentence.group(1)
+    assert f"Broadcast (tx {TX})" in sentence.group(1)
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
 
 
@@ -594,3 +596,20 @@ def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
     assert (
         Refund.objects.get(purchase=purchase, reason_code="support_compensation").amount == 50_000
     )
+
+
+def test_the_now_box_shows_the_next_automatic_check_and_finance_the_owed_refund(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    """Every unfinished state names the next automatic check with its time; finance, on a
+    purchase whose refund is owed, gets a link to pay it back, not "no action"."""
+    page = support.get(_change(cases.pending)).content.decode()
+    check = re.search(r'data-testid="case-next-check"[^>]*>\s*([^<]*?)\s*</dd>', page, re.S)
+    assert check and re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(overdue by", check.group(1))
+    assert "settlement look-up" in check.group(1)
+    assert _attr(page, "case-deadline", "data-deadline-source") == "settlement_escalation"
+    late = finance.get(_change(cases.late)).content.decode()
+    refund = cases.late.refunds.get()
+    assert f"?state=owed&amp;q={cases.late.ref}" in late
+    assert f"Pay back refund {refund.pk} (owed)" in late
+    assert 'data-testid="case-no-actions"' not in late

@@ -170,6 +170,7 @@ MARKS = [
     # The case file's assignment: support's.
     _m("purchases.escalation", "note", "mark-escalation-note", SU),
     _m("purchases.escalation", "assigned_by", "mark-assigned-by", SU),
+    _m("purchases.escalation", "assignee", "mark-assignee", SU),
     _m("purchases.escalation", "resolution_code", "mark_resolution_code", SU),
     _m("purchases.idempotencyrecord", "key", "mark-idem-key", SU),
     _m("purchases.idempotencyrecord", "principal", "mark-principal", SU),
@@ -314,6 +315,7 @@ def _seed() -> dict[str, Model]:
                 "reason_code",
                 "note",
                 "assigned_by",
+                "assignee",
                 "resolution_code",
             )
         },
@@ -602,6 +604,7 @@ ACTIONS = [
     Action(Refund, "mark_paid_back", FU),
     Action(Refund, "export_csv", FU),
     Action(Escalation, "resolve_selected", SU),
+    Action(Escalation, "assign_to_me", SU),
     Action(Buyer, "issue_api_key", ONLY_SUPERUSER),
     Action(Buyer, "delete_selected", ONLY_SUPERUSER),
     Action(Offering, "delete_selected", ONLY_SUPERUSER),
@@ -784,3 +787,40 @@ def test_a_case_action_is_offered_and_opens_only_for_its_roles(
             assert status == 403, role
             assert client.post(action_url, {"note": "forged"}).status_code == 403, role
     assert purchase.events.count() == events
+
+
+# Independent of the table: which evidence on the timeline each role reads (docs/admin.md's
+# role table). The relayer's nonce and the signature are nobody's; the authorization's nonce
+# and window, job refs and the result's digest are support's; money and chain refs are both's.
+CASE_TIMELINE = [
+    ("relayer_nonce", 987_654_321, ONLY_SUPERUSER),
+    ("nonce", "0x" + "e1" * 32, SU),
+    ("signature", "0x" + "e4" * 65, ONLY_SUPERUSER),
+    ("job_ref", "mark-timeline-job-ref", SU),
+    ("sha256", "e5" * 32, SU),
+    ("body_sha256", "e6" * 32, SU),
+    ("fingerprint", "e7" * 32, SU),
+    ("url", "/x402/purchases/mark-timeline-capability", SU),
+    ("tx_hash", "0x" + "e2" * 32, ALL),
+    ("payer", "0x" + "e8" * 20, ALL),
+]
+# The same, nested in a facilitator's answer (a list of answers, each a dict).
+CASE_TIMELINE_NESTED = [("nonce", "0x" + "e3" * 32, SU), ("transaction", "0x" + "e9" * 32, ALL)]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ROLES)
+def test_the_timeline_shows_evidence_only_to_its_roles(seen: Seen, role: str) -> None:
+    answers = [{"payload": {"authorization": {k: v for k, v, _ in CASE_TIMELINE_NESTED}}}]
+    PurchaseEvent.objects.create(
+        purchase=seen.purchase,
+        subject="payment.broadcast",
+        actor_type="system",
+        evidence={**{k: v for k, v, _ in CASE_TIMELINE}, "answers": answers},
+    )
+    url = reverse("admin:purchases_purchase_change", args=[seen.purchase.pk])
+    response = seen.clients[role].get(url)  # not the cached page: the event is this test's
+    match = re.search(r'id="case-timeline".*?</table>', response.content.decode(), flags=re.S)
+    assert match, "no timeline"
+    for key, value, seen_by in CASE_TIMELINE + CASE_TIMELINE_NESTED:
+        assert (str(value) in match.group(0)) == (role in seen_by), (role, key)

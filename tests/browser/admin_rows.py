@@ -59,6 +59,8 @@ PROSE = (
     "explorer; their operator asked twice by mail (ticket 48213) and wants the money back "
     "today, before their month closes. Checked the relayer: one broadcast, no drop."
 )
+# 300 characters and not one break opportunity: a pasted explorer link.
+UNBROKEN_NOTE = ("https://explorer.example/tx/0x" + "9f2c4e6a8b0d1f3e5a7c" * 14)[:300]
 # The PAYMENT-RESPONSE header an x402 answer stores: base64 with no break opportunity.
 PAYMENT_RESPONSE = (
     "eyJzdWNjZXNzIjp0cnVlLCJ0cmFuc2FjdGlvbiI6IjB4" + "YWJjZGVmMDEyMzQ1Njc4OWFiY2RlZjAx" * 8 + "In0="
@@ -140,6 +142,13 @@ def _late_transfer(offering: Offering, buyer: Buyer, pks: dict[str, int]) -> Non
         note=PROSE,
         assigned_by="support.lead@tollbooth.example",
         assigned_at=timezone.now(),
+    )
+    # A note with no break in it (a pasted explorer link): wraps, never widens a table.
+    EscalationFactory.create(
+        purchase=purchase,
+        reason_code="staff_escalated",
+        note=UNBROKEN_NOTE,
+        assignee="support.lead@tollbooth.example",
     )
     for subject, reason, evidence in (
         ("payment_attempt.broadcast", "", {"tx_hash": late.tx_hash, "nonce": _tx(0xA11CE)}),

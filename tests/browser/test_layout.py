@@ -174,7 +174,10 @@ NOT_PAGES = {
 }
 PURCHASE_LABEL = "purchases.purchase"
 STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdmin's own
-DOWNLOADS = {"export_csv": "a CSV file, not a page"}
+DOWNLOADS = {
+    "export_csv": "a CSV file, not a page",
+    "assign_to_me": "applied at once, back to the list (its message is the list's)",
+}
 
 
 def _url_names(patterns: Sequence[URLPattern | URLResolver]) -> set[str]:

@@ -187,6 +187,7 @@ def now_box(page: Any) -> dict[str, Any]:
             for i in range(offered.count())
         },
         "no_actions": box.locator('[data-testid="case-no-actions"]').count() == 1,
+        "next_check": box.locator('[data-testid="case-next-check"]').inner_text().strip(),
         "text": box.inner_text(),
     }
 
@@ -208,6 +209,10 @@ def assert_now_box(page: Any, expected: Expected) -> None:
             r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((in|overdue by) ", seen["deadline_text"]
         )
     assert expected.says in seen["text"], seen["text"]
+    # Not final: the next automatic check, timed to the second in UTC, and what it is.
+    if expected.finality != "final":
+        assert re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \((in|overdue by) .+\): \w",
+                        seen["next_check"]), seen["next_check"]  # fmt: skip
     # "final, refund open": the state and its open remedy, said together.
     assert seen["state_text"].endswith(", refund open") == expected.refund_open, seen
 

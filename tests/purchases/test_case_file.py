@@ -69,7 +69,9 @@ def _expected_deadline(row: Row, facts: CaseFacts) -> datetime | None:
         Deadline.QUOTE_EXPIRY: facts.quote_expires_at,
         Deadline.NEXT_CHECK: facts.next_check_at,
         Deadline.AUTHORIZATION_WINDOW: facts.valid_before_at,
-        Deadline.FAILED_FINAL: facts.updated_at + facts.failed_final_after,
+        # Until when it can change: its quote, open for a new payment (no authorization
+        # left to land in the bare row); the finalize sweep's time is its next check.
+        Deadline.FAILED_FINAL: facts.quote_expires_at,
         Deadline.EXECUTION_CHECK: facts.lease_expires_at or facts.updated_at + facts.sweep_grace,
         Deadline.RESULT_RETENTION: facts.result_expires_at,
         Deadline.ESCALATION: None,  # no escalation open in the bare row
@@ -328,7 +330,8 @@ def test_a_delivered_result_leaves_nobody_a_move() -> None:
 def test_failure_is_final_only_after_the_last_window_closes() -> None:
     failed = case_row(payment="failed", fulfillment="not_started", reason_code="")
     late_window = NOW + timedelta(days=2)
-    case = purchase_case(_facts(failed, valid_before_at=late_window), now=NOW)
+    facts = _facts(failed, valid_before_at=late_window, landable_valid_before_at=late_window)
+    case = purchase_case(facts, now=NOW)
     assert case.changes_until == late_window and not case.is_final
 
 

@@ -1,0 +1,144 @@
+"""What the case file's Now box adds to its table row for the unfinished bad states: the next
+automatic check that can move the purchase (from the very fields the jobs read), and the
+words a row alone gets wrong. Pure, like purchases.case_file, which calls it.
+
+- A running execution is not "being run by a worker" when its tries failed (the worker holds
+  it over the backoff) or its lease ran out (the worker stopped renewing it).
+- A pending settlement whose broadcast is known is not "never broadcast", and one stuck
+  behind an earlier relayer transaction that was never mined says so.
+- A failed payment says whether the buyer may still pay the quote or needs a new one.
+- A result past retention is not "stored".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from core.errors import Owner
+from purchases.timeline import utc_seconds
+
+if TYPE_CHECKING:
+    from purchases.case_file import CaseFacts
+
+# The beat schedule (config/settings/base.py) runs these; said here as support reads them.
+SETTLEMENT_LOOK_UP = "settlement look-up by reconciliation (by tx hash and payer + nonce)"
+STALLED_SWEEP = "stalled-work sweep (re-stages work nobody runs; every 30 s)"
+LEASE_CHECK = "lease check: the sweep hands the work to another worker if the lease is not renewed"
+NEXT_TRY = "the next try of the same work (the worker holds it over the backoff)"
+VOID_SWEEP = "finalize sweep (every 15 min) marks it void once no authorization can land"
+QUOTE_SWEEP = "quote expiry (expire-quotes, every minute): its stock is released"
+RELAYER_HEAL = "relayer heal (every 5 min) fills the gap"
+HEAL_EVERY = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class Said:
+    """The Now box's additions: a sentence replacing the row's, notes, the next check."""
+
+    sentence: str = ""
+    notes: tuple[str, ...] = ()
+    next_check_at: datetime | None = None
+    next_check: str = ""
+
+
+def case_said(facts: CaseFacts, *, owner: Owner, is_final: bool, now: datetime) -> Said:
+    """The words and next check for the purchase's state, from its facts."""
+    payment, run = facts.payment_state, facts.fulfillment_state
+    if payment in ("paying", "settlement_pending"):
+        return _settlement(facts, now)
+    if payment == "unpaid":
+        return Said(next_check_at=facts.quote_expires_at, next_check=QUOTE_SWEEP)
+    if payment == "failed":
+        return _failed(facts, is_final=is_final, now=now)
+    if payment != "paid":
+        return Said()
+    if run == "running":
+        return _running(facts, now)
+    if run in ("not_started", "queued"):
+        return Said(next_check_at=facts.updated_at + facts.sweep_grace, next_check=STALLED_SWEEP)
+    if run == "succeeded" and facts.result_expires_at and facts.result_expires_at <= now:
+        return Said(sentence="Paid and done; the result's retention has ended, so it is no "
+                    "longer stored; the receipt stays.")  # fmt: skip
+    if run == "unknown" and owner != Owner.NONE:
+        return Said(notes=("Nothing retries unknown work on its own: support inspects the saved "
+                           "job (Reconcile execution now) and resolves.",))  # fmt: skip
+    return Said()
+
+
+def _settlement(facts: CaseFacts, now: datetime) -> Said:
+    at = facts.next_check_at
+    if at is None and facts.pending_created_at is not None:
+        at = facts.pending_created_at + facts.settlement_grace
+    sentence, notes = "", []
+    if facts.reason_code == "not_on_chain_yet" and (
+        facts.pending_broadcast_at or facts.pending_tx_hash
+    ):
+        sentence = (
+            f"Broadcast (tx {facts.pending_tx_hash or 'not recorded'}), but the chain shows the "
+            "authorization's nonce unused and the node no longer knows the transaction "
+            "(dropped, or not seen yet): the same signed authorization is resubmitted until "
+            "its window closes; it is never re-signed."
+        )
+    check, gap = SETTLEMENT_LOOK_UP, facts.relayer_gap
+    if gap is not None:
+        notes.append(
+            f"Our relayer's transaction with nonce {gap.relayer_nonce} (attempt "
+            f"{gap.attempt_id}) may never have been mined: this broadcast (relayer nonce "
+            f"{gap.ours}) waits behind that gap until the relayer heal fills it, by "
+            f"{utc_seconds(gap.heal_by)} at the latest."
+        )
+        if at is None or gap.heal_by < at:
+            at, check = gap.heal_by, RELAYER_HEAL
+    return Said(sentence=sentence, notes=tuple(notes), next_check_at=at, next_check=check)
+
+
+def _running(facts: CaseFacts, now: datetime) -> Said:
+    lease, run = facts.lease_expires_at, facts.execution
+    if lease is None or run is None:
+        return Said(next_check_at=lease, next_check=LEASE_CHECK if lease else "")
+    if lease <= now:
+        sentence = (
+            f"Paid; the worker {run.worker} stopped renewing its lease at {utc_seconds(lease)} "
+            "(it died or stalled): the sweep hands the work to another worker, which polls the "
+            "saved job ref instead of starting a second job."
+        )
+        return Said(sentence=sentence, next_check_at=lease, next_check=STALLED_SWEEP)
+    if run.failed_tries:
+        waiting = run.failed_tries >= run.tries and run.retry_at is not None
+        next_at = run.retry_at if waiting and run.retry_at else lease
+        sentence = (
+            f"Paid; {run.failed_tries} of {run.max_tries} tries ended with the outcome unknown "
+            f"(last: {run.last_error or 'no answer'}); "
+            + (f"the next try is due at {utc_seconds(next_at)}" if waiting else
+               f"try {run.tries} is running (lease until {utc_seconds(lease)})")
+            + f". Escalated as unknown once the tries or the deadline "
+            f"({utc_seconds(run.give_up_at)}) run out; never reported failed before."
+        )  # fmt: skip
+        return Said(sentence=sentence, next_check_at=next_at, next_check=NEXT_TRY)
+    sentence = (
+        f"Paid; the worker {run.worker} holds the work until its lease ends at "
+        f"{utc_seconds(lease)}, renewing it while it runs; if it stops, the sweep takes the "
+        "work over from the saved job ref."
+    )
+    return Said(sentence=sentence, next_check_at=lease, next_check=LEASE_CHECK)
+
+
+def _failed(facts: CaseFacts, *, is_final: bool, now: datetime) -> Said:
+    if facts.quote_expires_at <= now:
+        quote = (
+            "Its quote has expired: to buy, the buyer asks for a new quote and signs a new "
+            "authorization (never a re-signed copy of the old one)."
+        )
+    else:
+        quote = (
+            "The buyer may pay this quote again with a new authorization until "
+            f"{utc_seconds(facts.quote_expires_at)}; after that, a new quote."
+        )
+    notes = [quote]
+    if is_final:
+        notes.append("No authorization it received can land any more and its quote is closed: "
+                     "the failure is final.")  # fmt: skip
+    check = VOID_SWEEP + "; late transfers are watched every 2 min while a window is open"
+    return Said(notes=tuple(notes), next_check_at=facts.void_sweep_at, next_check=check)
