@@ -30,6 +30,10 @@ NEXT_TRY = "the next try of the same work (the worker holds it over the backoff)
 VOID_SWEEP = "finalize sweep (every 15 min) marks it void once no authorization can land"
 QUOTE_SWEEP = "quote expiry (expire-quotes, every minute): its stock is released"
 RELAYER_HEAL = "relayer heal (every 5 min) fills the gap"
+EXECUTION_RECHECK = (
+    "unknown-execution check (recheck-unknown-executions): polls the saved job; the "
+    "escalation closes itself when the work turns out done"
+)
 HEAL_EVERY = timedelta(minutes=5)
 
 
@@ -61,9 +65,18 @@ def case_said(facts: CaseFacts, *, owner: Owner, is_final: bool, now: datetime) 
     if run == "succeeded" and facts.result_expires_at and facts.result_expires_at <= now:
         return Said(sentence="Paid and done; the result's retention has ended, so it is no "
                     "longer stored; the receipt stays.")  # fmt: skip
-    if run == "unknown" and owner != Owner.NONE:
-        return Said(notes=("Nothing retries unknown work on its own: support inspects the saved "
+    if run == "unknown" and facts.execution_recheck_at is None:
+        return Said(notes=("Nothing retries this work on its own: support inspects the saved "
                            "job (Reconcile execution now) and resolves.",))  # fmt: skip
+    if run == "unknown":
+        return Said(
+            notes=(
+                "The saved job is asked again on its own (never started twice); support may "
+                "check at once with Reconcile execution now.",
+            ),
+            next_check_at=facts.execution_recheck_at,
+            next_check=EXECUTION_RECHECK,
+        )
     return Said()
 
 

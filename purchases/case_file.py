@@ -352,6 +352,8 @@ class CaseFacts:
     relayer_gap: RelayerGapFact | None = None
     void_sweep_at: datetime | None = None  # from when the finalize sweep may mark it void
     execution: ExecutionFact | None = None  # the live (running) execution
+    # When the execution that ended unknown is asked again (purchases.services.execution_recheck).
+    execution_recheck_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -376,6 +376,9 @@ def purchase_case_facts(
         valid_before_at=max(windows) if windows else None,
         landable_valid_before_at=_landable_window(records),
         lease_expires_at=live_execution.lease_expires_at if live_execution else None,
+        execution_recheck_at=next(
+            (e.next_check_at for e in reversed(records.executions) if e.state == "unknown"), None
+        ),
         result_expires_at=result.expires_at if result else None,
         result_delivered_at=result.first_delivered_at if result else None,
         escalations=tuple(

@@ -173,9 +173,10 @@ MOMENTS = [
     Moment("job-service-down", "tries spent: unknown, escalated",
            _facts("paid", "unknown", rail="prepaid", reason_code="execution_tries_exhausted",
                   escalations=(EscalationFact(3, "support", "execution_outcome_unknown",
-                                              NOW + 4 * H),)),
-           "support", NOW + 4 * H, Finality.OPEN, None,
-           says=("may or may not have run", "Nothing retries unknown work on its own")),
+                                              NOW + 4 * H),),
+                  execution_recheck_at=NOW + 60 * S),
+           "support", NOW + 4 * H, Finality.OPEN, NOW + 60 * S,
+           says=("may or may not have run", "asked again on its own")),
     # Queued after payment, its task lost: the stalled-work sweep re-stages it.
     Moment("dropped-connection", "paid, work queued", _facts("paid", "queued", rail="prepaid"),
            "reconciliation", NOW - 5 * MIN + 60 * S, Finality.OPEN, NOW - 5 * MIN + 60 * S),
