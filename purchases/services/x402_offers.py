@@ -16,11 +16,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
@@ -54,9 +56,51 @@ class X402Route:
     network: NetworkConfig
 
 
+@dataclass(frozen=True)
+class X402PaidRoute(X402Route):
+    """The paid URL's route and what the payment's quote asks for: the input hash of the
+    quote `accepted.extra.quote` names (None: no such quote of this offering)."""
+
+    quote_input_hash: str | None
+
+
+# Every paid request reads its offering; the named quote's input hash comes in the same
+# statement (what a payment id binds to needs it before the id is claimed).
+_PAID_OFFERING = PreparedQuery(
+    lambda slug, quote: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            quote_input_hash=Subquery(
+                Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
+                    "input_hash"
+                )[:1]
+            )
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
+    quote=str,
+)
+
+
 def x402_route(*, offering_slug: str) -> X402Route:
     """Raises DomainError: offering_not_found (also for an offering on no x402 network)."""
-    offering = offering_get_active(slug=offering_slug)
+    return _route(offering_get_active(slug=offering_slug))
+
+
+def x402_route_paid(*, offering_slug: str, quote_id: str | None) -> X402PaidRoute:
+    """The route, with the input hash of the quote the payment names, in one read.
+
+    Raises DomainError: offering_not_found.
+    """
+    offering = _PAID_OFFERING.first(slug=offering_slug, quote=quote_id or "")
+    if offering is None:
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
+    route = _route(offering)
+    return X402PaidRoute(route.offering, route.network, offering.quote_input_hash)  # type: ignore[attr-defined]
+
+
+def _route(offering: Offering) -> X402Route:
     try:
         return X402Route(offering, network_config(offering.network))
     except UnknownNetwork as exc:

@@ -131,11 +131,13 @@ def test_another_payment_id_on_a_paid_quote_is_refused_before_the_chain(client, 
     assert x402_world.relayer_sent() == 1
 
 
-def test_same_payment_id_with_a_different_payload_is_a_conflict(client, x402_world):
+def test_same_payment_id_from_another_payer_is_a_conflict(client, x402_world):
+    # A re-signed retry by the same payer is the same request
+    # (tests/x402/test_x402_payment_id_retry.py); another payer's is not.
     header = required_header(client, x402_world)
-    payer = x402_world.payers[0]
+    payer, other = x402_world.payers[:2]
     assert ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID)).status_code == 202
-    conflict = ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID))  # new nonce
+    conflict = ask(client, x402_world, payment=sign_payment(header, other, PAY_ID))
     assert conflict.status_code == 409
     assert conflict.json()["code"] == "payment_identifier_conflict"
     assert x402_world.relayer_sent() == 1
