@@ -129,7 +129,9 @@ def decode_payment(header_value: str) -> DecodedPayment:
             f"PAYMENT-SIGNATURE is longer than {MAX_PAYMENT_SIGNATURE_CHARS} characters"
         )
     try:
-        document = json_loads_bounded(base64.b64decode(value.encode("utf-8")))
+        # Strict: characters outside the base64 alphabet are refused, never skipped (the
+        # lenient default would settle a header with "!!", "," or "@@" mixed in).
+        document = json_loads_bounded(base64.b64decode(value.encode("utf-8"), validate=True))
     except (JsonTooDeep, RefusedText) as exc:
         raise MalformedPayment(f"PAYMENT-SIGNATURE: {exc}") from exc
     except (binascii.Error, ValueError) as exc:  # UnicodeError, JSONDecodeError are ValueErrors

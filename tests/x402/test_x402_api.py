@@ -206,6 +206,19 @@ def test_malformed_payment_signature_is_a_structured_400(client, x402_world):
     assert not IdempotencyRecord.objects.exists()
 
 
+@pytest.mark.parametrize("junk", ["!!", ",", "@@"])
+def test_valid_base64_with_junk_mixed_in_is_malformed_not_settled(client, x402_world, junk):
+    payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], PAY_ID)
+    middle = len(payment) // 2
+    response = ask(client, x402_world, payment=payment[:middle] + junk + payment[middle:])
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "payment_signature_malformed"
+    assert not IdempotencyRecord.objects.exists() and not PaymentAttempt.objects.exists()
+    assert x402_world.relayer_sent() == 0 and x402_world.seller_balance() == 0
+    # The header as signed still pays.
+    assert ask(client, x402_world, payment=payment).status_code == 202
+
+
 def test_payment_without_identifier_is_accepted(client, x402_world):
     payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], None)
     response = ask(client, x402_world, payment=payment)
