@@ -19,6 +19,7 @@ from x402.http.utils import decode_payment_signature_header
 
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
+from payments.rails.x402 import x402_presentation
 from purchases import event_subjects as subjects
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from tests.x402.e2e import PRICE, ask, sign_payment
@@ -115,3 +116,20 @@ def test_resigned_retry_while_the_first_request_runs_is_in_flight_naming_it(clie
     assert retry.json()["purchase"] == purchase.ref
     assert retry["Retry-After"]
     assert PaymentAttempt.objects.count() == 1 and world.relayer_sent() == 1
+
+
+def test_an_id_recorded_before_normalized_fingerprints_still_replays_its_exact_payload(
+    client, world
+):
+    payment = _signed(client, world)
+    assert ask(client, world, payment=payment).status_code == 202
+    # Recorded before this rule: the key holds the whole payload's fingerprint.
+    IdempotencyRecord.objects.update(
+        request_fingerprint=x402_presentation(header=payment).fingerprint
+    )
+
+    again = ask(client, world, payment=payment)
+
+    assert again.status_code == 202, again.content
+    assert again.json()["purchase"] == Purchase.objects.get().ref
+    assert world.relayer_sent() == 1 and PaymentAttempt.objects.count() == 1
