@@ -173,7 +173,7 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         Owner.BUYER,
         "retry_same_key_later",
         True,
-        "A request with this payment id is still running.",
+        "This payment, or the purchase it repeats, is still being processed.",
     ),
     ErrorCode.PAYMENT_IDENTIFIER_CONFLICT: CodeSpec(
         409,

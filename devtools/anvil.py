@@ -134,7 +134,9 @@ class AnvilNode(AnvilRpc):
         mnemonic: str | None = None,
         extra_args: Sequence[str] = (),
         startup_timeout: float = 30.0,
+        port: int = 0,
     ) -> None:
+        """`port` 0 lets anvil pick a free one (printed, and read back as `rpc_url`)."""
         self.chain_id = chain_id
         self.mnemonic = mnemonic or new_mnemonic()
         self.rpc_url = ""
@@ -145,7 +147,7 @@ class AnvilNode(AnvilRpc):
         args = [
             find_anvil_binary(),
             "--host", "127.0.0.1",
-            "--port", "0",  # anvil picks a free port and prints it: no race with others
+            "--port", str(port),  # 0: anvil picks a free one and prints it, no race with others
             "--chain-id", str(chain_id),
             "--accounts", str(accounts),
             "--mnemonic", self.mnemonic,

@@ -31,6 +31,8 @@ PYTHON = sys.executable
 HOST = os.environ.get("DEMO_HOST", "127.0.0.1")
 PORT = int(os.environ.get("DEMO_PORT", "8000"))
 JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
+# 0: any free port (printed in the banner and written to demo-chain.json).
+CHAIN_PORT = int(os.environ.get("DEMO_CHAIN_PORT", "0"))
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
@@ -58,7 +60,7 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
     from devtools.anvil import AnvilNode
     from devtools.test_token import deploy_test_usdc, mint
 
-    node = AnvilNode()
+    node = AnvilNode(port=CHAIN_PORT)
     w3 = node.w3()
     deployer, relayer, seller, alice, bob = node.accounts[:5]
     token = deploy_test_usdc(w3, deployer)

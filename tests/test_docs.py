@@ -9,7 +9,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("example", ["docs/examples/x402_buy.py", "docs/examples/x402-buy.mjs"])
+@pytest.mark.parametrize(
+    "example",
+    [
+        "docs/examples/x402_buy.py",
+        "docs/examples/x402-buy.mjs",
+        "docs/examples/x402_buy_with_payment_id.py",
+    ],
+)
 def test_x402_guide_embeds_the_example_that_ci_runs(example: str) -> None:
     code = (ROOT / example).read_text().rstrip("\n")
     assert code in (ROOT / "docs/x402.md").read_text()

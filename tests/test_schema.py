@@ -41,6 +41,19 @@ def test_schema_declares_the_api_key_and_problem_json_errors():
     assert {"401", "404", "409", "413", "415", "422", "429"} <= set(quotes["responses"])
 
 
+def test_the_paid_url_declares_invalid_input_on_post_and_throttling_on_both_methods():
+    schema = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    paid = schema["paths"]["/x402/{offering}"]
+    assert "422" in paid["post"]["responses"] and "429" in paid["post"]["responses"]
+    assert "429" in paid["get"]["responses"] and "422" not in paid["get"]["responses"]
+    for method in ("post", "get"):
+        for status in ("422", "429"):
+            response = paid[method]["responses"].get(status)
+            if response:
+                assert list(response["content"]) == ["application/problem+json"]
+                assert response["description"]
+
+
 def test_unrouted_paths_answer_problem_json():
     response = Client().get("/x402/not a slug")
     assert response.status_code == 404

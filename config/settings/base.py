@@ -214,7 +214,9 @@ CACHES = {
 
 # --- Celery -----------------------------------------------------------------------
 # Redis when REDIS_URL is set; otherwise kombu's filesystem transport, which needs no server.
-CELERY_BROKER_URL = REDIS_URL or "filesystem://"
+# A hostname, though the filesystem transport ignores it: kombu warns "No hostname was
+# supplied" on every connection without one.
+CELERY_BROKER_URL = REDIS_URL or "filesystem://localhost/"
 if not REDIS_URL:
     _broker_dir = VAR_DIR / "broker"
     # The control folder too: left unset, kombu writes it into the working directory.
@@ -415,8 +417,25 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "redact_capabilities": {"()": "config.log_filters.RedactCapabilityTokens"},
+        "quiet_payment_required": {"()": "config.log_filters.QuietPaymentRequired"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        # Django logs every 4xx with its path; a status URL's path holds its secret.
+        "django.request": {"filters": ["redact_capabilities", "quiet_payment_required"]},
+        # runserver's request lines (its own handler is replaced by ours here).
+        "django.server": {
+            "handlers": ["console"],
+            "filters": ["redact_capabilities"],
+            "propagate": False,
+        },
+        # django-axes announces itself at INFO on every start (each manage.py call); its
+        # lockout warnings stay.
+        "axes.apps": {"level": "WARNING"},
+    },
 }
 
 # The beat schedule lives in code; each entry says why it exists.

@@ -62,6 +62,8 @@ REPORT_INPUT_SCHEMA: dict[str, Any] = {
     },
     "required": ["title", "csv"],
     "additionalProperties": False,
+    # What discovery shows as the example input (x402 bazaar `body`).
+    "examples": [{"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}],
 }
 
 _VALIDATOR = Draft202012Validator(REPORT_INPUT_SCHEMA)

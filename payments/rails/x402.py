@@ -97,6 +97,23 @@ def x402_presentation(*, header: str) -> Presentation:
     )
 
 
+def x402_paid_terms(*, presentation: Presentation) -> dict[str, str]:
+    """What a payment pays, as offered (`accepted`) and as signed (the authorization's `to`
+    and `value`), without what makes one signature differ from the next (nonce, window,
+    signature): two authorizations for the same terms give the same dict."""
+    accepted = presentation.accepted or {}
+    authorization: Authorization = presentation.evidence
+    return {
+        "scheme": str(accepted.get("scheme", "")),
+        "network": str(accepted.get("network", "")),
+        "asset": str(accepted.get("asset", "")).lower(),
+        "payTo": str(accepted.get("payTo", "")).lower(),
+        "amount": str(accepted.get("amount", "")),
+        "to": authorization.to.lower(),
+        "value": str(authorization.value),
+    }
+
+
 def _client_payment_id(decoded: DecodedPayment) -> str | None:
     """Raises DomainError: payment_identifier_invalid."""
     client_id = decoded.payment_id

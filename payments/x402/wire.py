@@ -94,8 +94,10 @@ def payment_required_header(
     resource_url: str,
     description: str,
     error: str | None = None,
+    extensions: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """(header value, the same document as a dict for the response body)."""
+    """(header value, the same document as a dict for the response body). `extensions`:
+    declared beside the payment identifier (the bazaar description, payments.x402.discovery)."""
     document = PaymentRequired(
         x402_version=2,
         error=error,
@@ -105,7 +107,10 @@ def payment_required_header(
         accepts=[requirements_wire(requirements, network)],
         # Optional: the official clients send no id; a payment without one is keyed by its
         # authorization (network, payer, nonce), which is single-use on chain.
-        extensions={PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=False)},
+        extensions={
+            PAYMENT_IDENTIFIER: declare_payment_identifier_extension(required=False),
+            **(extensions or {}),
+        },
     )
     return encode_payment_required_header(document), document.model_dump(
         mode="json", by_alias=True, exclude_none=True
@@ -124,7 +129,9 @@ def decode_payment(header_value: str) -> DecodedPayment:
             f"PAYMENT-SIGNATURE is longer than {MAX_PAYMENT_SIGNATURE_CHARS} characters"
         )
     try:
-        document = json_loads_bounded(base64.b64decode(value.encode("utf-8")))
+        # Strict: characters outside the base64 alphabet are refused, never skipped (the
+        # lenient default would settle a header with "!!", "," or "@@" mixed in).
+        document = json_loads_bounded(base64.b64decode(value.encode("utf-8"), validate=True))
     except (JsonTooDeep, RefusedText) as exc:
         raise MalformedPayment(f"PAYMENT-SIGNATURE: {exc}") from exc
     except (binascii.Error, ValueError) as exc:  # UnicodeError, JSONDecodeError are ValueErrors

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from core.errors import DomainError, ErrorCode
 from core.input_limits import JsonTooDeep, RefusedText
 from core.outages import dependency_unreachable
+from purchases.api.answers import DUPLICATE_HEADER
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -40,7 +41,13 @@ _DRF_CODES: list[tuple[type[Exception], ErrorCode]] = [
 
 
 def problem_response(error: DomainError) -> Response:
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else {}
+    # A refusal about a purchase that can be polled points at it as a 202 does (Location), and
+    # one that repeats an existing purchase says so as its answers do.
+    if isinstance(error.extra.get("status_url"), str):
+        headers["Location"] = error.extra["status_url"]
+    if isinstance(error.extra.get("duplicate_of"), str):
+        headers[DUPLICATE_HEADER] = error.extra["duplicate_of"]
     return Response(
         error.as_problem(),
         status=error.spec.status,

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -55,7 +55,16 @@ PAID_RESPONSES: dict[Any, Any] = {
     400: ProblemSerializer,
     402: ProblemSerializer,
     409: ProblemSerializer,
+    # Both methods are throttled (PAID_THROTTLES), GET as much as POST.
+    429: OpenApiResponse(ProblemSerializer, "Too many requests (throttled); see Retry-After."),
     503: ProblemSerializer,
+}
+# Only POST validates a body for its 402: an invalid query string gets the price-only 402.
+POST_RESPONSES: dict[Any, Any] = {
+    **PAID_RESPONSES,
+    422: OpenApiResponse(
+        ProblemSerializer, "The input is invalid (invalid_input, input_too_large)."
+    ),
 }
 
 
@@ -98,7 +107,7 @@ class X402PaidApi(APIView):
     @extend_schema(
         request=OpenApiTypes.OBJECT,
         parameters=[PAYMENT_SIGNATURE, COPY],
-        responses=PAID_RESPONSES,
+        responses=POST_RESPONSES,
         summary="x402 paid endpoint: 402 with PAYMENT-REQUIRED, then pay with PAYMENT-SIGNATURE",
     )
     def post(self, request: Request, offering: str) -> Response | HttpResponse:

@@ -74,6 +74,9 @@ class PaymentRequest:
     offering: Offering | None  # the paid URL's offering; None: the quote's
     now: datetime
     unstored: frozenset[ErrorCode]  # outcomes about the key itself, answered fresh each time
+    # What the payment id binds to, if not the presentation's own fingerprint: the request
+    # normalized (the rail's terms, the offering and the input), so a re-signed retry matches.
+    fingerprint: str = ""
 
     @property
     def actor(self) -> Actor:
@@ -133,7 +136,8 @@ def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
             scope=request.scope,
             key=presentation.key,
             principal=presentation.payer,
-            fingerprint=presentation.fingerprint,
+            fingerprint=request.fingerprint or presentation.fingerprint,
+            fingerprint_alias=presentation.fingerprint,
             now=request.now,
             unstored=request.unstored,
         ),
@@ -525,9 +529,14 @@ def _answer_duplicate(
         )
         raise DomainError(
             ErrorCode.PAYMENT_IN_FLIGHT,
+            "This payment repeats a purchase whose own payment is still being processed: "
+            "poll its status URL, or call again after Retry-After. Nothing was charged.",
             purchase=purchase.ref,
             retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
-            extra={"status_url": purchase_capability_url(purchase=purchase)},
+            extra={
+                "status_url": purchase_capability_url(purchase=purchase),
+                "duplicate_of": purchase.ref,
+            },
         )
     with transaction.atomic(), events_batched():
         purchase_duplicate_record(

@@ -91,7 +91,13 @@ class KeyClaim:
 @dataclass(frozen=True)
 class KeyedRequest:
     """One request under a payment id: who sent it, for what, and which outcomes are about
-    the key itself (answered fresh each time, never stored as its answer)."""
+    the key itself (answered fresh each time, never stored as its answer).
+
+    `fingerprint` is what the id binds to (stored with it): the normalized request, so a
+    retry that re-signed the same payment is the same request. `fingerprint_alias`, if
+    given, is also taken as the same request: the exact payload's hash, which is what keys
+    recorded before the normalized fingerprint hold.
+    """
 
     scope: str
     key: str
@@ -99,6 +105,10 @@ class KeyedRequest:
     fingerprint: str
     now: datetime
     unstored: frozenset[ErrorCode] = frozenset()
+    fingerprint_alias: str | None = None
+
+    def matches(self, stored_fingerprint: str) -> bool:
+        return stored_fingerprint in (self.fingerprint, self.fingerprint_alias or self.fingerprint)
 
 
 T = TypeVar("T")
@@ -188,7 +198,8 @@ WITH known AS (
     SELECT k.{purchase}, NULL,
         CASE
             WHEN k.{principal} <> %(principal)s
-                OR (k.{key} = %(key)s AND k.{fingerprint} <> %(fingerprint)s)
+                OR (k.{key} = %(key)s
+                    AND k.{fingerprint} NOT IN (%(fingerprint)s, %(fingerprint_alias)s))
                 THEN %(conflict)s
             WHEN k.{key} = %(key)s THEN %(replayed)s
             ELSE %(expired)s
@@ -198,7 +209,7 @@ WITH known AS (
             'scope', k.{scope},
             'record', k.{pk},
             'principal_matches', k.{principal} = %(principal)s,
-            'request_matches', k.{fingerprint} = %(fingerprint)s,
+            'request_matches', k.{fingerprint} IN (%(fingerprint)s, %(fingerprint_alias)s),
             'answered_at', k.{completed_at},
             'answer_status', k.{status}
         ),
@@ -264,6 +275,7 @@ def _known_noted_params(request: KeyedRequest, hashed: str) -> dict[str, Any]:
         "hashed": hashed,
         "principal": request.principal,
         "fingerprint": request.fingerprint,
+        "fingerprint_alias": request.fingerprint_alias or request.fingerprint,
         "conflict": subjects.PAYMENT_ID_CONFLICT,
         "replayed": subjects.PAYMENT_ID_REPLAYED,
         "expired": subjects.PAYMENT_ID_RETENTION_EXPIRED,
@@ -284,7 +296,7 @@ def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed:
         if record.key == hashed and request.key in keys:
             continue
         if record.principal != request.principal or (
-            record.key == request.key and record.request_fingerprint != request.fingerprint
+            record.key == request.key and not request.matches(record.request_fingerprint)
         ):
             subject = subjects.PAYMENT_ID_CONFLICT
         elif record.key == request.key:
@@ -299,7 +311,7 @@ def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed:
                 "scope": record.scope,
                 "record": record.pk,
                 "principal_matches": record.principal == request.principal,
-                "request_matches": record.request_fingerprint == request.fingerprint,
+                "request_matches": request.matches(record.request_fingerprint),
                 "answered_at": record.completed_at.isoformat() if record.completed_at else None,
                 "answer_status": record.response_status,
             },
@@ -409,9 +421,7 @@ def _stored(record: IdempotencyRecord) -> StoredAnswer:
 
 
 def _is_another_request(record: IdempotencyRecord, request: KeyedRequest) -> bool:
-    return record.principal != request.principal or (
-        record.request_fingerprint != request.fingerprint
-    )
+    return record.principal != request.principal or not request.matches(record.request_fingerprint)
 
 
 def _refuse_if_another_request(record: IdempotencyRecord, request: KeyedRequest) -> None:
@@ -481,7 +491,7 @@ def _note_refusal(record: IdempotencyRecord, request: KeyedRequest, refusal: Dom
             "scope": request.scope,
             "record": record.pk,
             "principal_matches": record.principal == request.principal,
-            "request_matches": record.request_fingerprint == request.fingerprint,
+            "request_matches": request.matches(record.request_fingerprint),
             "recovery_point": record.recovery_point,
             "lease_until": record.locked_until.isoformat() if record.locked_until else None,
         },

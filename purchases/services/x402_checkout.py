@@ -3,8 +3,12 @@ answers the API passes in, purchases.api.x402_answers) with the result, pending,
 failure.
 
 Every payment is keyed: by the client's payment id when it sends one, otherwise by what its
-signature makes unique, `(network, payer, EIP-3009 nonce)` (payments.rails.x402). The
-orchestration is purchases.services.checkout; this module says only how x402 clients are
+signature makes unique, `(network, payer, EIP-3009 nonce)` (payments.rails.x402). A client's
+id binds to the request normalized (x402 docs PR #2307): the offering, the quote's canonical
+input, API key and copy label, and what the authorization pays (scheme, network, asset,
+recipient, amount), never the signature itself. Clients that use ids re-sign on retry and
+keep the id: that retry is the same request, answered with its purchase and never charged.
+The orchestration is purchases.services.checkout; this module says only how x402 clients are
 asked.
 """
 
@@ -13,13 +17,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypeVar
 
+from core.canonical import fingerprint
 from core.clock import now_or
 from core.errors import ErrorCode
-from payments.rails.x402 import x402_presentation
+from payments.rails import Presentation
+from payments.rails.x402 import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
-from purchases.services.x402_offers import x402_route
+from purchases.services.x402_offers import X402PaidRoute, x402_route_paid
 from purchases.services.x402_outcomes import x402_request_scope
 
 A = TypeVar("A")
@@ -55,7 +61,8 @@ def x402_pay(
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
     # The paid URL names the offering: only its quotes can be paid there.
-    offering = x402_route(offering_slug=offering_slug).offering
+    route = x402_route_paid(offering_slug=offering_slug, quote_id=presentation.quote_id)
+    offering = route.offering
     request = PaymentRequest(
         presentation=presentation,
         scope=X402_SCOPE,
@@ -64,8 +71,29 @@ def x402_pay(
         offering=offering,
         now=now_or(now),
         unstored=UNSTORED_CODES,
+        fingerprint=_request_fingerprint(presentation, route, buyer, label),
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
     with x402_request_scope(offering=offering):
         return purchase_pay(request=request, answers=answers)
+
+
+def _request_fingerprint(
+    presentation: Presentation, route: X402PaidRoute, buyer: Buyer | None, label: str
+) -> str:
+    """What a client's payment id binds to: the same payer (the key's principal) asking for
+    the same thing, paid on the same terms, whatever authorization carries it. A payment
+    keyed by its authorization keeps the payload's own fingerprint: its key is the nonce."""
+    if presentation.key.startswith(AUTHORIZATION_KEY_PREFIX):
+        return presentation.fingerprint
+    return fingerprint(
+        {
+            "offering": route.offering.pk,
+            # A quote of another offering, or none: the quote id stands in (refused later).
+            "input": route.quote_input_hash or f"quote:{presentation.quote_id}",
+            "buyer": buyer.ref if buyer else None,
+            "copy": label,
+            "pays": x402_paid_terms(presentation=presentation),
+        }
+    )

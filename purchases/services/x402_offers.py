@@ -16,11 +16,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
+from payments.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
@@ -29,6 +32,9 @@ from purchases.models import Buyer, Offering, Quote
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
 
+# The largest bazaar description a 402 carries (JSON characters): echoed in base64 it leaves
+# an honest payment (about 2 KB) well inside MAX_PAYMENT_SIGNATURE_CHARS (16 KB).
+BAZAAR_402_MAX_CHARS = 6_000
 # JSON-schema scalar types a query-string value can be read as (GET buys).
 _QUERY_SCALARS = {"string", "integer", "boolean"}
 
@@ -54,9 +60,51 @@ class X402Route:
     network: NetworkConfig
 
 
+@dataclass(frozen=True)
+class X402PaidRoute(X402Route):
+    """The paid URL's route and what the payment's quote asks for: the input hash of the
+    quote `accepted.extra.quote` names (None: no such quote of this offering)."""
+
+    quote_input_hash: str | None
+
+
+# Every paid request reads its offering; the named quote's input hash comes in the same
+# statement (what a payment id binds to needs it before the id is claimed).
+_PAID_OFFERING = PreparedQuery(
+    lambda slug, quote: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            quote_input_hash=Subquery(
+                Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
+                    "input_hash"
+                )[:1]
+            )
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
+    quote=str,
+)
+
+
 def x402_route(*, offering_slug: str) -> X402Route:
     """Raises DomainError: offering_not_found (also for an offering on no x402 network)."""
-    offering = offering_get_active(slug=offering_slug)
+    return _route(offering_get_active(slug=offering_slug))
+
+
+def x402_route_paid(*, offering_slug: str, quote_id: str | None) -> X402PaidRoute:
+    """The route, with the input hash of the quote the payment names, in one read.
+
+    Raises DomainError: offering_not_found.
+    """
+    offering = _PAID_OFFERING.first(slug=offering_slug, quote=quote_id or "")
+    if offering is None:
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
+    route = _route(offering)
+    return X402PaidRoute(route.offering, route.network, offering.quote_input_hash)  # type: ignore[attr-defined]
+
+
+def _route(offering: Offering) -> X402Route:
     try:
         return X402Route(offering, network_config(offering.network))
     except UnknownNetwork as exc:
@@ -118,6 +166,7 @@ def x402_offer(
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
+        extensions=_bazaar_for_402(route.offering),
     )
     return X402Offer(header, document, quote.public_id)
 
@@ -135,6 +184,7 @@ def x402_offer_price_only(
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
+        extensions=_bazaar_for_402(route.offering),
     )
     return X402Offer(header, document, None, route.offering.input_schema, input_errors)
 
@@ -189,51 +239,76 @@ def _input_from_query(offering: Offering, params: Mapping[str, str]) -> dict[str
     return result
 
 
-def _http_input(offering: Offering) -> dict[str, Any]:
-    schema = offering.input_schema or {}
-    properties = schema.get("properties") or {}
-    flat = all((p or {}).get("type") in _QUERY_SCALARS for p in properties.values())
-    described: dict[str, Any] = {
-        "type": "http",
-        "method": "POST",
-        "bodyType": "json",
-        "bodyFields": schema,
-    }
-    if flat:
-        described["queryParams"] = schema
+def _bazaar(offering: Offering) -> dict[str, Any]:
+    """The bazaar description of buying `offering` (POST its input as JSON, with an example
+    input), as every 402 and every discovery item declares it."""
+    return {BAZAAR_KEY: bazaar_declaration(input_schema=offering.input_schema or {})}
+
+
+def _bazaar_for_402(offering: Offering) -> dict[str, Any]:
+    """The 402's bazaar description, unless it is too large to travel: clients echo the
+    402's extensions in PAYMENT-SIGNATURE, whose size is bounded (payments.x402.wire), so a
+    huge input schema would make every payment malformed. Discovery lists it regardless."""
+    described = _bazaar(offering)
+    if len(canonical_json(described)) > BAZAAR_402_MAX_CHARS:
+        return {}
     return described
 
 
+def _is_flat(schema: dict[str, Any]) -> bool:
+    """Every property can be read from a query string (_input_from_query)."""
+    properties = schema.get("properties") or {}
+    return all(_is_query_scalar(p or {}) for p in properties.values())
+
+
+def _is_query_scalar(prop: dict[str, Any]) -> bool:
+    if "type" in prop:
+        return prop["type"] in _QUERY_SCALARS
+    # An untyped enum (or const) of strings is read as a string.
+    values = prop.get("enum", [prop["const"]] if "const" in prop else None)
+    return isinstance(values, list) and all(isinstance(v, str) for v in values)
+
+
+def _discovery_item(offering: Offering, network: NetworkConfig, base_url: str) -> dict[str, Any]:
+    """One paid URL as the bazaar lists it (x402.extensions.bazaar's DiscoveryResource):
+    `resource`, `type`, `x402Version`, `accepts`, `description`, `mimeType` and the bazaar
+    extension; our own facts under `metadata`."""
+    schema = offering.input_schema or {}
+    requirements = x402_requirements_for_offering(offering=offering)
+    metadata: dict[str, Any] = {
+        "title": offering.title,
+        "inputSchema": schema,
+        "duplicateWindowSeconds": int(offering.duplicate_window.total_seconds()),
+        "expectedRunTimeSeconds": int(offering.expected_run_time.total_seconds()),
+    }
+    if _is_flat(schema):
+        # Flat inputs are bought by GET too: the same example as query parameters.
+        metadata["get"] = {"method": "GET", "queryParams": input_example(schema)}
+    return {
+        "resource": f"{base_url}/x402/{offering.slug}",
+        "type": "http",
+        "x402Version": 2,
+        "accepts": [
+            requirements_wire(requirements, network).model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
+        ],
+        "description": offering.description or offering.title,
+        "mimeType": "application/json",
+        "extensions": _bazaar(offering),
+        "metadata": metadata,
+    }
+
+
 def x402_catalog(*, base_url: str) -> dict[str, Any]:
-    """Every offering sold over x402 with its requirements and input schema (discovery)."""
+    """Every offering sold over x402, each as a bazaar discovery item (discovery)."""
     items = []
     for offering in Offering.objects.filter(is_active=True).order_by("slug"):
         try:
             network = network_config(offering.network)
         except UnknownNetwork:
             continue
-        requirements = x402_requirements_for_offering(offering=offering)
-        url = f"{base_url}/x402/{offering.slug}"
-        items.append(
-            {
-                "resource": url,
-                "type": "http",
-                "x402Version": 2,
-                "accepts": [
-                    requirements_wire(requirements, network).model_dump(
-                        mode="json", by_alias=True, exclude_none=True
-                    )
-                ],
-                "metadata": {
-                    "title": offering.title,
-                    "description": offering.description,
-                    "input": _http_input(offering),
-                    "output": {"mimeType": "application/json"},
-                    "duplicateWindowSeconds": int(offering.duplicate_window.total_seconds()),
-                    "expectedRunTimeSeconds": int(offering.expected_run_time.total_seconds()),
-                },
-            }
-        )
+        items.append(_discovery_item(offering, network, base_url))
     return {
         "version": 1,
         "resources": [item["resource"] for item in items],
@@ -245,4 +320,5 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
         ),
         "x402Version": 2,
         "items": items,
+        "pagination": {"limit": len(items), "offset": 0, "total": len(items)},
     }

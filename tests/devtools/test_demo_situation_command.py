@@ -14,8 +14,20 @@ from devtools.situations import SITUATIONS
 def test_list_names_the_twelve_situations() -> None:
     out = io.StringIO()
     call_command("demo_situation", "--list", stdout=out)
-    names = [line.split()[0] for line in out.getvalue().splitlines()]
+    names = [line.split()[0] for line in out.getvalue().splitlines() if not line.startswith(" ")]
     assert names == list(SITUATIONS) and len(names) == 12
+
+
+def test_list_gives_each_description_whole_and_wrapped() -> None:
+    out = io.StringIO()
+    call_command("demo_situation", "--list", stdout=out)
+    listed = out.getvalue()
+    assert all(len(line) <= 100 for line in listed.splitlines())
+    text = " ".join(listed.split())
+    for name, play in SITUATIONS.items():
+        whole = " ".join((play.__doc__ or "").strip().split("\n\n")[0].split())
+        assert whole.endswith("."), name  # a sentence, ended
+        assert f"{name} {whole}" in text, name
 
 
 def test_without_a_running_demo_it_says_to_start_one(settings, tmp_path) -> None:

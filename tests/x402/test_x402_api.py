@@ -131,11 +131,13 @@ def test_another_payment_id_on_a_paid_quote_is_refused_before_the_chain(client, 
     assert x402_world.relayer_sent() == 1
 
 
-def test_same_payment_id_with_a_different_payload_is_a_conflict(client, x402_world):
+def test_same_payment_id_from_another_payer_is_a_conflict(client, x402_world):
+    # A re-signed retry by the same payer is the same request
+    # (tests/x402/test_x402_payment_id_retry.py); another payer's is not.
     header = required_header(client, x402_world)
-    payer = x402_world.payers[0]
+    payer, other = x402_world.payers[:2]
     assert ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID)).status_code == 202
-    conflict = ask(client, x402_world, payment=sign_payment(header, payer, PAY_ID))  # new nonce
+    conflict = ask(client, x402_world, payment=sign_payment(header, other, PAY_ID))
     assert conflict.status_code == 409
     assert conflict.json()["code"] == "payment_identifier_conflict"
     assert x402_world.relayer_sent() == 1
@@ -202,6 +204,19 @@ def test_malformed_payment_signature_is_a_structured_400(client, x402_world):
         assert response["Content-Type"] == "application/problem+json"
         assert response.json()["code"] == "payment_signature_malformed"
     assert not IdempotencyRecord.objects.exists()
+
+
+@pytest.mark.parametrize("junk", ["!!", ",", "@@"])
+def test_valid_base64_with_junk_mixed_in_is_malformed_not_settled(client, x402_world, junk):
+    payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], PAY_ID)
+    middle = len(payment) // 2
+    response = ask(client, x402_world, payment=payment[:middle] + junk + payment[middle:])
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "payment_signature_malformed"
+    assert not IdempotencyRecord.objects.exists() and not PaymentAttempt.objects.exists()
+    assert x402_world.relayer_sent() == 0 and x402_world.seller_balance() == 0
+    # The header as signed still pays.
+    assert ask(client, x402_world, payment=payment).status_code == 202
 
 
 def test_payment_without_identifier_is_accepted(client, x402_world):

@@ -84,6 +84,34 @@ def test_malformed_payment_identifier_speaks_of_the_identifier(client, x402_worl
 
 
 @pytest.mark.django_db
+def test_a_duplicate_of_a_purchase_still_paying_points_at_it(client, x402_world):
+    """A re-signed retry while the first request still pays: 409 payment_in_flight with the
+    status URL in Location and the purchase in Tollbooth-Duplicate-Of, as docs/x402.md says,
+    and a title that does not speak of a payment id the client never sent."""
+    world = x402_world
+    first = _pay(client, world, _fresh_payment(client, world))
+    assert first.status_code == 202
+    purchase = Purchase.objects.get()
+    # Its own request still runs: paying, its key leased.
+    Purchase.objects.update(payment_state=Purchase.PaymentState.PAYING)
+    IdempotencyRecord.objects.update(
+        state=IdempotencyRecord.State.IN_FLIGHT,
+        locked_until=timezone.now() + timedelta(seconds=60),
+    )
+
+    retry = _pay(client, world, _fresh_payment(client, world))
+
+    assert retry.status_code == 409, retry.content
+    body = retry.json()
+    assert body["code"] == "payment_in_flight" and body["purchase"] == purchase.ref
+    assert retry["Location"] == body["status_url"] == first["Location"]
+    assert retry["Tollbooth-Duplicate-Of"] == purchase.ref
+    assert retry["Retry-After"]
+    assert "payment id" not in body["title"] and "payment id" not in body["detail"]
+    assert world.relayer_sent() == 1 and PaymentAttempt.objects.count() == 1
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("with_key", [False, True], ids=["anonymous", "api-key"])
 def test_resigned_retry_inside_the_window_is_answered_never_charged(
     client, x402_world, buyer, make_client, with_key
@@ -207,8 +235,11 @@ def test_eight_fresh_authorizations_at_once_settle_exactly_one(x402_live_world, 
         assert answer.json()["purchase"] == purchase.ref, answer.text
         if answer.status_code == 409:
             assert answer.json()["code"] == "payment_in_flight" and answer.headers["Retry-After"]
-    duplicates = [a for a in answers if a.headers.get("Tollbooth-Duplicate-Of")]
+            assert answer.headers["Tollbooth-Duplicate-Of"] == purchase.ref
+            assert answer.headers["Location"] == answer.json()["status_url"]
     in_flight = [a for a in answers if a.status_code == 409]
+    duplicates = [a for a in answers if a.headers.get("Tollbooth-Duplicate-Of")]
+    duplicates = [a for a in duplicates if a.status_code != 409]
     assert len(duplicates) + len(in_flight) == 7
     assert PurchaseEvent.objects.filter(subject="purchase.duplicate").count() == len(duplicates)
 

@@ -125,7 +125,7 @@ def test_discovery_lists_every_paid_url_with_requirements_and_input(client, x402
     (accept,) = item["accepts"]
     assert (accept["amount"], accept["asset"]) == (str(PRICE), x402_world.token)
     assert accept["payTo"] == x402_world.seller.address
-    assert item["metadata"]["input"]["bodyFields"]["required"] == ["title", "csv"]
+    assert item["metadata"]["inputSchema"]["required"] == ["title", "csv"]
     assert item["metadata"]["duplicateWindowSeconds"] == 600
 
 

@@ -11,6 +11,7 @@ Reads the demo's chain, credentials and process control from TOLLBOOTH_VAR_DIR (
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 import urllib.request
 from pathlib import Path
@@ -77,8 +78,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["list"]:
             for name, play in SITUATIONS.items():
-                summary = (play.__doc__ or "").strip().splitlines()[0]
-                self.stdout.write(f"{name:<24} {summary}")
+                self.stdout.write(_listed(name, play.__doc__ or ""))
             return
         names = list(SITUATIONS) if options["all"] else [options["situation"]]
         if names == [None]:
@@ -110,6 +110,23 @@ class Command(BaseCommand):
                 self.stdout.write(f"  open     {played.admin_url}")
                 for note in played.notes:
                     self.stdout.write(f"  what     {note}")
+
+
+# Name column, then the description wrapped under itself (whole sentences, never cut).
+_NAME_WIDTH = 24
+_LIST_WIDTH = 100
+
+
+def _listed(name: str, doc: str) -> str:
+    """A situation's line in --list: its name and the docstring's first paragraph, whole."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    return textwrap.fill(
+        paragraph,
+        width=_LIST_WIDTH,
+        initial_indent=f"{name:<{_NAME_WIDTH}} ",
+        subsequent_indent=" " * (_NAME_WIDTH + 1),
+        break_on_hyphens=False,
+    )
 
 
 def _demo_files(var_dir: Path) -> tuple[dict[str, Any], dict[str, str]]:
