@@ -149,8 +149,10 @@ def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
 
 def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
     request, rail = checkout.request, checkout.rail
-    if claim.recovery_point == IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED:
-        # A request holding this id died after recording the payment: resume there.
+    if claim.recovery_point != IdempotencyRecord.RecoveryPoint.STARTED:
+        # A request holding this id died after recording the payment: resume there (with
+        # the recorded authorization, whatever this retry carries: a re-signed one is never
+        # recorded beside it).
         recorded = payment_attempt_for_key(idempotency_record_id=claim.record_id)
         if recorded is not None:
             return _settle_and_answer(checkout, recorded.purchase, recorded.pk, claim, fresh=False)

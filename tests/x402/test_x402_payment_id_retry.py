@@ -103,10 +103,12 @@ def test_same_id_for_another_payer_input_amount_or_recipient_is_a_conflict(clien
 def test_resigned_retry_while_the_first_request_runs_is_in_flight_naming_it(client, world):
     assert ask(client, world, payment=_signed(client, world)).status_code == 202
     purchase = Purchase.objects.get()
-    # The first request still holds the id (as while it waits for the chain).
+    # The first request still holds the id (as while it waits for the chain), in another
+    # process whose heartbeat renews the lease (purchases/services/leases.py).
     IdempotencyRecord.objects.update(
         state=IdempotencyRecord.State.IN_FLIGHT,
         locked_until=timezone.now() + timedelta(seconds=60),
+        lease_token="another-process.its-request",
     )
 
     retry = ask(client, world, payment=_signed(client, world))
