@@ -21,6 +21,7 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.bulk import bulk_update_columns
 from core.clock import now_or
+from core.errors import ErrorCode
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
@@ -31,9 +32,10 @@ from purchases.events import (
     events_of_one_row,
     purchase_transition,
 )
-from purchases.models import Offering, Purchase
+from purchases.models import Escalation, Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quotes import quote_terms
+from purchases.services.remedies import escalation_open
 from purchases.services.resubmit import payment_resubmit_if_due
 from purchases.services.settlement_events import (
     payment_broadcast_record,
@@ -182,7 +184,7 @@ def _outcome_apply(
     event_record_change(purchase=purchase, actor=actor, change=change)
     moved: list[str] = []
     if change is not None and change.from_state != change.to_state:
-        move = _payment_move(purchase, outcome, now)
+        move = _payment_move(purchase, outcome, now, attempt)
         if move is not None:
             transition, arguments = move
             moved = purchase_transition(
@@ -194,6 +196,8 @@ def _outcome_apply(
                 evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
                 save=False,
             )
+            if purchase.payment_state == PAY.REVERSED:
+                _escalate_reversal(purchase, attempt, now, actor)
         moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
     if moved:
         purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE; first
@@ -266,11 +270,17 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
             if attempt is None or purchase is None or attempt.purchase_id != purchase.pk:
                 left.append(row)
                 continue
-            if purchase.pk in seen_purchases or (
-                attempt.state == PaymentAttempt.State.FAILED
-                and row.outcome.status == SettlementStatus.CONFIRMED
+            if (
+                purchase.pk in seen_purchases
+                or attempt.reorged_at is not None
+                or (
+                    attempt.state == PaymentAttempt.State.FAILED
+                    and row.outcome.status == SettlementStatus.CONFIRMED
+                )
             ):
-                left.append(row)  # a second attempt of one purchase, or late money: one by one
+                # A second attempt of one purchase, a reorged one (its failure is a reversal,
+                # escalated), or late money: one by one.
+                left.append(row)
                 continue
             seen_purchases.add(purchase.pk)
             try:
@@ -282,7 +292,7 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
                     event_record_change(purchase=purchase, actor=actor, change=change)
                     queued = False
                     if change is not None and change.from_state != change.to_state:
-                        move = _payment_move(purchase, row.outcome, now)
+                        move = _payment_move(purchase, row.outcome, now, attempt)
                         if move is not None:
                             transition, arguments = move
                             purchase_transition(
@@ -342,16 +352,43 @@ def _first_broadcast_record(
 
 
 def _payment_move(
-    purchase: Purchase, outcome: SettlementOutcome, now: datetime
+    purchase: Purchase, outcome: SettlementOutcome, now: datetime, attempt: PaymentAttempt
 ) -> tuple[Callable[..., None], dict[str, Any]] | None:
     """The purchase's payment transition for what the money's keeper said, if any."""
     if outcome.status == SettlementStatus.CONFIRMED:
         return purchase.payment_complete, {"paid_at": now}
+    if outcome.status == SettlementStatus.FAILED and attempt.reorged_at is not None:
+        # It was paid (and its work may be delivered) until a reorg undid the transfer, and
+        # the same authorization can no longer land: not a plain failure.
+        return purchase.payment_reverse, {"reason_code": ErrorCode.PAYMENT_REVERSED.value}
     if outcome.status == SettlementStatus.FAILED:
         return purchase.payment_fail, {"reason_code": outcome.reason_code}
     if purchase.payment_state == PAY.PAYING:
         return purchase.payment_pend, {"reason_code": outcome.reason_code or "settlement_pending"}
     return None
+
+
+def _escalate_reversal(
+    purchase: Purchase, attempt: PaymentAttempt, now: datetime, actor: Actor
+) -> None:
+    """Delivered, payment reversed: support owns it (ask the buyer to pay again, or write it
+    off); its alert goes out through the outbox with the escalation."""
+    escalation_open(
+        purchase=purchase,
+        owner=Escalation.OwnerRole.SUPPORT,
+        reason_code=ErrorCode.PAYMENT_REVERSED.value,
+        now=now,
+        actor=actor,
+        details={
+            "attempt": attempt.pk,
+            "tx_hash": attempt.tx_hash,
+            "reorged_at": attempt.reorged_at.isoformat() if attempt.reorged_at else None,
+            "why": attempt.reason_code,
+            "payer": attempt.payer,
+            "nonce": attempt.authorization_nonce,
+            "fulfillment": purchase.fulfillment_state,
+        },
+    )
 
 
 def purchase_queue_execution_if_due(

@@ -1,0 +1,195 @@
+"""A chain reorg that undoes a settled, delivered x402 payment (issue 18 item 1).
+
+A real reorg on anvil: a snapshot before the settlement block, the payment settled at depth
+1 and its result delivered, more blocks mined, then `evm_revert` to the snapshot and blocks
+mined past the old settlement block. The transfer is gone and the authorization's nonce is
+unused again. Direct mode (our relayer) and facilitator mode (the facilitator double).
+
+These tests run on the `paused_anvil` session node, which reverts whatever a test did; the
+reorg's own snapshot is taken inside that test's, so the node is left as the fixture expects.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+from x402.http.utils import decode_payment_response_header
+
+from devtools.anvil import AnvilNode
+from devtools.facilitator_double import FacilitatorDouble
+from payments.models import PaymentAttempt
+from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
+from purchases.services.alerts import escalation_alert
+from purchases.services.execution import purchase_execute
+from purchases.services.finality import watch_unfinal_settlements
+from tests.x402.e2e import PRICE, X402World, ask, build_world, sign_payment
+
+pytestmark = [pytest.mark.django_db]
+
+FINALITY_DEPTH = 4
+PAY_ID = "reorg-payment-id-000001"
+
+
+@pytest.fixture(params=["direct", "facilitator"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def world(mode: str, settings: Any, paused_anvil: AnvilNode, db: None) -> Iterator[X402World]:
+    """An automining world on the revertible node, final only FINALITY_DEPTH blocks deep."""
+    built = build_world(settings, paused_anvil, mode=mode)
+    built.network_settings.update(finality="depth", finality_depth=FINALITY_DEPTH)
+    if mode != "facilitator":
+        yield built
+        return
+    with FacilitatorDouble(paused_anvil.rpc_url, built.new_account()) as double:
+        built.network_settings["facilitator_url"] = double.url
+        yield built
+
+
+def _paid_and_delivered(world: X402World, client: APIClient, **sign: Any) -> tuple[str, str]:
+    """Pay, run the work, resend: 200 with the result and a successful PAYMENT-RESPONSE."""
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID, **sign)
+    assert ask(client, world, payment=payment).status_code == 202  # paid, the work queued
+    purchase_execute(purchase_id=Purchase.objects.get().pk, worker="test")
+    delivered = ask(client, world, payment=payment)
+    assert delivered.status_code == 200, delivered.content
+    settled = decode_payment_response_header(delivered["PAYMENT-RESPONSE"])
+    assert settled.success is True
+    assert world.seller_balance() == PRICE
+    return payment, settled.transaction.lower()
+
+
+def _reorg(node: AnvilNode, snapshot: str, *, chain_time: int | None = None) -> None:
+    """Undo everything since `snapshot`, then mine past the old settlement block."""
+    assert node.rpc("evm_revert", [snapshot]) is True
+    # A revert winds the chain clock back to the snapshot: put it where the test wants it.
+    node.rpc("anvil_setTime", [chain_time or int(time.time())])
+    node.mine(3)
+
+
+def _subjects(purchase: Purchase) -> list[tuple[str, str]]:
+    return [(e.subject, e.reason_code) for e in PurchaseEvent.objects.filter(purchase=purchase)]
+
+
+def test_a_payment_is_watched_until_final_then_left_alone(world):
+    client = APIClient()
+    _, tx_hash = _paid_and_delivered(world, client)
+    attempt = PaymentAttempt.objects.get()
+    assert attempt.final_at is None and attempt.block_number is not None
+    assert attempt.next_check_at is not None  # the resend looked, and said when it looks next
+    world.node.mine(FINALITY_DEPTH)
+    stats = watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))
+    assert stats["final"] == 1
+    attempt.refresh_from_db()
+    assert attempt.final_at is not None and attempt.tx_hash == tx_hash
+    purchase = Purchase.objects.get()
+    assert ("payment_attempt.final", "") in _subjects(purchase)
+    assert watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(hours=1))["claimed"] == 0
+
+
+def test_reorged_payment_is_settled_again_while_its_window_is_open(world, mode):
+    client = APIClient()
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, vanished = _paid_and_delivered(world, client)
+    world.node.mine(1)  # depth 2 of FINALITY_DEPTH: settled, not final
+    _reorg(world.node, snapshot)
+    assert world.seller_balance() == 0  # the transfer is gone, the nonce unused again
+
+    # Beat's finality watch finds it and settles the same signed authorization again.
+    stats = watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))
+    assert stats["undone"] == 1
+    purchase = Purchase.objects.get()
+    attempt = PaymentAttempt.objects.get()
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("paid", "succeeded")
+    assert attempt.state == "succeeded" and attempt.reorged_at is not None
+    assert attempt.final_at is None  # watched again, from its new block
+    assert world.seller_balance() == PRICE  # exactly one transfer in the end
+    if mode == "direct":
+        assert attempt.tx_hash == vanished  # the identical relayer bytes, sent again
+    subjects = _subjects(purchase)
+    assert ("payment_attempt.reorged", "settlement_reorged") in subjects
+    assert ("purchase.payment", "settlement_reorged") in subjects
+    assert [s for s, _ in subjects].count("payment_attempt.resubmitted") == 1
+    assert not Escalation.objects.exists()
+
+    # The resend names the transaction that holds the money now.
+    again = ask(client, world, payment=payment)
+    assert again.status_code == 200
+    answer = decode_payment_response_header(again["PAYMENT-RESPONSE"])
+    assert answer.success is True and answer.transaction.lower() == attempt.tx_hash
+
+
+def test_resend_after_a_reorg_is_pending_until_the_transfer_lands_again(world):
+    client = APIClient()
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, _ = _paid_and_delivered(world, client)
+    _reorg(world.node, snapshot)
+    world.node.set_automine(False)  # the resubmission waits in the pool
+
+    pending = ask(client, world, payment=payment)
+    assert pending.status_code == 202, pending.content
+    assert pending["Retry-After"]
+    answer = decode_payment_response_header(pending["PAYMENT-RESPONSE"])
+    assert answer.success is False
+    body = pending.json()
+    assert body["status"] == "settlement_pending" and body["owner"] == "reconciliation"
+    assert Purchase.objects.get().payment_state == "settlement_pending"
+    status_url = APIClient().get(pending["Location"])
+    assert status_url.status_code == 202  # the status URL tells the same truth
+
+    world.node.mine(1)
+    settled = ask(client, world, payment=payment)
+    assert settled.status_code == 200
+    assert decode_payment_response_header(settled["PAYMENT-RESPONSE"]).success is True
+    assert world.seller_balance() == PRICE
+    assert Purchase.objects.get().payment_state == "paid"
+
+
+def test_reorged_payment_whose_window_closed_is_delivered_payment_reversed(
+    world, settings, webhook
+):
+    settings.TOLLBOOTH_ALERT_WEBHOOK_URL = webhook.url
+    client = APIClient()
+    valid_before = int(time.time()) + 120
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, vanished = _paid_and_delivered(world, client, valid_before=valid_before)
+    _reorg(world.node, snapshot, chain_time=valid_before + 60)  # the window closed meanwhile
+
+    later = datetime.fromtimestamp(valid_before + 60, UTC)
+    stats = watch_unfinal_settlements(now=later)
+    assert stats["undone"] == 1
+    purchase = Purchase.objects.get()
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("reversed", "succeeded")
+    assert purchase.reason_code == "payment_reversed"
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.reason_code) == ("failed", "authorization_expired_unused")
+    assert attempt.tx_hash == vanished  # the vanished transaction stays as evidence
+    assert world.seller_balance() == 0
+    assert ("payment_attempt.reorged", "settlement_reorged") in _subjects(purchase)
+    assert not PurchaseEvent.objects.filter(subject="payment_attempt.resubmitted").exists()
+
+    # An owner, a reason, a deadline, and an alert to a person.
+    escalation = Escalation.objects.get()
+    assert (escalation.owner, escalation.reason_code) == ("support", "payment_reversed")
+    assert escalation.deadline_at > later
+    assert escalation.details["tx_hash"] == vanished
+    assert OutboxMessage.objects.filter(job="escalation_alert").exists()
+    assert escalation_alert(escalation_id=escalation.pk) is True
+    [alert] = webhook.received
+    assert alert.headers["Idempotency-Key"] == f"tollbooth-escalation-{escalation.pk}"
+    assert b"payment_reversed" in alert.body
+
+    # Resends, the status URL and the purchase's status no longer say "paid".
+    again = ask(client, world, payment=payment)
+    assert again.status_code == 402
+    problem = again.json()
+    assert (problem["code"], problem["purchase"]) == ("payment_reversed", purchase.ref)
+    assert problem["reason"] == "authorization_expired_unused"
+    assert problem["retryable"] is False
