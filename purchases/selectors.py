@@ -20,7 +20,7 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
-from payments.models import PaymentAttempt, Refund
+from payments.models import PaymentAttempt, Rail, Refund
 from purchases.case_file import DUPLICATE, LATE, CaseFacts, EscalationFact, RefundFact
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.services.idempotency import payment_id_hash
@@ -160,8 +160,10 @@ def _settlement(purchase: Purchase, attempt: PaymentAttempt | None) -> dict[str,
         "state": attempt.state,
         "network": attempt.network,
         "transaction": attempt.tx_hash or attempt.settlement_reference or None,
-        # Settled, and past the network's finality policy: no reorg can undo it any more.
-        "final": attempt.state == PaymentAttempt.State.SUCCEEDED and attempt.final_at is not None,
+        # Settled, and past the network's finality policy: no reorg can undo it any more
+        # (a ledger debit is final when made).
+        "final": attempt.state == PaymentAttempt.State.SUCCEEDED
+        and (attempt.rail != Rail.X402 or attempt.final_at is not None),
     }
 
 

@@ -94,6 +94,20 @@ def test_a_payment_is_watched_until_final_then_left_alone(world):
     assert watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(hours=1))["claimed"] == 0
 
 
+def test_finalized_policy_waits_for_the_nodes_finalized_block(world):
+    # anvil's `finalized` block trails its head by 64; the depth fallback is out of reach.
+    world.network_settings.update(finality="finalized", finality_depth=10_000)
+    _paid_and_delivered(world, APIClient())
+    block = PaymentAttempt.objects.get().block_number
+    later = datetime.now(UTC) + timedelta(minutes=1)
+    assert watch_unfinal_settlements(now=later)["watching"] == 1
+    world.node.mine(64)
+    assert watch_unfinal_settlements(now=later + timedelta(minutes=1))["final"] == 1
+    final = PurchaseEvent.objects.get(subject="payment_attempt.final")
+    assert final.evidence["policy"] == "finalized"
+    assert final.evidence["finalized_block"] >= block
+
+
 def test_reorged_payment_is_settled_again_while_its_window_is_open(world, mode):
     client = APIClient()
     snapshot = world.node.rpc("evm_snapshot")
