@@ -29,7 +29,8 @@ from purchases.services.execution import purchase_execute
 from purchases.services.finality import watch_unfinal_settlements
 from tests.x402.e2e import PRICE, X402World, ask, build_world, sign_payment
 
-pytestmark = [pytest.mark.django_db]
+# Also on the embedded SQLite default (the second CI pass): `make demo` serves this.
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 FINALITY_DEPTH = 4
 PAY_ID = "reorg-payment-id-000001"
