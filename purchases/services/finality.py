@@ -22,6 +22,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from itertools import groupby
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 
@@ -36,9 +37,10 @@ from payments.x402.networks import network_config
 from payments.x402.types import NetworkConfig
 from purchases import event_subjects as subjects
 from purchases.events import event_record, event_record_change, purchase_transition
-from purchases.models import Purchase
+from purchases.models import Escalation, Purchase
 from purchases.services.batches import row_isolated
 from purchases.services.job_runs import job_run
+from purchases.services.remedies import escalation_open
 from purchases.services.settlement import settlement_follow_up, settlement_record_outcome
 
 REORGED = "settlement_reorged"
@@ -107,14 +109,38 @@ def settlement_finality_follow(
     if check.finality == Finality.UNDONE:
         _resettle(attempt, check, now)
     elif check.finality == Finality.UNKNOWN:
-        step = min(attempt.unanswered_checks, len(UNANSWERED_BACKOFF) - 1)
-        PaymentAttempt.objects.filter(pk=attempt.pk).update(
-            unanswered_checks=F("unanswered_checks") + 1,
-            next_check_at=now + UNANSWERED_BACKOFF[step],
-        )
+        _unanswered(attempt, check, now)
     else:
         _still_there(attempt, check, now)
     return check
+
+
+def _unanswered(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:
+    """The chain could not say (unreadable, or the nonce used by nothing readable): the
+    payment stays paid, looked at less often; unresolved past the reconciliation deadline
+    since it settled, it gets an owner."""
+    step = min(attempt.unanswered_checks, len(UNANSWERED_BACKOFF) - 1)
+    PaymentAttempt.objects.filter(pk=attempt.pk).update(
+        unanswered_checks=F("unanswered_checks") + 1,
+        next_check_at=now + UNANSWERED_BACKOFF[step],
+    )
+    # `updated_at` is the settlement's save: the watch's own writes are plain UPDATEs.
+    if now - attempt.updated_at <= settings.TOLLBOOTH["RECONCILIATION_DEADLINE"]:
+        return
+    with transaction.atomic():
+        escalation_open(
+            purchase=Purchase.objects.select_for_update().get(pk=attempt.purchase_id),
+            owner=Escalation.OwnerRole.RECONCILIATION,
+            reason_code="settlement_unresolved_reconciliation",
+            now=now,
+            actor=Actor.system("reconciliation"),
+            details={
+                "attempt": attempt.pk,
+                "tx_hash": attempt.tx_hash,
+                "finality": "unknown",
+                "why": check.evidence.get("error") or (check.outcome and check.outcome.reason_code),
+            },
+        )
 
 
 def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:

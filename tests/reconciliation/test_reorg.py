@@ -27,6 +27,7 @@ from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.services.alerts import escalation_alert
 from purchases.services.execution import purchase_execute
 from purchases.services.finality import watch_unfinal_settlements
+from tests.fixtures.anvil import closed_port_url
 from tests.x402.e2e import PRICE, X402World, ask, build_world, sign_payment
 
 # Also on the embedded SQLite default (the second CI pass): `make demo` serves this.
@@ -93,6 +94,25 @@ def test_a_payment_is_watched_until_final_then_left_alone(world):
     purchase = Purchase.objects.get()
     assert ("payment_attempt.final", "") in _subjects(purchase)
     assert watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(hours=1))["claimed"] == 0
+
+
+def test_an_unreadable_chain_leaves_it_paid_then_names_an_owner(world):
+    _paid_and_delivered(world, APIClient())
+    world.network_settings["rpc_url"] = closed_port_url()
+    soon = datetime.now(UTC) + timedelta(minutes=1)
+    assert watch_unfinal_settlements(now=soon)["unknown"] == 1
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.final_at, attempt.unanswered_checks) == ("succeeded", None, 1)
+    assert attempt.next_check_at == soon + timedelta(seconds=30)
+    assert Purchase.objects.get().payment_state == "paid"  # unknown is not undone
+    assert not Escalation.objects.exists()
+    past_deadline = soon + timedelta(hours=7)
+    assert watch_unfinal_settlements(now=past_deadline)["unknown"] == 1
+    escalation = Escalation.objects.get()
+    assert (escalation.owner, escalation.reason_code) == (
+        "reconciliation",
+        "settlement_unresolved_reconciliation",
+    )
 
 
 def test_finalized_policy_waits_for_the_nodes_finalized_block(world):
