@@ -24,6 +24,7 @@ from devtools.anvil import AnvilNode
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
+from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.alerts import escalation_alert
 from purchases.services.execution import purchase_execute
 from purchases.services.finality import watch_unfinal_settlements
@@ -228,3 +229,9 @@ def test_reorged_payment_whose_window_closed_is_delivered_payment_reversed(
     assert (problem["code"], problem["purchase"]) == ("payment_reversed", purchase.ref)
     assert problem["reason"] == "authorization_expired_unused"
     assert problem["retryable"] is False
+    by_status_url = APIClient().get(purchase_capability_url(purchase=purchase))
+    assert (by_status_url.status_code, by_status_url.json()["code"]) == (402, "payment_reversed")
+    status = purchase_status(purchase=Purchase.objects.get(), now=later)
+    assert status["payment"]["state"] == "reversed"
+    assert (status["settlement"]["state"], status["settlement"]["final"]) == ("failed", False)
+    assert (status["next_action"], status["owner"]) == ("wait_for_support", "support")
