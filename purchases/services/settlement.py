@@ -32,10 +32,10 @@ from purchases.events import (
     events_of_one_row,
     purchase_transition,
 )
-from purchases.models import Escalation, Offering, Purchase
+from purchases.models import Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quotes import quote_terms
-from purchases.services.remedies import escalation_open
+from purchases.services.remedies import escalation_open_payment_reversed
 from purchases.services.resubmit import payment_resubmit_if_due
 from purchases.services.settlement_events import (
     payment_broadcast_record,
@@ -197,7 +197,9 @@ def _outcome_apply(
                 save=False,
             )
             if purchase.payment_state == PAY.REVERSED:
-                _escalate_reversal(purchase, attempt, now, actor)
+                escalation_open_payment_reversed(
+                    purchase=purchase, attempt=attempt, now=now, actor=actor
+                )
         moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
     if moved:
         purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE; first
@@ -366,29 +368,6 @@ def _payment_move(
     if purchase.payment_state == PAY.PAYING:
         return purchase.payment_pend, {"reason_code": outcome.reason_code or "settlement_pending"}
     return None
-
-
-def _escalate_reversal(
-    purchase: Purchase, attempt: PaymentAttempt, now: datetime, actor: Actor
-) -> None:
-    """Delivered, payment reversed: support owns it (ask the buyer to pay again, or write it
-    off); its alert goes out through the outbox with the escalation."""
-    escalation_open(
-        purchase=purchase,
-        owner=Escalation.OwnerRole.SUPPORT,
-        reason_code=ErrorCode.PAYMENT_REVERSED.value,
-        now=now,
-        actor=actor,
-        details={
-            "attempt": attempt.pk,
-            "tx_hash": attempt.tx_hash,
-            "reorged_at": attempt.reorged_at.isoformat() if attempt.reorged_at else None,
-            "why": attempt.reason_code,
-            "payer": attempt.payer,
-            "nonce": attempt.authorization_nonce,
-            "fulfillment": purchase.fulfillment_state,
-        },
-    )
 
 
 def purchase_queue_execution_if_due(
