@@ -11,12 +11,14 @@ reorg's own snapshot is taken inside that test's, so the node is left as the fix
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_response_header
 
@@ -43,17 +45,29 @@ def mode(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.fixture
-def world(mode: str, settings: Any, paused_anvil: AnvilNode, db: None) -> Iterator[X402World]:
+def _world(mode: str, settings: Any, node: AnvilNode) -> Iterator[X402World]:
     """An automining world on the revertible node, final only FINALITY_DEPTH blocks deep."""
-    built = build_world(settings, paused_anvil, mode=mode)
+    built = build_world(settings, node, mode=mode)
     built.network_settings.update(finality="depth", finality_depth=FINALITY_DEPTH)
     if mode != "facilitator":
         yield built
         return
-    with FacilitatorDouble(paused_anvil.rpc_url, built.new_account()) as double:
+    with FacilitatorDouble(node.rpc_url, built.new_account()) as double:
         built.network_settings["facilitator_url"] = double.url
         yield built
+
+
+@pytest.fixture
+def world(mode: str, settings: Any, paused_anvil: AnvilNode, db: None) -> Iterator[X402World]:
+    yield from _world(mode, settings, paused_anvil)
+
+
+@pytest.fixture
+def live_world(
+    mode: str, settings: Any, paused_anvil: AnvilNode, transactional_db: None
+) -> Iterator[X402World]:
+    """The same world with committed data, for racing real threads."""
+    yield from _world(mode, settings, paused_anvil)
 
 
 def _paid_and_delivered(world: X402World, client: APIClient, **sign: Any) -> tuple[str, str]:
@@ -235,3 +249,43 @@ def test_reorged_payment_whose_window_closed_is_delivered_payment_reversed(
     assert status["payment"]["state"] == "reversed"
     assert (status["settlement"]["state"], status["settlement"]["final"]) == ("failed", False)
     assert (status["next_action"], status["owner"]) == ("wait_for_support", "support")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_beat_and_buyers_racing_on_a_reorg_settle_it_again_once(live_world):
+    """The beat's watch and two resends find the same vanished transfer at once: one
+    reopening, one resubmission, one transfer in the end, and nobody is told it failed."""
+    world = live_world
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, _ = _paid_and_delivered(world, APIClient())
+    _reorg(world.node, snapshot)
+    barrier = threading.Barrier(3)
+    answers: list[int] = []
+
+    def resend() -> None:
+        try:
+            barrier.wait()
+            answers.append(ask(APIClient(), world, payment=payment).status_code)
+        finally:
+            connection.close()
+
+    def beat() -> None:
+        try:
+            barrier.wait()
+            watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=fn) for fn in (resend, resend, beat)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert len(answers) == 2 and set(answers) <= {200, 202}, answers
+    assert world.seller_balance() == PRICE
+    purchase = Purchase.objects.get()
+    subjects = _subjects(purchase)
+    assert subjects.count(("payment_attempt.reorged", "settlement_reorged")) == 1
+    assert [s for s, _ in subjects].count("payment_attempt.resubmitted") == 1
+    assert Purchase.objects.get().payment_state == "paid"
+    assert PaymentAttempt.objects.get().state == "succeeded"
