@@ -146,7 +146,10 @@ def _unanswered(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) ->
 def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:
     """In the chain: final, or not yet (next look recorded). A transfer found in another
     block or transaction than recorded (re-mined after a reorg) is noted on the timeline."""
-    moved = (check.tx_hash, check.block_number) != (attempt.tx_hash, attempt.block_number)
+    # A facilitator's success names no block: learning it is not a move.
+    moved = check.tx_hash != attempt.tx_hash or (
+        attempt.block_number is not None and check.block_number != attempt.block_number
+    )
     is_final = check.finality == Finality.FINAL
     with transaction.atomic():
         updated = PaymentAttempt.objects.filter(

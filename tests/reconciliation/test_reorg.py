@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
-from x402.http.utils import decode_payment_response_header
+from x402.http.utils import decode_payment_response_header, decode_payment_signature_header
 
 from devtools.anvil import AnvilNode
 from devtools.facilitator_double import FacilitatorDouble
+from devtools.test_token import send_transfer_with_authorization
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.selectors import purchase_capability_url, purchase_status
@@ -108,6 +109,7 @@ def test_a_payment_is_watched_until_final_then_left_alone(world):
     assert attempt.final_at is not None and attempt.tx_hash == tx_hash
     purchase = Purchase.objects.get()
     assert ("payment_attempt.final", "") in _subjects(purchase)
+    assert "payment_attempt.reorged" not in [s for s, _ in _subjects(purchase)]  # nothing moved
     assert watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(hours=1))["claimed"] == 0
 
 
@@ -174,6 +176,30 @@ def test_reorged_payment_is_settled_again_while_its_window_is_open(world, mode):
     assert again.status_code == 200
     answer = decode_payment_response_header(again["PAYMENT-RESPONSE"])
     assert answer.success is True and answer.transaction.lower() == attempt.tx_hash
+
+
+def test_a_transfer_that_landed_again_elsewhere_is_followed_not_resubmitted(world):
+    """After the reorg someone else broadcasts the same signed authorization first: the
+    money is in again, in another transaction; the watch follows it, sends nothing."""
+    client = APIClient()
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, vanished = _paid_and_delivered(world, client)
+    _reorg(world.node, snapshot)
+    signed = decode_payment_signature_header(payment).payload
+    landed = send_transfer_with_authorization(
+        world.w3, world.token, world.deployer, signed["authorization"], signed["signature"]
+    ).lower()
+    assert landed != vanished
+    stats = watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))
+    assert stats["watching"] == 1
+    attempt = PaymentAttempt.objects.get()
+    assert (attempt.state, attempt.tx_hash, attempt.reorged_at) == ("succeeded", landed, None)
+    moved = PurchaseEvent.objects.get(subject="payment_attempt.reorged")
+    assert moved.reason_code == "transfer_moved"
+    assert (moved.evidence["was_tx_hash"], moved.evidence["tx_hash"]) == (vanished, landed)
+    assert not PurchaseEvent.objects.filter(subject="payment_attempt.resubmitted").exists()
+    assert Purchase.objects.get().payment_state == "paid"
+    assert world.seller_balance() == PRICE
 
 
 def test_resend_after_a_reorg_is_pending_until_the_transfer_lands_again(world):
