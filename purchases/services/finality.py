@@ -223,6 +223,10 @@ def _reopen(attempt: PaymentAttempt, check: FinalityCheck, now: datetime, actor:
             "head_block": check.evidence.get("head_block"),
         }
         change = payment_attempt_reopen(attempt=locked, reason_code=REORGED, now=now, evidence={})
+        # Pending again: reconciliation's regular cadence (2.1), not this job's claim lease.
+        PaymentAttempt.objects.filter(pk=locked.pk).update(
+            next_check_at=now + FINALITY_RECHECK, unanswered_checks=0
+        )
         event_record(
             subject=subjects.PAYMENT_REORGED,
             purchase=purchase,
