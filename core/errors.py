@@ -70,6 +70,7 @@ class ErrorCode(StrEnum):
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
+    PAYMENT_REVERSED = "payment_reversed"
     # Execute and deliver boundary.
     PURCHASE_NOT_FOUND = "purchase_not_found"
     PAYMENT_NOT_COMPLETE = "payment_not_complete"
@@ -280,6 +281,14 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "sign_new_authorization",
         False,
         "Settlement provably failed; no money moved. `reason` says why.",
+    ),
+    ErrorCode.PAYMENT_REVERSED: CodeSpec(
+        402,
+        Owner.SUPPORT,
+        "contact_seller",
+        False,
+        "The result was delivered, but a chain reorg undid its payment and the signed "
+        "authorization can no longer settle: the payment is reversed; support is escalated.",
     ),
     ErrorCode.PURCHASE_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such purchase."),
     ErrorCode.PAYMENT_NOT_COMPLETE: CodeSpec(

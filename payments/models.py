@@ -75,6 +75,12 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     # nonce unused and no broadcast of it pending; bounded, with backoff from the last try.
     resubmissions = models.PositiveIntegerField(default=0)
     resubmitted_at = models.DateTimeField(null=True, blank=True)
+    # Finality (the network's X402_<NET>_FINALITY policy): a succeeded x402 attempt stays
+    # watched, its next look at `next_check_at`, until its block is final; then `final_at`.
+    # `reorged_at`: when its transfer was found undone by a reorg (kept as evidence: the
+    # attempt was reopened and its same authorization settled again, or it was reversed).
+    final_at = models.DateTimeField(null=True, blank=True)
+    reorged_at = models.DateTimeField(null=True, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -100,6 +106,13 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
                 fields=["network", "relayer_nonce"],
                 condition=Q(relayer_nonce__isnull=False),
                 name="attempt_relayer_nonce",
+            ),
+            # The finality watch reads only settled attempts not yet final: a few among
+            # millions (every older one is final), found without scanning the table.
+            models.Index(
+                fields=["network", "id"],
+                condition=Q(rail="x402", state="succeeded", final_at__isnull=True),
+                name="attempt_unfinal_scale",
             ),
         ]
         constraints = [
@@ -140,6 +153,13 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     @transition(field=state, source=[State.RECORDED, State.SETTLEMENT_PENDING], target=State.FAILED)
     def fail(self, *, reason_code: str) -> None:
         self.reason_code = reason_code
+
+    @transition(field=state, source=State.SUCCEEDED, target=State.SETTLEMENT_PENDING)
+    def reopen(self, *, reason_code: str, at: Any) -> None:
+        """A reorg undid the transfer before it was final: the money is unproven again."""
+        self.reason_code = reason_code
+        self.reorged_at = at
+        self.block_number = None
 
     def __str__(self) -> str:
         return f"{self.rail} attempt {self.pk} ({self.state})"

@@ -464,3 +464,21 @@ def payment_attempt_apply_outcome(
             **outcome.evidence,
         },
     )
+
+
+def payment_attempt_reopen(
+    *, attempt: PaymentAttempt, reason_code: str, now: datetime, evidence: dict[str, Any]
+) -> Change:
+    """A settled attempt whose transfer a reorg undid before it was final: pending again
+    (its tx hash kept as evidence), so the same authorization can be settled again. Caller
+    holds the locks and writes the timeline."""
+    vanished = {"attempt": attempt.pk, "tx_hash": attempt.tx_hash, "block": attempt.block_number}
+    attempt.reopen(reason_code=reason_code, at=now)
+    attempt.save(update_fields=[*OUTCOME_FIELDS, "reorged_at", "updated_at"])
+    return Change(
+        subject="payment_attempt",
+        from_state=PaymentAttempt.State.SUCCEEDED,
+        to_state=attempt.state,
+        reason_code=reason_code,
+        evidence={**vanished, **evidence},
+    )

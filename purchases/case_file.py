@@ -142,6 +142,11 @@ CASE_TABLE: tuple[Row, ...] = (
     R("settlement_pending", ANY, "facilitator_bad_response", PENDING_SAY + "The facilitator's "
       "answer was unreadable; the chain is asked instead.", RECON, Deadline.NEXT_CHECK,
       PAY_ACTIONS),
+    R("settlement_pending", ANY, "settlement_reorged", "Paid until a reorg undid the transfer "
+      "before it was final (the result may already be delivered): the same signed "
+      "authorization is being settled again while its window is open; if it cannot land, the "
+      "payment is reversed and support escalated.", RECON, Deadline.AUTHORIZATION_WINDOW,
+      PAY_ACTIONS),
     R("settlement_pending", ANY, "facilitator_unresolved:*", PENDING_SAY + "The facilitator "
       "refused for a reason that does not prove the transfer failed.", RECON,
       Deadline.NEXT_CHECK, PAY_ACTIONS),
@@ -212,6 +217,15 @@ CASE_TABLE: tuple[Row, ...] = (
     R("failed", "succeeded", ANY, "The result was delivered on verification, but settlement "
       "failed: the work is unpaid.", SUPPORT, Deadline.FAILED_FINAL, (Action.ASSIGN,),
       Finality.FINAL_AT_DEADLINE),
+    # --- paid, then undone by a reorg ----------------------------------------------------
+    R("reversed", ANY, ANY, "Delivered, payment reversed: a reorg undid the transfer and the "
+      "same authorization can no longer settle (window closed, or nonce spent elsewhere). "
+      "Support asks the buyer for a new payment or writes it off.", SUPPORT,
+      Deadline.ESCALATION, (Action.ASSIGN,)),
+    R("reversed", ANY, "payment_reversed", "Delivered, payment reversed: a reorg undid the "
+      "transfer and the same authorization can no longer settle (window closed, or nonce "
+      "spent elsewhere). Support asks the buyer for a new payment or writes it off.", SUPPORT,
+      Deadline.ESCALATION, (Action.ASSIGN,)),
     R("void", ANY, ANY, "Failed for good: every authorization it received is provably "
       "unusable.", NOBODY, Deadline.NONE, (Action.ASSIGN,), Finality.FINAL),
     R("void", ANY, "authorizations_unusable", "Failed for good: every authorization it "
@@ -249,6 +263,8 @@ ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
     ErrorCode.QUOTE_EXPIRED: "A new payment for this failed purchase came after its quote expired.",
     ErrorCode.SPEND_CAP_EXCEEDED: "A new payment for this purchase would pass the buyer's cap.",
     ErrorCode.PAYMENT_FAILED: "The buyer was told settlement failed (see the reason code).",
+    ErrorCode.PAYMENT_REVERSED: "The buyer was told the delivered purchase's payment was "
+    "reversed (a reorg undid it and the authorization can no longer settle).",
     ErrorCode.PAYMENT_NOT_COMPLETE: "The buyer asked for the result before the payment "
     "condition held.",
     ErrorCode.EXECUTION_FAILED: "The buyer asked for the result of failed or unknown work.",
@@ -292,6 +308,9 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     ErrorCode.SPEND_CAP_EXCEEDED.value: (BUYER, "The buyer's owner raises the cap, or waits."),
     ErrorCode.PAYMENT_FAILED.value: (BUYER, "Read the reason code; a new authorization if the "
                                      "failure is proven."),
+    ErrorCode.PAYMENT_REVERSED.value: (SUPPORT, "Ask the buyer for a new payment or write "
+                                       "it off, then resolve the escalation; never resubmit "
+                                       "(the authorization can no longer land)."),
     ErrorCode.PAYMENT_NOT_COMPLETE.value: (RECON, "Wait for settlement; the buyer asks again."),
     ErrorCode.EXECUTION_FAILED.value: (SUPPORT, "See the execution's reason and the remedy "
                                        "linked to it."),

@@ -25,6 +25,8 @@ PAYMENT_DROPPED = "payment_attempt.dropped"
 PAYMENT_RESUBMITTED = "payment_attempt.resubmitted"
 PAYMENT_RESUBMIT_REFUSED = "payment_attempt.resubmit_refused"
 PAYMENT_RELAYER_GAP_CLOSED = "payment_attempt.relayer_gap_closed"
+PAYMENT_REORGED = "payment_attempt.reorged"
+PAYMENT_FINAL = "payment_attempt.final"
 FACILITATOR_ANSWERED = "facilitator.answered"
 
 # --- the payment id ------------------------------------------------------------------------
@@ -72,6 +74,12 @@ SUBJECTS: dict[str, str] = {
         "before another purchase's broadcast it was re-sent byte for byte (`rebroadcast`) or "
         "its nonce given to a 0-value self-transfer (`gap_filled`)."
     ),
+    PAYMENT_REORGED: (
+        "A reorg moved or undid the settled transfer before it was final: reason "
+        "settlement_reorged (gone; the same authorization is settled again, or the payment "
+        "is reversed) or transfer_moved (in the chain again, in another block or transaction)."
+    ),
+    PAYMENT_FINAL: "The settled transfer is final under the network's policy: no longer watched.",
     FACILITATOR_ANSWERED: (
         "What the facilitator answered to /verify or /settle: HTTP status, valid or success, "
         "the reason it gave, the transaction (never the whole body)."

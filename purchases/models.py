@@ -198,6 +198,9 @@ class Purchase(PreparedTransitionMixin, models.Model):
         FAILED = "failed"
         # Failed for good: every authorization it received is provably unusable.
         VOID = "void"
+        # The result was delivered, then a reorg undid the payment and its authorization
+        # could no longer be settled again (window closed, or nonce spent elsewhere).
+        REVERSED = "reversed"
 
     class FulfillmentState(models.TextChoices):
         NOT_STARTED = "not_started"
@@ -292,6 +295,20 @@ class Purchase(PreparedTransitionMixin, models.Model):
         """Money landed after we recorded a failure and the offering fulfils late payments."""
         self.paid_at = paid_at
         self.reason_code = "late_settlement_fulfilled"
+
+    @transition(
+        field=payment_state, source=PaymentState.PAID, target=PaymentState.SETTLEMENT_PENDING
+    )
+    def payment_reopen(self, reason_code: str) -> None:
+        """A reorg undid the settled transfer before it was final: pending again, while the
+        same authorization is settled again."""
+        self.reason_code = reason_code
+
+    @transition(
+        field=payment_state, source=PaymentState.SETTLEMENT_PENDING, target=PaymentState.REVERSED
+    )
+    def payment_reverse(self, reason_code: str) -> None:
+        self.reason_code = reason_code
 
     @transition(field=payment_state, source=PaymentState.FAILED, target=PaymentState.VOID)
     def payment_void(self, reason_code: str) -> None:

@@ -20,7 +20,7 @@ from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
-from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Refund
+from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from purchases.case_checks import HEAL_EVERY
 from purchases.case_file import (
     DUPLICATE,
@@ -177,6 +177,8 @@ def _next_move(purchase: Purchase, delivery: str, remedy: str) -> tuple[str, str
         return "wait_for_support", "support"
     if purchase.payment_state in (PAY.UNPAID, PAY.FAILED):
         return "new_payment", "buyer"
+    if purchase.payment_state == PAY.REVERSED:
+        return "contact_seller", "support"
     if purchase.payment_state in (PAY.PAYING, PAY.SETTLEMENT_PENDING):
         return "poll_purchase", "reconciliation"
     if purchase.fulfillment_state in (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING):
@@ -195,6 +197,10 @@ def _settlement(purchase: Purchase, attempt: PaymentAttempt | None) -> dict[str,
         "state": attempt.state,
         "network": attempt.network,
         "transaction": attempt.tx_hash or attempt.settlement_reference or None,
+        # Settled, and past the network's finality policy: no reorg can undo it any more
+        # (a ledger debit is final when made).
+        "final": attempt.state == PaymentAttempt.State.SUCCEEDED
+        and (attempt.rail != Rail.X402 or attempt.final_at is not None),
     }
 
 
@@ -478,7 +484,7 @@ OUTCOMES = ("done", "in_progress", "payment_failed", "work_failed", "work_unknow
 
 def purchase_outcome(*, payment_state: str, fulfillment_state: str) -> str:
     """One word per purchase for the dashboard chart."""
-    if payment_state in (PAY.FAILED, PAY.VOID):
+    if payment_state in (PAY.FAILED, PAY.VOID, PAY.REVERSED):
         return "payment_failed"
     if fulfillment_state == RUN.FAILED:
         return "work_failed"

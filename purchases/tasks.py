@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import housekeeping, outbox, reconcile
+from purchases.services import finality, housekeeping, outbox, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.execution_recheck import (
@@ -68,6 +68,11 @@ def escalation_alert_task(*, escalation_id: int) -> bool:
 @shared_task(acks_late=True)
 def reconcile_pending_settlements_task() -> dict[str, int]:
     return dict(reconcile.reconcile_pending_settlements())
+
+
+@shared_task(acks_late=True)
+def watch_unfinal_settlements_task() -> dict[str, int]:
+    return dict(finality.watch_unfinal_settlements())
 
 
 @shared_task(acks_late=True)

@@ -46,6 +46,9 @@ EVENT_LABELS: dict[str, Label] = {
             "duplicate_settlement": "Duplicate transfer for a paid purchase",
             "late_settlement_fulfilled": "Late transfer accepted: purchase paid after all",
             "authorizations_unusable": "Failure made final (no authorization can land)",
+            "settlement_reorged": "Paid transfer undone by a reorg: settling it again",
+            "payment_reversed": "Delivered, payment reversed (the reorged transfer can no "
+            "longer land)",
         },
         by_state={
             "paying": "Payment started",
@@ -53,6 +56,7 @@ EVENT_LABELS: dict[str, Label] = {
             "paid": "Payment recorded as paid",
             "failed": "Payment failed",
             "void": "Failure made final",
+            "reversed": "Delivered, payment reversed",
         },
     ),
     "purchase.fulfillment": Label(
@@ -68,7 +72,10 @@ EVENT_LABELS: dict[str, Label] = {
     "purchase.duplicate": Label("Repeated payment answered with this purchase (not charged)"),
     "payment_attempt": Label(
         "Payment attempt updated",
-        by_reason={"chain_unavailable": "Chain unreachable during look-up"},
+        by_reason={
+            "chain_unavailable": "Chain unreachable during look-up",
+            "settlement_reorged": "Settled transfer undone by a reorg: pending again",
+        },
         by_state={
             "recorded": "Payment recorded",
             "settlement_pending": "Broadcast, awaiting confirmation",
@@ -78,6 +85,11 @@ EVENT_LABELS: dict[str, Label] = {
     ),
     "payment_attempt.resubmitted": Label("Same signed authorization submitted again"),
     "payment_attempt.resubmit_refused": Label("Resubmission limit reached"),
+    "payment_attempt.reorged": Label(
+        "Reorg: settled transfer undone, no longer in the chain",
+        by_reason={"transfer_moved": "Reorg: settled transfer moved to another block"},
+    ),
+    "payment_attempt.final": Label("Payment final (no reorg can undo it)"),
     "execution_attempt": Label(
         "Execution attempt updated",
         by_reason={

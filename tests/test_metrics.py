@@ -151,6 +151,7 @@ def test_purchases_by_payment_state_includes_zeros(client, world):
         "paid": 1.0,
         "failed": 1.0,
         "void": 1.0,
+        "reversed": 0.0,
     }
 
 

@@ -347,6 +347,10 @@ TOLLBOOTH = {
 # --- x402 on EVM ------------------------------------------------------------------
 # One entry per network, by CAIP-2 id. `mode` is "direct" (our relayer key broadcasts)
 # or "facilitator" (X402_FACILITATOR_URL settles). Keys only ever come from the environment.
+# `confirmations` is the depth at which a payment counts as settled (the work may run);
+# `finality` says when no reorg can undo it any more, and until then it stays watched:
+# "depth" (its block `finality_depth` deep; anvil has no meaningful finalized tag) or
+# "finalized" (at or below the node's `finalized` block, as Base's L1-backed nodes report).
 X402_FACILITATOR_URL = env.str("X402_FACILITATOR_URL", default="")
 X402_DEFAULT_MODE = "facilitator" if X402_FACILITATOR_URL else "direct"
 X402_NETWORKS = {
@@ -358,6 +362,8 @@ X402_NETWORKS = {
         "token_version": "2",
         "confirmations": env.int("X402_LOCAL_CONFIRMATIONS", default=1),
         "confirmation_timeout": env.float("X402_LOCAL_CONFIRMATION_TIMEOUT", default=5.0),
+        "finality": env.str("X402_LOCAL_FINALITY", default="depth"),
+        "finality_depth": env.int("X402_LOCAL_FINALITY_DEPTH", default=3),
         "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
@@ -372,6 +378,8 @@ X402_NETWORKS = {
         "token_version": "2",
         "confirmations": env.int("X402_BASE_SEPOLIA_CONFIRMATIONS", default=2),
         "confirmation_timeout": env.float("X402_BASE_SEPOLIA_CONFIRMATION_TIMEOUT", default=30.0),
+        "finality": env.str("X402_BASE_SEPOLIA_FINALITY", default="finalized"),
+        "finality_depth": env.int("X402_BASE_SEPOLIA_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
@@ -386,6 +394,8 @@ X402_NETWORKS = {
         "token_version": "2",
         "confirmations": env.int("X402_BASE_CONFIRMATIONS", default=3),
         "confirmation_timeout": env.float("X402_BASE_CONFIRMATION_TIMEOUT", default=60.0),
+        "finality": env.str("X402_BASE_FINALITY", default="finalized"),
+        "finality_depth": env.int("X402_BASE_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
@@ -475,6 +485,13 @@ CELERY_BEAT_SCHEDULE = {
     # rows carry their own backoff, so running often costs nothing for rows not yet due.
     "reconcile-pending-settlements": {
         "task": "purchases.tasks.reconcile_pending_settlements_task",
+        "schedule": 30.0,
+    },
+    # A settled payment is not final until the network's finality policy says so: a reorg
+    # before then can undo it, and its same authorization must be settled again (or the
+    # purchase reversed and escalated). Rows carry their next check, so idle runs are cheap.
+    "watch-unfinal-settlements": {
+        "task": "purchases.tasks.watch_unfinal_settlements_task",
         "schedule": 30.0,
     },
     # Money that lands after we recorded a failure must become a refund-owed within minutes.

@@ -199,6 +199,19 @@ class ChainReader:
         block = self._call(lambda: self.w3.eth.get_block("latest"))
         return BlockRef(number=int(block["number"]), timestamp=int(block["timestamp"]))
 
+    def finalized_block_number(self) -> int | None:
+        """The node's `finalized` block, or None if it has none (it is not tracking an L1, or
+        nothing is finalized yet). A node that cannot be asked raises ChainUnavailable."""
+        with _rpc():
+            try:
+                block = self.w3.eth.get_block("finalized")
+            except (ValueError, Web3Exception) as exc:
+                if "finalized" in str(exc).lower() or "not found" in str(exc).lower():
+                    return None
+                raise
+        number = int(block["number"]) if block else 0
+        return number or None  # block 0 (anvil, a fresh chain): it tracks no finality
+
     def receipt(self, tx_hash: str) -> dict[str, Any] | None:
         """The mined receipt, or None while the node knows no receipt (unknown or pending)."""
         tx = _hash32_hex(tx_hash)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from payments.x402.types import NetworkConfig
+
+FINALITY_POLICIES = ("depth", "finalized")
 
 
 class UnknownNetwork(LookupError):
@@ -33,7 +36,18 @@ def network_config(caip2: str) -> NetworkConfig:
         relayer_private_key=raw.get("relayer_private_key", ""),
         max_timeout_seconds=int(raw.get("max_timeout_seconds", 300)),
         explorer_tx_url=raw.get("explorer_tx_url", ""),
+        finality=_finality(caip2, raw),
+        finality_depth=int(raw.get("finality_depth") or raw["confirmations"]),
     )
+
+
+def _finality(caip2: str, raw: dict) -> str:
+    """Raises ImproperlyConfigured for a policy we do not know (a typo must not mean
+    "final at once")."""
+    policy = str(raw.get("finality") or "depth")
+    if policy not in FINALITY_POLICIES:
+        raise ImproperlyConfigured(f"{caip2}: finality must be one of {FINALITY_POLICIES}")
+    return policy
 
 
 def explorer_tx_url(*, network: str, tx_hash: str | None) -> str | None:

@@ -26,6 +26,11 @@ class NetworkConfig:
     max_timeout_seconds: int = 300  # advertised in PAYMENT-REQUIRED
     # Where a person looks a transaction up ("{tx_hash}" is replaced); "" for a local chain.
     explorer_tx_url: str = ""
+    # When a settled payment is final (no reorg can undo it; watched until then):
+    # "depth" (its block `finality_depth` deep) or "finalized" (at or below the node's
+    # `finalized` block). See payments/x402/finality.py.
+    finality: str = "depth"
+    finality_depth: int = 0  # 0: the confirmation depth
 
 
 @dataclass(frozen=True)

@@ -146,11 +146,18 @@ def _current_stage(purchase: Purchase, records: CaseRecords) -> str:
     return "settle"  # paying, pending, failed or void: the settlement decides
 
 
+_SETTLEMENT_PROBLEMS = (
+    Purchase.PaymentState.FAILED,
+    Purchase.PaymentState.VOID,
+    Purchase.PaymentState.REVERSED,  # delivered, payment undone by a reorg
+)
+
+
 def _stage_status(key: str, purchase: Purchase, records: CaseRecords, current: str) -> str:
     """green done, amber current, red problem, grey waiting."""
     pay, run = purchase.payment_state, purchase.fulfillment_state
     problem = {
-        "settle": pay in (Purchase.PaymentState.FAILED, Purchase.PaymentState.VOID),
+        "settle": pay in _SETTLEMENT_PROBLEMS,
         "execute": run in (Purchase.FulfillmentState.FAILED, Purchase.FulfillmentState.UNKNOWN),
     }
     done = {

@@ -266,7 +266,8 @@ def _back_off_all(attempts: list[PaymentAttempt], now: datetime, stats: Counter[
 
 def _escalate_if_overdue(attempt: PaymentAttempt, now: datetime, stats: Counter[str]) -> None:
     """Past the deadlines an unresolved settlement gets an owner: reconciliation, then support."""
-    waited = now - (attempt.broadcast_started_at or attempt.created_at)
+    # A settlement reopened by a reorg is unresolved since the reorg, not since its broadcast.
+    waited = now - (attempt.reorged_at or attempt.broadcast_started_at or attempt.created_at)
     owners = [
         (settings.TOLLBOOTH["RECONCILIATION_DEADLINE"], Escalation.OwnerRole.RECONCILIATION),
         (settings.TOLLBOOTH["SUPPORT_DEADLINE"], Escalation.OwnerRole.SUPPORT),

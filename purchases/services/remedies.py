@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import transaction
 
 from core.actors import Actor
+from core.errors import ErrorCode
 from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
 from payments.rails import rail_for
@@ -53,6 +54,30 @@ def escalation_open(
         now=now,
     )
     return escalation
+
+
+def escalation_open_payment_reversed(
+    *, purchase: Purchase, attempt: PaymentAttempt, now: datetime, actor: Actor
+) -> Escalation:
+    """Delivered, payment reversed (a reorg undid it for good): support owns it (ask the
+    buyer to pay again, or write it off); its alert goes out through the outbox with the
+    escalation. Caller holds the purchase's lock."""
+    return escalation_open(
+        purchase=purchase,
+        owner=Escalation.OwnerRole.SUPPORT,
+        reason_code=ErrorCode.PAYMENT_REVERSED.value,
+        now=now,
+        actor=actor,
+        details={
+            "attempt": attempt.pk,
+            "tx_hash": attempt.tx_hash,
+            "reorged_at": attempt.reorged_at.isoformat() if attempt.reorged_at else None,
+            "why": attempt.reason_code,
+            "payer": attempt.payer,
+            "nonce": attempt.authorization_nonce,
+            "fulfillment": purchase.fulfillment_state,
+        },
+    )
 
 
 def escalation_resolve(

@@ -71,6 +71,10 @@ def payment_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
     last = attempt.resubmitted_at or attempt.broadcast_started_at
     if last is None:
         return None
+    if attempt.reorged_at is not None and last <= attempt.reorged_at:
+        # A reorg undid a transfer that had landed: no submission of it can be in flight,
+        # so the first one after the reorg need not wait (purchases.services.finality).
+        return attempt.reorged_at
     if attempt.resubmissions == 0 and attempt.state == PaymentAttempt.State.SETTLEMENT_PENDING:
         return last
     return last + BACKOFF[min(attempt.resubmissions, len(BACKOFF) - 1)]

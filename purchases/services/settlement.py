@@ -21,6 +21,7 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.bulk import bulk_update_columns
 from core.clock import now_or
+from core.errors import ErrorCode
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
@@ -34,6 +35,7 @@ from purchases.events import (
 from purchases.models import Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quotes import quote_terms
+from purchases.services.remedies import escalation_open_payment_reversed
 from purchases.services.resubmit import payment_resubmit_if_due
 from purchases.services.settlement_events import (
     payment_broadcast_record,
@@ -184,7 +186,7 @@ def _outcome_apply(
     event_record_change(purchase=purchase, actor=actor, change=change)
     moved: list[str] = []
     if change is not None and change.from_state != change.to_state:
-        move = _payment_move(purchase, outcome, now)
+        move = _payment_move(purchase, outcome, now, attempt)
         if move is not None:
             transition, arguments = move
             moved = purchase_transition(
@@ -196,6 +198,10 @@ def _outcome_apply(
                 evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
                 save=False,
             )
+            if purchase.payment_state == PAY.REVERSED:
+                escalation_open_payment_reversed(
+                    purchase=purchase, attempt=attempt, now=now, actor=actor
+                )
         moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
     if moved:
         purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE; first
@@ -268,11 +274,17 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
             if attempt is None or purchase is None or attempt.purchase_id != purchase.pk:
                 left.append(row)
                 continue
-            if purchase.pk in seen_purchases or (
-                attempt.state == PaymentAttempt.State.FAILED
-                and row.outcome.status == SettlementStatus.CONFIRMED
+            if (
+                purchase.pk in seen_purchases
+                or attempt.reorged_at is not None
+                or (
+                    attempt.state == PaymentAttempt.State.FAILED
+                    and row.outcome.status == SettlementStatus.CONFIRMED
+                )
             ):
-                left.append(row)  # a second attempt of one purchase, or late money: one by one
+                # A second attempt of one purchase, a reorged one (its failure is a reversal,
+                # escalated), or late money: one by one.
+                left.append(row)
                 continue
             seen_purchases.add(purchase.pk)
             try:
@@ -284,7 +296,7 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
                     event_record_change(purchase=purchase, actor=actor, change=change)
                     queued = False
                     if change is not None and change.from_state != change.to_state:
-                        move = _payment_move(purchase, row.outcome, now)
+                        move = _payment_move(purchase, row.outcome, now, attempt)
                         if move is not None:
                             transition, arguments = move
                             purchase_transition(
@@ -344,11 +356,15 @@ def _first_broadcast_record(
 
 
 def _payment_move(
-    purchase: Purchase, outcome: SettlementOutcome, now: datetime
+    purchase: Purchase, outcome: SettlementOutcome, now: datetime, attempt: PaymentAttempt
 ) -> tuple[Callable[..., None], dict[str, Any]] | None:
     """The purchase's payment transition for what the money's keeper said, if any."""
     if outcome.status == SettlementStatus.CONFIRMED:
         return purchase.payment_complete, {"paid_at": now}
+    if outcome.status == SettlementStatus.FAILED and attempt.reorged_at is not None:
+        # It was paid (and its work may be delivered) until a reorg undid the transfer, and
+        # the same authorization can no longer land: not a plain failure.
+        return purchase.payment_reverse, {"reason_code": ErrorCode.PAYMENT_REVERSED.value}
     if outcome.status == SettlementStatus.FAILED:
         return purchase.payment_fail, {"reason_code": outcome.reason_code}
     if purchase.payment_state == PAY.PAYING:

@@ -12,16 +12,19 @@ from typing import Any
 
 from django.conf import settings
 
+from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms
 from payments.rails.x402 import x402_requirements as requirements_for_terms
 from payments.x402.attempts import x402_attempt_live
+from payments.x402.finality import Finality
 from payments.x402.networks import network_config
 from payments.x402.types import Requirements
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import purchase_get_by_capability
 from purchases.services.delivery import Delivery, DeliveryPending, purchase_result_deliver
+from purchases.services.finality import settlement_finality_follow
 from purchases.services.result_wait import purchase_await_result, purchase_inline_execution_scope
 from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
 
@@ -118,9 +121,17 @@ def x402_outcome_for_purchase(
         purchase = purchase_reload(purchase=purchase)
     if attempt is None or reconcile:
         attempt = purchase.payment_attempts.order_by("-pk").first()
-    if purchase.payment_state == PAY.FAILED:
+    if reconcile and _is_watched(purchase, attempt):
+        # Paid, not yet final: say what the chain says now, not what it said at settlement.
+        assert attempt is not None
+        check = settlement_finality_follow(attempt=attempt, now=now_or(None))
+        if check.finality == Finality.UNDONE:
+            purchase = purchase_reload(purchase=purchase)
+            attempt = purchase.payment_attempts.order_by("-pk").first()
+    if purchase.payment_state in (PAY.FAILED, PAY.REVERSED):
+        code = ErrorCode.PAYMENT_FAILED if purchase.payment_state == PAY.FAILED else None
         error = DomainError(
-            ErrorCode.PAYMENT_FAILED,
+            code or ErrorCode.PAYMENT_REVERSED,
             purchase=purchase.ref,
             extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
         )
@@ -138,6 +149,16 @@ def x402_outcome_for_purchase(
     except DomainError as error:
         return ResultRefused(purchase, attempt, error)
     return ResultDelivered(purchase, attempt, delivery)
+
+
+def _is_watched(purchase: Purchase, attempt: PaymentAttempt | None) -> bool:
+    return (
+        purchase.payment_state == PAY.PAID
+        and attempt is not None
+        and attempt.rail == "x402"
+        and attempt.state == PaymentAttempt.State.SUCCEEDED
+        and attempt.final_at is None
+    )
 
 
 def _await_work(purchase: Purchase) -> Purchase:

@@ -15,7 +15,7 @@ from core.actors import Actor
 from core.bulk import bulk_insert_rows
 from purchases.events import COPY_FROM, event_record, events_batched
 from purchases.models import PurchaseEvent
-from purchases.services import reconcile
+from purchases.services import finality, reconcile
 from tests.factories import PurchaseFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
@@ -45,6 +45,18 @@ def test_claim_and_resume_read_the_pending_index(step):
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute("SET LOCAL enable_seqscan = on")
     assert "attempt_pending_scale" in plan and "Seq Scan" not in plan, plan
+
+
+def test_finality_claim_reads_the_unfinal_index():
+    """Every settled payment ever made stays in the table; the watch reads the few not final."""
+    now = timezone.now()
+    (sql,) = _attempt_reads(lambda: finality._claim_due(now, 5000))
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("SET LOCAL enable_seqscan = on")
+    assert "attempt_unfinal_scale" in plan and "Seq Scan" not in plan, plan
 
 
 def test_pending_index_holds_only_pending_attempts():
