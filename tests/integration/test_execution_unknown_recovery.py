@@ -156,7 +156,8 @@ def test_down_before_the_job_existed_buyer_pending_then_completes_once(
         assert outcome == RecheckOutcome.SUCCEEDED
         assert_recovered_once(client_for_buyer, purchase, service)
         rechecks = purchase.events.filter(subject="execution_attempt.rechecked")
-        assert rechecks.last().evidence["outcome"] == "succeeded"
+        last_check = rechecks.last()
+        assert last_check is not None and last_check.evidence["outcome"] == "succeeded"
         # A late check finds nothing left to do.
         assert purchase_execution_recheck(purchase_id=purchase.pk) == RecheckOutcome.OBSERVED
     finally:

@@ -94,14 +94,16 @@ def test_the_402_declares_the_bazaar_extension_a_facilitator_can_read(client, x4
     assert isinstance(required, PaymentRequired) and required.extensions
     _valid_body_description(required.extensions["bazaar"], x402_world.offering)
     # What the facilitator sees: the client echoes the extensions in its payment.
+    assert required.resource is not None
+    accepted = required.accepts[0].model_dump(by_alias=True, exclude_none=True)
     payload = {
         "x402Version": 2,
         "resource": required.resource.model_dump(by_alias=True, exclude_none=True),
-        "accepted": required.accepts[0].model_dump(by_alias=True, exclude_none=True),
+        "accepted": accepted,
         "payload": {},
         "extensions": required.extensions,
     }
-    found = extract_discovery_info(payload, payload["accepted"])
+    found = extract_discovery_info(payload, accepted)
     assert found is not None and found.method == "POST"
     assert found.resource_url == f"http://testserver{x402_world.paid_url}"
     assert found.description and found.mime_type == "application/json"
@@ -119,6 +121,7 @@ def test_a_description_too_large_to_echo_stays_out_of_the_402(client, x402_world
     Offering.objects.filter(pk=x402_world.offering.pk).update(input_schema=schema)
     offered = client.post(x402_world.paid_url, {"text": "hello"}, format="json")
     required = decode_payment_required_header(offered["PAYMENT-REQUIRED"])
+    assert isinstance(required, PaymentRequired)
     assert "bazaar" not in (required.extensions or {})
     (item,) = client.get("/.well-known/x402").json()["items"]
     assert item["extensions"]["bazaar"]["info"]["input"]["body"] == {"text": "example"}
