@@ -185,7 +185,7 @@ def _with_gap(outcome: SettlementOutcome, prepared: PreparedBroadcast) -> Settle
     if not prepared.gap_closed:
         return outcome
     closed = [
-        {"nonce": n, "action": a, "tx_hash": h, "attempts": list(ids)}
+        {"relayer_nonce": n, "action": a, "tx_hash": h, "attempts": list(ids)}
         for n, a, h, ids in prepared.gap_closed
     ]
     return replace(outcome, evidence={**outcome.evidence, "relayer_gap_closed": closed})

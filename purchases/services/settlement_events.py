@@ -168,7 +168,7 @@ def relayer_gap_notes_record(*, purchase: Purchase, outcome: SettlementOutcome) 
                     "attempt": attempt.pk,
                     **rail_for(attempt.rail).describe(attempt=attempt),
                     "tx_hash": attempt.tx_hash,
-                    "relayer_nonce": closed["nonce"],
+                    "relayer_nonce": closed["relayer_nonce"],
                     "sent_tx_hash": closed["tx_hash"],
                     "before_purchase": purchase.ref,
                 },

@@ -806,6 +806,12 @@ CASE_TIMELINE = [
 ]
 # The same, nested in a facilitator's answer (a list of answers, each a dict).
 CASE_TIMELINE_NESTED = [("nonce", "0x" + "e3" * 32, SU), ("transaction", "0x" + "e9" * 32, ALL)]
+# A relayer nonce gap closed before a broadcast (payments.x402.direct): the relayer's nonce
+# stays the superuser's, the transaction sent is everyone's.
+CASE_TIMELINE_GAP = [
+    ("relayer_nonce", 876_543_219, ONLY_SUPERUSER),
+    ("tx_hash", "0x" + "ea" * 32, ALL),
+]
 
 
 @pytest.mark.django_db
@@ -816,11 +822,15 @@ def test_the_timeline_shows_evidence_only_to_its_roles(seen: Seen, role: str) ->
         purchase=seen.purchase,
         subject="payment.broadcast",
         actor_type="system",
-        evidence={**{k: v for k, v, _ in CASE_TIMELINE}, "answers": answers},
+        evidence={
+            **{k: v for k, v, _ in CASE_TIMELINE},
+            "answers": answers,
+            "relayer_gap_closed": [{k: v for k, v, _ in CASE_TIMELINE_GAP}],
+        },
     )
     url = reverse("admin:purchases_purchase_change", args=[seen.purchase.pk])
     response = seen.clients[role].get(url)  # not the cached page: the event is this test's
     match = re.search(r'id="case-timeline".*?</table>', response.content.decode(), flags=re.S)
     assert match, "no timeline"
-    for key, value, seen_by in CASE_TIMELINE + CASE_TIMELINE_NESTED:
+    for key, value, seen_by in CASE_TIMELINE + CASE_TIMELINE_NESTED + CASE_TIMELINE_GAP:
         assert (str(value) in match.group(0)) == (role in seen_by), (role, key)

@@ -191,7 +191,7 @@ def test_after_a_dropped_broadcast_the_next_purchase_settles_in_its_own_request(
     attempt = purchase.payment_attempts.get()
     assert (attempt.state, attempt.relayer_nonce) == ("succeeded", lost.relayer_nonce + 1)
     [closed] = _gap_closed_before(purchase)
-    assert (closed["nonce"], closed["attempts"]) == (lost.relayer_nonce, [lost.pk])
+    assert (closed["relayer_nonce"], closed["attempts"]) == (lost.relayer_nonce, [lost.pk])
     # The lost payment's own timeline says what became of its transaction, and why.
     [note] = PurchaseEvent.objects.filter(purchase_id=lost.purchase_id, subject=GAP_CLOSED)
     assert note.reason_code == closed["action"]
@@ -239,7 +239,7 @@ def test_after_a_reorg_undid_our_transaction_the_next_purchase_settles_at_once(m
     purchase = Purchase.objects.exclude(pk=undone.purchase_id).get()
     assert _gap_closed_before(purchase) == [
         {
-            "nonce": undone.relayer_nonce,
+            "relayer_nonce": undone.relayer_nonce,
             "action": "rebroadcast",
             "tx_hash": undone.tx_hash,
             "attempts": [undone.pk],
@@ -287,5 +287,5 @@ def test_a_lost_transaction_of_a_payment_recorded_as_failed_is_filled_never_sent
     assert answer.json()["payment"]["state"] == "paid", answer.content
     purchase = Purchase.objects.exclude(pk=lost.purchase_id).get()
     [closed] = _gap_closed_before(purchase)
-    assert (closed["nonce"], closed["action"]) == (lost.relayer_nonce, "gap_filled")
+    assert (closed["relayer_nonce"], closed["action"]) == (lost.relayer_nonce, "gap_filled")
     assert world.seller_balance() == PRICE  # only the new buyer's
