@@ -20,6 +20,7 @@ pytest_plugins = [
     "tests.fixtures.broker",
     "tests.fixtures.jobservice",
     "tests.fixtures.replicas",
+    "tests.fixtures.sample_upstream",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
     "tests.fixtures.worker",

@@ -17,6 +17,7 @@ from core.admin import (
     ReadOnlyInline,
     RoleScopedAdmin,
 )
+from fulfillment.models import Upstream
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -50,9 +51,21 @@ class OfferingForm(forms.ModelForm):
         return data
 
 
+class UpstreamInline(RoleScopedAdmin, admin.StackedInline):
+    """Where the offering's work runs when it is not a built-in executor (docs/upstreams.md).
+    Validated by Upstream.clean (fulfillment.upstreams.upstream_validate)."""
+
+    model = Upstream
+    extra = 0
+    max_num = 1
+    verbose_name = "upstream"
+    verbose_name_plural = "Upstream (the seller's own operation; empty: the executor above)"
+
+
 @admin.register(Offering)
 class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
     form = OfferingForm
+    inlines = (UpstreamInline,)
     list_display = (
         "slug",
         "title",
