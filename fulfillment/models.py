@@ -214,6 +214,7 @@ class Upstream(models.Model):
     entry_point = models.CharField(
         max_length=64, blank=True, help_text="python only: the entry point's name."
     )
+    tool = models.CharField(max_length=128, blank=True, help_text="mcp only: the tool's name.")
     dry_run = models.JSONField(
         default=dict,
         blank=True,

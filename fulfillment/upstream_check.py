@@ -14,6 +14,7 @@ import requests
 
 from fulfillment.executors.base import ExecutorError, UpstreamSpec, registered_names
 from fulfillment.executors.http import signed_headers
+from fulfillment.executors.mcp import tool_names
 
 
 @dataclass
@@ -39,15 +40,35 @@ def upstream_check(spec: UpstreamSpec) -> UpstreamCheck:
             bad=not found,
         )
         return check
-    if spec.kind == "mcp":
-        check.note("kind", "mcp upstreams are not supported yet", bad=True)
-    _check_secret(spec, check)
+    if spec.kind != "mcp":
+        _check_secret(spec, check)
     _check_reachable(spec, check)
+    if spec.kind == "mcp" and check.ok:
+        _check_tool(spec, check)
+        return check
     if spec.dry_run and check.ok:
         _check_dry_run(spec, check)
     elif not spec.dry_run:
         check.note("dry run", "none declared: the operation is never called by a check")
     return check
+
+
+def _check_tool(spec: UpstreamSpec, check: UpstreamCheck) -> None:
+    """initialize + tools/list only: listing calls no tool, so nothing is paid for."""
+    started = time.monotonic()
+    try:
+        names = tool_names(spec)
+    except Exception as exc:
+        check.note("mcp", f"initialize/tools/list failed: {exc!r}", bad=True)
+        return
+    latency = (time.monotonic() - started) * 1000
+    found = spec.tool in names
+    check.note(
+        "mcp",
+        f"tools/list answered in {latency:.0f} ms; tool {spec.tool!r} "
+        + ("is listed" if found else f"is NOT listed (has: {', '.join(names) or 'none'})"),
+        bad=not found,
+    )
 
 
 def _check_secret(spec: UpstreamSpec, check: UpstreamCheck) -> None:

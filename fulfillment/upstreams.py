@@ -36,6 +36,8 @@ def upstream_validate(upstream: Upstream) -> None:
         r"[A-Za-z0-9_.-]{1,64}", upstream.entry_point
     ):
         errors["entry_point"] = "Name the executor's entry point (group tollbooth.executors)."
+    if upstream.kind == "mcp" and not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", upstream.tool):
+        errors["tool"] = "Name the MCP tool that does the work."
     if str(upstream.method).upper() not in METHODS:
         errors["method"] = f"One of {', '.join(sorted(METHODS))}."
     if upstream.secret_env and not ENV_NAME.fullmatch(upstream.secret_env):
@@ -85,5 +87,6 @@ def upstream_spec(upstream: Upstream) -> UpstreamSpec:
         max_result_bytes=int(upstream.max_result_bytes),
         idempotent=bool(upstream.idempotent),
         entry_point=upstream.entry_point,
+        tool=upstream.tool,
         dry_run=dict(upstream.dry_run or {}),
     )

@@ -185,6 +185,9 @@ CASE_TABLE: tuple[Row, ...] = (
     R("paid", "unknown", "upstream_result_too_large", UNKNOWN_SAY + "The upstream did the work "
       "but its answer was over the offering's size cap: not stored, never refunded blindly.",
       SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_tool_error", UNKNOWN_SAY + "The seller's MCP tool answered "
+      "an error; MCP does not say whether it acted, so nothing is retried or refunded.",
+      SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
     R("paid", "unknown", "upstream_secret_missing", UNKNOWN_SAY + "No call was made: the "
       "upstream's secret variable is not set on the workers.", SUPPORT, Deadline.ESCALATION,
       BROKEN_ACTIONS),

@@ -34,6 +34,7 @@ class UpstreamSpec:
     max_result_bytes: int = 1024 * 1024
     idempotent: bool = False
     entry_point: str = ""
+    tool: str = ""
     dry_run: dict[str, Any] = field(default_factory=dict)
 
     def secret(self) -> bytes:
@@ -145,3 +146,4 @@ def get_executor(name: str, upstream: UpstreamSpec | None = None) -> Executor:
 register("report", "fulfillment.executors.report.ReportExecutor")
 register("http_job", "fulfillment.executors.http_job.HttpJobExecutor")
 register("http", "fulfillment.executors.http.HttpExecutor")
+register("mcp", "fulfillment.executors.mcp.McpExecutor")

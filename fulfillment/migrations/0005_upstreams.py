@@ -85,6 +85,12 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 (
+                    "tool",
+                    models.CharField(
+                        blank=True, help_text="mcp only: the tool's name.", max_length=128
+                    ),
+                ),
+                (
                     "dry_run",
                     models.JSONField(
                         blank=True,
