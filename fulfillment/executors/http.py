@@ -74,6 +74,9 @@ class HttpExecutor:
 
     def start(self, job: JobSpec) -> Started:
         up = self.upstream
+        if not job.idempotency_key.strip():
+            # Never a call without the key: without it the upstream cannot drop a repeat.
+            raise ExecutorError("upstream_unavailable", "no idempotency key: no call made")
         method, url, path, body = _request_parts(up, job)
         headers = {
             "Idempotency-Key": job.idempotency_key,

@@ -159,6 +159,8 @@ def test_no_call_without_a_secret(
         call(sample_upstream, job())
     assert caught.value.reason_code == "upstream_secret_missing" and not caught.value.definitive
     monkeypatch.setenv("TOLLBOOTH_TEST_UPSTREAM_SECRET", SECRET)
+    with pytest.raises(ExecutorError):
+        call(sample_upstream, job(key=" "))  # and never a call without the key
     assert sample_upstream.stats()["calls"] == 0
 
 
