@@ -10,6 +10,7 @@ from django_fsm import FSMField, transition
 
 from core.prepared import PreparedTransitionMixin
 from core.refs import new_ref
+from fulfillment.upstreams import upstream_validate
 
 
 class ExecutionAttempt(PreparedTransitionMixin, models.Model):
@@ -167,3 +168,62 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return self.public_id
+
+
+class Upstream(models.Model):
+    """Where an offering's paid work runs, when it is not a built-in executor: the seller's
+    HTTP endpoint, job service, installed Python executor or MCP tool. The signing secret is
+    named by an environment variable and never stored here."""
+
+    class Kind(models.TextChoices):
+        HTTP = "http", "HTTP endpoint (synchronous)"
+        HTTP_JOB = "http_job", "Job service (asynchronous job contract)"
+        PYTHON = "python", "Installed Python executor (entry point)"
+        MCP = "mcp", "MCP tool (Streamable HTTP)"
+
+    class InputMode(models.TextChoices):
+        JSON = "json", "JSON body"
+        QUERY = "query", "Query parameters"
+
+    offering = models.OneToOneField(
+        "purchases.Offering", on_delete=models.CASCADE, related_name="upstream"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.HTTP)
+    url = models.URLField(
+        max_length=500, blank=True, help_text="Endpoint (http, mcp) or base URL (http_job)."
+    )
+    method = models.CharField(max_length=8, default="POST")
+    timeout_seconds = models.DecimalField(max_digits=5, decimal_places=2, default=10)
+    input_mode = models.CharField(max_length=8, choices=InputMode.choices, default=InputMode.JSON)
+    secret_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="NAME of the environment variable holding the signing secret (e.g. "
+        "TOLLBOOTH_UPSTREAM_SECRET_SEARCH). The secret itself is never stored.",
+    )
+    definitive_statuses = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="4xx codes that prove the work did not happen (failure, refund per policy). "
+        "Any other 4xx is unknown.",
+    )
+    max_result_bytes = models.PositiveIntegerField(default=1024 * 1024)
+    idempotent = models.BooleanField(
+        default=False, help_text="mcp only: the tool may be called again with the same key."
+    )
+    entry_point = models.CharField(
+        max_length=64, blank=True, help_text="python only: the entry point's name."
+    )
+    tool = models.CharField(max_length=128, blank=True, help_text="mcp only: the tool's name.")
+    dry_run = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Optional call the check may make, e.g. {"method": "GET", "path": "/health"}. '
+        "Without it the check never calls the operation.",
+    )
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.url or self.entry_point}"
+
+    def clean(self) -> None:
+        upstream_validate(self)

@@ -174,6 +174,9 @@ CASE_TABLE: tuple[Row, ...] = (
     R("paid", "failed", "executor_not_registered", RUN_FAILED_SAY + "The offering names an "
       "executor this deployment does not have.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS,
       Finality.FINAL),
+    R("paid", "failed", "upstream_rejected", RUN_FAILED_SAY + "The seller's upstream answered "
+      "a 4xx the offering declares definitive.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS,
+      Finality.FINAL),
     R("paid", "failed", "not_fetchable", RUN_FAILED_SAY + "The executor could not return the "
       "output.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS, Finality.FINAL),
     R("paid", "unknown", ANY, UNKNOWN_SAY + "Inspect the job, then resolve.", SUPPORT,
@@ -184,6 +187,21 @@ CASE_TABLE: tuple[Row, ...] = (
       "the worker's time ran out.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
     R("paid", "unknown", "job_service_unavailable", UNKNOWN_SAY + "The job service was "
       "unreachable.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_unreachable", UNKNOWN_SAY + "The seller's upstream timed "
+      "out or dropped the connection on every try.", SUPPORT, Deadline.ESCALATION,
+      BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_unavailable", UNKNOWN_SAY + "The seller's upstream kept "
+      "answering 5xx, 429 or an undeclared 4xx (401: check its secret).", SUPPORT,
+      Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_result_too_large", UNKNOWN_SAY + "The upstream did the work "
+      "but its answer was over the offering's size cap: not stored, never refunded blindly.",
+      SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_tool_error", UNKNOWN_SAY + "The seller's MCP tool answered "
+      "an error; MCP does not say whether it acted, so nothing is retried or refunded.",
+      SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
+    R("paid", "unknown", "upstream_secret_missing", UNKNOWN_SAY + "No call was made: the "
+      "upstream's secret variable is not set on the workers.", SUPPORT, Deadline.ESCALATION,
+      BROKEN_ACTIONS),
     R("paid", "unknown", "result_unavailable", UNKNOWN_SAY + "The job finished but its result "
       "could not be fetched.", SUPPORT, Deadline.ESCALATION, BROKEN_ACTIONS),
     R("paid", "unknown", "execution_tries_exhausted", UNKNOWN_SAY + "Every try was spent.",

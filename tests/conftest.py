@@ -23,6 +23,7 @@ pytest_plugins = [
     "tests.fixtures.jobservice",
     "tests.fixtures.outages",
     "tests.fixtures.replicas",
+    "tests.fixtures.sample_upstream",
     "tests.fixtures.server",
     "tests.fixtures.webhook",
     "tests.fixtures.worker",

@@ -7,9 +7,44 @@ Executors see a `JobSpec`, not the ORM: they stay independent of how purchases a
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from enum import StrEnum
+from importlib.metadata import entry_points
 from typing import Any, Protocol
+
+# A seller's own package adds an executor by declaring an entry point in this group:
+#   [project.entry-points."tollbooth.executors"]
+#   my_work = "my_package.module:MyExecutor"
+ENTRY_POINT_GROUP = "tollbooth.executors"
+
+
+@dataclass(frozen=True)
+class UpstreamSpec:
+    """What an executor needs to know about the offering's upstream (fulfillment.Upstream),
+    frozen at claim time. The signing secret is named, never carried: `secret()` reads it."""
+
+    kind: str
+    url: str = ""
+    method: str = "POST"
+    timeout: float = 10.0
+    input_mode: str = "json"  # "json": canonical JSON body; "query": input as query parameters
+    secret_env: str = ""
+    definitive_statuses: frozenset[int] = frozenset()
+    max_result_bytes: int = 1024 * 1024
+    idempotent: bool = False
+    entry_point: str = ""
+    tool: str = ""
+    dry_run: dict[str, Any] = field(default_factory=dict)
+
+    def secret(self) -> bytes:
+        """The signing secret from the environment, or b"" when unset (the executor refuses
+        to call then: an unsigned call would be refused or, worse, accepted)."""
+        return os.environ.get(self.secret_env, "").encode() if self.secret_env else b""
+
+    @property
+    def executor_name(self) -> str:
+        return self.entry_point if self.kind == "python" else self.kind
 
 
 @dataclass(frozen=True)
@@ -19,6 +54,7 @@ class JobSpec:
     input: dict[str, Any]
     # Derived from our own ids, so a second `start` for the same purchase finds the first job.
     idempotency_key: str
+    upstream: UpstreamSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -47,10 +83,20 @@ class ExecutorError(Exception):
     (e.g. the input was rejected). Anything else (timeouts, 5xx) leaves the effect unknown.
     """
 
-    def __init__(self, reason_code: str, message: str = "", *, definitive: bool = False) -> None:
+    def __init__(
+        self,
+        reason_code: str,
+        message: str = "",
+        *,
+        definitive: bool = False,
+        retryable: bool = True,
+    ) -> None:
         super().__init__(message or reason_code)
         self.reason_code = reason_code
         self.definitive = definitive
+        # False for an unknown outcome that another try cannot settle (an answer over the
+        # size cap, a call that is not idempotent): escalate now instead of retrying.
+        self.retryable = retryable
 
 
 class Executor(Protocol):
@@ -74,22 +120,30 @@ def register(name: str, dotted_path: str) -> None:
 
 
 def registered_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))})
 
 
-def get_executor(name: str) -> Executor:
-    try:
-        dotted = _REGISTRY[name]
-    except KeyError as exc:
-        raise ExecutorError(
-            "executor_not_registered", f"no executor named {name!r}", definitive=True
-        ) from exc
-    module_name, _, attr = dotted.rpartition(".")
-    factory = getattr(importlib.import_module(module_name), attr)
-    executor: Executor = factory()
+def _factory(name: str) -> Any:
+    dotted = _REGISTRY.get(name)
+    if dotted is not None:
+        module_name, _, attr = dotted.rpartition(".")
+        return getattr(importlib.import_module(module_name), attr)
+    # Read on each call, not cached: a package installed after start-up is found too.
+    for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        return point.load()
+    raise ExecutorError("executor_not_registered", f"no executor named {name!r}", definitive=True)
+
+
+def get_executor(name: str, upstream: UpstreamSpec | None = None) -> Executor:
+    """The executor registered as `name` (here, or by an installed package's entry point),
+    built for the offering's upstream when it has one."""
+    factory = _factory(name)
+    executor: Executor = factory(upstream=upstream) if upstream is not None else factory()
     return executor
 
 
 # The registry: one line per executor.
 register("report", "fulfillment.executors.report.ReportExecutor")
 register("http_job", "fulfillment.executors.http_job.HttpJobExecutor")
+register("http", "fulfillment.executors.http.HttpExecutor")
+register("mcp", "fulfillment.executors.mcp.McpExecutor")

@@ -16,7 +16,14 @@ from urllib.parse import quote
 import requests
 from django.conf import settings
 
-from fulfillment.executors.base import ExecutorError, JobOutput, JobSpec, JobStatus, Started
+from fulfillment.executors.base import (
+    ExecutorError,
+    JobOutput,
+    JobSpec,
+    JobStatus,
+    Started,
+    UpstreamSpec,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +45,11 @@ class HttpJobExecutor:
         base_url: str | None = None,
         timeout: float | None = None,
         session: requests.Session | None = None,
+        upstream: UpstreamSpec | None = None,
     ) -> None:
+        if upstream is not None and upstream.url:
+            # The offering's own job service; JOB_SERVICE_URL stays the default.
+            base_url, timeout = upstream.url, upstream.timeout
         if base_url is None or timeout is None:
             config = settings.TOLLBOOTH
             base_url = base_url if base_url is not None else config["JOB_SERVICE_URL"]

@@ -8,15 +8,18 @@ from typing import Any
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.db.models import QuerySet, URLField
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 
 from core.admin import (
     ReadOnlyInline,
     RoleScopedAdmin,
 )
+from fulfillment.models import Upstream
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -30,6 +33,7 @@ from purchases.services.buyers import (
     buyer_wallet_remove,
 )
 from purchases.services.offerings import offering_update
+from purchases.services.upstreams import offering_upstream_check
 
 
 # --- what is sold, and who buys it -------------------------------------------------------
@@ -50,9 +54,22 @@ class OfferingForm(forms.ModelForm):
         return data
 
 
+class UpstreamInline(RoleScopedAdmin, admin.StackedInline):
+    """Where the offering's work runs when it is not a built-in executor (docs/upstreams.md).
+    Validated by Upstream.clean (fulfillment.upstreams.upstream_validate)."""
+
+    model = Upstream
+    extra = 0
+    max_num = 1
+    formfield_overrides = {URLField: {"assume_scheme": "https"}}  # a bare host means https
+    verbose_name = "upstream"
+    verbose_name_plural = "Upstream (the seller's own operation; empty: the executor above)"
+
+
 @admin.register(Offering)
 class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
     form = OfferingForm
+    inlines = (UpstreamInline,)
     list_display = (
         "slug",
         "title",
@@ -89,6 +106,29 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
         ),
         ("Terms version", {"fields": ("version", "created_at")}),
     )
+
+    def get_urls(self) -> list[URLPattern]:
+        check = path(
+            "<path:object_id>/upstream-check/",
+            self.admin_site.admin_view(self.upstream_check_view),
+            name="purchases_offering_upstream_check",
+        )
+        return [check, *super().get_urls()]
+
+    def upstream_check_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The page's "Check upstream" button (its own form, POST only): reach the upstream,
+        report each finding as a message. Never a paid effect (fulfillment.upstream_check)."""
+        offering = self.get_object(request, unquote(object_id))
+        if offering is None:
+            raise Http404("no such offering")
+        if request.method != "POST" or not self.has_change_permission(request, offering):
+            raise PermissionDenied
+        check = offering_upstream_check(slug=offering.slug)
+        for what, finding in check.lines:
+            self.message_user(request, f"{what}: {finding}", messages.INFO)
+        verdict = "Upstream check: ok" if check.ok else "Upstream check: a problem (see above)"
+        self.message_user(request, verdict, messages.SUCCESS if check.ok else messages.ERROR)
+        return HttpResponseRedirect(reverse("admin:purchases_offering_change", args=[offering.pk]))
 
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         field = super().formfield_for_dbfield(db_field, request, **kwargs)

@@ -34,6 +34,7 @@ from purchases.events import event_record_change, events_batched, purchase_trans
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
 from purchases.services.result_notify import fulfillment_notify
+from purchases.services.upstreams import offering_executor
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -82,13 +83,17 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
         # A try ended without recording its failure (crash, kill): the budget is spent anyway.
         _end(purchase_id, claimed.claim, claimed.claim.spent_reason, is_known_failure=False)
         return ExecutionOutcome.ESCALATED
-    executor = get_executor(claimed.executor_name)
     try:
+        executor = get_executor(claimed.executor_name, claimed.spec.upstream)
         output, job_ref = _run(executor, claimed)
     except LeaseLost:
         logger.warning("purchase %s: lease lost to another worker", purchase_id)
         return ExecutionOutcome.LEASE_LOST
     except ExecutorError as error:
+        if not error.definitive and not error.retryable:
+            # The effect happened or may have, and another call cannot settle it: escalate.
+            _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=False)
+            return ExecutionOutcome.ESCALATED
         if not error.definitive:
             return _retry_or_give_up(purchase_id, claimed.claim, error)
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
@@ -123,7 +128,7 @@ def _retry_or_give_up(
 _CLAIM_READ = PreparedQuery(
     lambda pk: (
         locking(Purchase.objects)
-        .select_related("offering", "quote")
+        .select_related("offering", "offering__upstream", "quote")
         .annotate(**payment_selectors.payment_evidence_of_purchase())
         .filter(pk=pk)
     ),
@@ -138,10 +143,11 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
         if purchase.fulfillment_state not in (RUN.QUEUED, RUN.RUNNING):
             return None  # finished, failed or not paid yet: nothing for a worker to do
         now = now_or(None)
+        executor_name, upstream = offering_executor(purchase.offering)
         claim = fulfillment_services.execution_claim(
             purchase_id=purchase.pk,
             purchase_ref=purchase.ref,
-            executor=purchase.offering.executor,
+            executor=executor_name,
             worker=worker,
             now=now,
             may_be_running=purchase.fulfillment_state == RUN.RUNNING,
@@ -158,8 +164,9 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             operation=purchase.offering.slug,
             input=purchase.quote.canonical_input,
             idempotency_key=claim.job_idempotency_key,
+            upstream=upstream,
         )
-        return _Claimed(claim, spec, purchase.offering.executor, purchase)
+        return _Claimed(claim, spec, executor_name, purchase)
 
 
 def _run(executor: Executor, claimed: _Claimed) -> tuple[JobOutput, str]:

@@ -35,6 +35,7 @@ from purchases.services.job_runs import job_run
 from purchases.services.outbox import outbox_stage
 from purchases.services.remedies import escalation_resolve, purchase_remedy_after_failure
 from purchases.services.result_notify import fulfillment_notify
+from purchases.services.upstreams import offering_executor
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -67,7 +68,9 @@ def purchase_execution_recheck(
     """Ask the executor once more about a purchase whose execution ended unknown, and record
     what it says (on the timeline either way). Safe to run concurrently with itself: only
     the first to lock the purchase records an outcome."""
-    purchase = Purchase.objects.select_related("offering", "quote").get(pk=purchase_id)
+    purchase = Purchase.objects.select_related("offering", "offering__upstream", "quote").get(
+        pk=purchase_id
+    )
     attempt = fulfillment_services.execution_unknown_latest(purchase_id=purchase_id)
     if purchase.fulfillment_state != RUN.UNKNOWN or attempt is None:
         fulfillment_services.execution_recheck_stop(purchase_id=purchase_id)
@@ -80,7 +83,8 @@ def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
     """The executor's answer, with no transaction open."""
     job_ref = attempt.job_ref
     try:
-        executor = get_executor(attempt.executor)
+        _, upstream = offering_executor(purchase.offering)
+        executor = get_executor(attempt.executor, upstream)
         if not job_ref or executor.finishes_in_start:
             # Same idempotency key as every earlier try: the service returns the job it has.
             spec = JobSpec(
@@ -88,6 +92,7 @@ def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
                 operation=purchase.offering.slug,
                 input=purchase.quote.canonical_input,
                 idempotency_key=attempt.job_idempotency_key,
+                upstream=upstream,
             )
             started = executor.start(spec)
             if started.output is not None:

@@ -46,6 +46,7 @@ from purchases.services.outbox import (
 from purchases.services.result_notify import FULFILLMENT_CHANNEL
 from purchases.services.settlement import purchase_reload
 from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
+from purchases.services.upstreams import offering_executor
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -105,7 +106,12 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
 
 
 def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
-    return wait_seconds > 0 and bool(get_executor(offering.executor).finishes_in_start)
+    if wait_seconds <= 0:
+        return False
+    name, upstream = offering_executor(offering)
+    # Only in-process work runs in the web request: a seller's upstream may take its whole
+    # timeout, which must not hold a web worker; a Celery worker calls it.
+    return upstream is None and bool(get_executor(name).finishes_in_start)
 
 
 def _execute_inline(purchase_id: int) -> None:

@@ -555,6 +555,7 @@ def test_editing_an_offering_never_puts_back_stock_taken_meanwhile(superuser: Cl
         "volatile_fields": json.dumps(shown["volatile_fields"]),
         "result_retention": "7 00:00:00",
         "initial-stock": "2",
+        **NO_UPSTREAM,
     }
     response = superuser.post(_change(offering), form)
     assert response.status_code == 302, response.content
@@ -563,6 +564,10 @@ def test_editing_an_offering_never_puts_back_stock_taken_meanwhile(superuser: Cl
     superuser.post(_change(offering), {**form, "stock": "10", "initial-stock": "1"})
     offering.refresh_from_db()
     assert offering.stock == 10  # a deliberate restock is written
+
+
+# The upstream inline's management form, as the page posts it when no upstream is added.
+NO_UPSTREAM = {"upstream-TOTAL_FORMS": "0", "upstream-INITIAL_FORMS": "0"}
 
 
 def _offering_form(offering: Offering) -> dict[str, Any]:
@@ -575,6 +580,7 @@ def _offering_form(offering: Offering) -> dict[str, Any]:
         "result_retention": "7 00:00:00",
         "duplicate_window": "00:10:00",
         "expected_run_time": "00:00:10",
+        **NO_UPSTREAM,
     }
 
 
@@ -647,3 +653,45 @@ def test_roles_are_idempotent_and_exact() -> None:
     assert {"view_purchase", "view_refund", "view_ledgerentry", "view_result"} <= support
     assert {p for p in support if not p.startswith("view_")} == set()
     assert "view_exportbatch" not in support
+
+
+def _upstream_fields(**fields: str) -> dict[str, str]:
+    data = {
+        "kind": "http",
+        "url": "https://seller.example/work",
+        "method": "POST",
+        "timeout_seconds": "5",
+        "input_mode": "json",
+        "secret_env": "SELLER_WORK_SECRET",
+        "definitive_statuses": "[422]",
+        "max_result_bytes": "65536",
+        "entry_point": "",
+        "dry_run": "{}",
+        **fields,
+    }
+    return {
+        "upstream-TOTAL_FORMS": "1",
+        "upstream-INITIAL_FORMS": "0",
+        **{f"upstream-0-{k}": v for k, v in data.items()},
+    }
+
+
+def test_an_offering_gets_its_upstream_on_its_page_validated(superuser: Client) -> None:
+    from fulfillment.models import Upstream
+
+    offering = OfferingFactory.create()
+    form = {**_offering_form(offering)}
+    page = superuser.get(_change(offering)).content.decode()
+    assert "upstream-TOTAL_FORMS" in page
+    refused = superuser.post(_change(offering), {**form, **_upstream_fields(secret_env="sk_1")})
+    assert refused.status_code == 200
+    assert "not the secret" in refused.content.decode()
+    assert not Upstream.objects.filter(offering=offering).exists()
+    saved = superuser.post(_change(offering), {**form, **_upstream_fields()})
+    assert saved.status_code == 302, saved.content
+    upstream = Upstream.objects.get(offering=offering)
+    assert (upstream.kind, upstream.secret_env, upstream.definitive_statuses) == (
+        "http",
+        "SELLER_WORK_SECRET",
+        [422],
+    )

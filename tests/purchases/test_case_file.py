@@ -380,7 +380,7 @@ def test_every_execution_reason_has_its_own_row() -> None:
     codes = _execution_reasons()
     assert {"job_failed", "job_service_unavailable", "execution_tries_exhausted"} <= codes
     definitive = {"job_failed", "job_rejected", "invalid_report_input", "executor_not_registered"}
-    definitive.add("not_fetchable")
+    definitive |= {"not_fetchable", "upstream_rejected"}
     for code in codes:
         state = "failed" if code in definitive else "unknown"
         row = case_row(payment="paid", fulfillment=state, reason_code=code)

@@ -1,0 +1,147 @@
+"""A seller's HTTP upstream for tests and the demo: verifies Tollbooth's signature, answers a
+repeated Idempotency-Key with its first answer, and counts its real effects.
+
+    python -m devtools.sample_upstream --db /tmp/up.sqlite3 --secret-env MY_SECRET [--port 0]
+
+Prints "sample upstream listening on <port>". Effects are rows in its own SQLite file, so a
+killed and restarted upstream still knows what it did. Routes:
+  POST|GET /work   the paid operation (signed). Input fields that steer it, for tests:
+                   "sleep": seconds to wait AFTER the effect is committed (a slow answer),
+                   "fail_times": answer 503 AFTER the effect this many times for the key,
+                   "reject": a 4xx status answered BEFORE any effect,
+                   "size": bytes of result to return.
+  GET /health      unsigned dry-run target: no effect.
+  GET /stats       {"effects", "calls", "replayed", "refused"}.
+The signature check below is the one docs/upstreams.md gives sellers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import os
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qsl, urlsplit
+
+MAX_SKEW_SECONDS = 300
+
+
+def verify(secret: bytes, headers: dict[str, str], method: str, path: str, body: bytes) -> bool:
+    """Tollbooth's v1 signature, checked as a seller would (docs/upstreams.md)."""
+    timestamp = headers.get("tollbooth-timestamp", "")
+    if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > MAX_SKEW_SECONDS:
+        return False  # missing, or too old: a replayed request
+    signed = f"{timestamp}\n{method}\n{path}\n{hashlib.sha256(body).hexdigest()}".encode()
+    expected = "v1=" + hmac.new(secret, signed, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, headers.get("tollbooth-signature", ""))
+
+
+class Store:
+    def __init__(self, path: str) -> None:
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self.lock = threading.Lock()
+        self.db.execute(
+            "CREATE TABLE IF NOT EXISTS effects (key TEXT PRIMARY KEY, body BLOB, fails INT)"
+        )
+        self.counts = {"calls": 0, "replayed": 0, "refused": 0}
+
+    def effect(self, key: str, data: dict[str, object]) -> tuple[bytes, bool]:
+        """The answer for `key`, doing the effect only the first time; (body, replayed)."""
+        with self.lock:
+            row = self.db.execute("SELECT body FROM effects WHERE key=?", (key,)).fetchone()
+            if row:
+                return bytes(row[0]), True
+            number = self.db.execute("SELECT count(*) FROM effects").fetchone()[0] + 1
+            size = int(str(data.get("size", 0)))
+            body = json.dumps({"key": key, "effect": number, "input": data}).encode()
+            body = body + b" " * max(0, size - len(body))
+            self.db.execute("INSERT INTO effects VALUES (?, ?, 0)", (key, body))
+            return body, False
+
+    def fail_once_more(self, key: str, times: int) -> bool:
+        with self.lock:
+            fails = self.db.execute("SELECT fails FROM effects WHERE key=?", (key,)).fetchone()[0]
+            if fails >= times:
+                return False
+            self.db.execute("UPDATE effects SET fails=fails+1 WHERE key=?", (key,))
+            return True
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            effects = self.db.execute("SELECT count(*) FROM effects").fetchone()[0]
+            return {"effects": effects, **self.counts}
+
+
+def make_handler(store: Store, secret: bytes) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self._route()
+
+        def do_POST(self) -> None:
+            self._route()
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _route(self) -> None:
+            path = urlsplit(self.path).path
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if path == "/stats":
+                return self._send(200, json.dumps(store.stats()).encode())
+            if path == "/health":
+                return self._send(200, b'{"ok": true}')
+            if path != "/work":
+                return self._send(404, b'{"error": "no such route"}')
+            return self._work(body)
+
+        def _work(self, body: bytes) -> None:
+            store.counts["calls"] += 1
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            key = headers.get("idempotency-key", "")
+            if not verify(secret, headers, self.command, self.path, body) or not key:
+                store.counts["refused"] += 1
+                return self._send(401, b'{"error": "bad signature or no key"}')
+            query = dict(parse_qsl(urlsplit(self.path).query))
+            data: dict[str, object] = json.loads(body) if body else dict(query)
+            if data.get("reject"):
+                return self._send(int(str(data["reject"])), b'{"error": "rejected"}')
+            answer, replayed = store.effect(key, data)
+            store.counts["replayed"] += int(replayed)
+            if store.fail_once_more(key, int(str(data.get("fail_times", 0)))):
+                return self._send(503, b'{"error": "answer lost after the effect"}')
+            if not replayed and data.get("sleep"):
+                time.sleep(float(str(data["sleep"])))
+            return self._send(200, answer)
+
+    return Handler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--secret-env", required=True)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    store = Store(args.db)
+    secret = os.environ[args.secret_env].encode()
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(store, secret))
+    print(f"sample upstream listening on {server.server_address[1]}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

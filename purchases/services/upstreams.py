@@ -1,0 +1,31 @@
+"""Which executor runs an offering's work, and with which upstream configuration."""
+
+from __future__ import annotations
+
+from fulfillment.executors import UpstreamSpec
+from fulfillment.upstream_check import UpstreamCheck, upstream_check
+from fulfillment.upstreams import upstream_spec
+from purchases.models import Offering
+
+
+def offering_executor(offering: Offering) -> tuple[str, UpstreamSpec | None]:
+    """The executor's name and the offering's upstream, if it has one. Without an upstream
+    the offering's `executor` name is used as before (report; http_job on JOB_SERVICE_URL).
+    Read the offering with `select_related("offering__upstream")` to spare a query."""
+    upstream = getattr(offering, "upstream", None)  # the reverse one-to-one, or None
+    if upstream is None:
+        return offering.executor, None
+    spec = upstream_spec(upstream)
+    return spec.executor_name, spec
+
+
+def offering_upstream_check(*, slug: str) -> UpstreamCheck:
+    """Check the offering's upstream (fulfillment.upstream_check); an offering without one is
+    reported as such. Raises Offering.DoesNotExist for an unknown slug."""
+    offering = Offering.objects.select_related("upstream").get(slug=slug)
+    name, spec = offering_executor(offering)
+    if spec is None:
+        check = UpstreamCheck()
+        check.note("upstream", f"none: the built-in executor {name!r} runs the work")
+        return check
+    return upstream_check(spec)
