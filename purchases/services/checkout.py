@@ -74,6 +74,8 @@ class PaymentRequest:
     offering: Offering | None  # the paid URL's offering; None: the quote's
     now: datetime
     unstored: frozenset[ErrorCode]  # outcomes about the key itself, answered fresh each time
+    # The door it came in by, written on a purchase it creates (Purchase.Channel).
+    channel: str = Purchase.Channel.HTTP
 
     @property
     def actor(self) -> Actor:
@@ -461,6 +463,7 @@ def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: 
             amount=quote.price,
             asset=quote.asset,
             network=quote.network,
+            channel=request.channel,
         )
     purchase.rail, purchase.payer = presentation.rail, presentation.payer
     purchase.duplicate_key = duplicate_key

@@ -16,7 +16,7 @@ from typing import TypeVar
 from core.clock import now_or
 from core.errors import ErrorCode
 from payments.rails.x402 import x402_presentation
-from purchases.models import Buyer
+from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.x402_offers import x402_route
@@ -43,6 +43,7 @@ def x402_pay(
     buyer: Buyer | None,
     answers: CheckoutAnswers[A],
     copy_label: str | None = None,
+    channel: str = Purchase.Channel.HTTP,
     now: datetime | None = None,
 ) -> A:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
@@ -64,6 +65,7 @@ def x402_pay(
         offering=offering,
         now=now_or(now),
         unstored=UNSTORED_CODES,
+        channel=channel,
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
