@@ -18,7 +18,7 @@ from django.core.asgi import get_asgi_application
 
 django_application = get_asgi_application()
 
-from purchases.mcp.server import McpApp, Receive, Scope, Send  # noqa: E402  (needs apps loaded)
+from purchases.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
 
 
 def build_application() -> Any:
@@ -26,7 +26,7 @@ def build_application() -> Any:
     runs the MCP session manager (each app runs it once)."""
     mcp_app = McpApp()
 
-    async def application(scope: Scope, receive: Receive, send: Send) -> None:
+    async def application(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             await _lifespan(mcp_app, receive, send)
         elif scope["type"] == "http" and McpApp.handles(scope["path"]):
@@ -37,7 +37,7 @@ def build_application() -> Any:
     return application
 
 
-async def _lifespan(mcp_app: McpApp, receive: Receive, send: Send) -> None:
+async def _lifespan(mcp_app: McpApp, receive: Any, send: Any) -> None:
     async with mcp_app.lifespan():
         while True:
             message = await receive()

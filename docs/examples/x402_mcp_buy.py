@@ -53,11 +53,13 @@ async def x402_call():
         async with create_x402_mcp_client(payment_client(), f"{base}/mcp") as session:
             result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
     else:
-        async with streamable_http_client(f"{base}/mcp") as (read, write, _):
-            async with ClientSession(read, write) as mcp_session:
-                session = x402MCPSession(mcp_session, payment_client())
-                await session.initialize()
-                result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
+        async with (
+            streamable_http_client(f"{base}/mcp") as (read, write, _),
+            ClientSession(read, write) as mcp_session,
+        ):
+            session = x402MCPSession(mcp_session, payment_client())
+            await session.initialize()
+            result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
     raw = result.raw_result
     return printed(result.content, result.is_error, raw.meta if raw else None, result.payment_made)
 
@@ -65,10 +67,13 @@ async def x402_call():
 async def prepaid_call():
     headers = {"Authorization": f"Bearer {os.environ['API_KEY']}"}
     http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
-    async with http, streamable_http_client(f"{base}/mcp", http_client=http) as (read, write, _):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
+    async with (
+        http,
+        streamable_http_client(f"{base}/mcp", http_client=http) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
     return printed(result.content, result.isError, result.meta, False)
 
 

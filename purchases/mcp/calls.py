@@ -102,7 +102,9 @@ def _answer(call: ToolCall) -> types.CallToolResult:
     if buyer is not None:
         return _prepaid(call, buyer, copy)
     offer = x402_offer(
-        offering_slug=call.name, raw_input=call.arguments, buyer=None,
+        offering_slug=call.name,
+        raw_input=call.arguments,
+        buyer=None,
         resource_url=call.endpoint_url,
     )
     return payment_required_result(offer.document)

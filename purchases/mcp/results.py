@@ -17,6 +17,7 @@ import json
 from typing import Any
 
 from mcp import types
+from pydantic import AnyUrl
 
 from core.errors import DomainError
 from purchases.api.answers import DUPLICATE_HEADER, sent_bytes
@@ -29,8 +30,13 @@ DUPLICATE_META = "tollbooth/duplicate-of"
 RETRY_AFTER_META = "tollbooth/retry-after"
 
 
-def _json_result(document: Any, *, is_error: bool, meta: dict[str, Any] | None = None,
-                 links: list[types.ResourceLink] | None = None) -> types.CallToolResult:
+def _json_result(
+    document: Any,
+    *,
+    is_error: bool,
+    meta: dict[str, Any] | None = None,
+    links: list[types.ResourceLink] | None = None,
+) -> types.CallToolResult:
     text = types.TextContent(type="text", text=json.dumps(document, separators=(",", ":")))
     return types.CallToolResult(
         content=[text, *(links or [])],
@@ -78,7 +84,10 @@ def _meta(headers: dict[str, str], purchase: str | None) -> dict[str, Any]:
 
 def _link(uri: str, name: str, description: str) -> types.ResourceLink:
     return types.ResourceLink(
-        type="resource_link", uri=uri, name=name, description=description  # type: ignore[arg-type]
+        type="resource_link",
+        uri=AnyUrl(uri),
+        name=name,
+        description=description,
     )
 
 
@@ -90,8 +99,9 @@ def answer_result(answer: X402Answer, *, base_url: str) -> types.CallToolResult:
         status_url = _absolute(base_url, body["status_url"])
         meta = _meta(headers, body.get("purchase"))
         link = _link(status_url, "status", "Poll this purchase, or call the tool again.")
-        return _json_result({**body, "status_url": status_url}, is_error=False, meta=meta,
-                            links=[link])
+        return _json_result(
+            {**body, "status_url": status_url}, is_error=False, meta=meta, links=[link]
+        )
     if answer.status >= 300:
         body = answer.body
         if isinstance(body, bytes | bytearray | memoryview):
@@ -117,7 +127,7 @@ def _delivered(answer: X402Answer, headers: dict[str, str], base_url: str) -> ty
             structured = parsed if isinstance(parsed, dict) else None
     else:
         blob = types.BlobResourceContents(
-            uri="tollbooth://result",  # type: ignore[arg-type]
+            uri=AnyUrl("tollbooth://result"),
             mimeType=content_type,
             blob=base64.b64encode(raw).decode(),
         )

@@ -39,12 +39,14 @@ def _server(limiter: anyio.CapacityLimiter) -> Server[Any, Any]:
     async def list_tools() -> list[types.Tool]:
         offers = await anyio.to_thread.run_sync(tools_list, limiter=limiter)
         return [
-            types.Tool(
-                name=offer.name,
-                title=offer.title,
-                description=offer.description,
-                inputSchema=offer.input_schema,
-                **{"_meta": offer.meta},
+            types.Tool.model_validate(
+                {
+                    "name": offer.name,
+                    "title": offer.title,
+                    "description": offer.description,
+                    "inputSchema": offer.input_schema,
+                    "_meta": offer.meta,
+                }
             )
             for offer in offers
         ]

@@ -53,10 +53,12 @@ def buy(base: str, tool: str, world: X402World | None, transport: str, **env: st
 
 
 async def _session_call(base: str, method: str, *args: Any) -> Any:
-    async with streamable_http_client(f"{base}/mcp") as (read, write, _):
-        async with ClientSession(read, write) as session:
-            await session.initialize()
-            return await getattr(session, method)(*args)
+    async with (
+        streamable_http_client(f"{base}/mcp") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return await getattr(session, method)(*args)
 
 
 def mcp(base: str, method: str, *args: Any) -> Any:
@@ -83,9 +85,7 @@ def test_tools_list_names_every_active_offering_with_its_schema_and_price(
     assert tool.meta["x402/accepts"][0]["amount"] == str(PRICE)
 
 
-def test_unpaid_call_is_an_error_result_carrying_the_payment_required(
-    make_x402_world, asgi_server
-):
+def test_unpaid_call_is_an_error_result_carrying_the_payment_required(make_x402_world, asgi_server):
     world = make_x402_world()
     result = mcp(asgi_server, "call_tool", world.offering.slug, INPUT)
     assert result.isError is True
@@ -151,3 +151,49 @@ def test_prepaid_buyer_calls_the_tool_with_its_api_key_and_pays_once(
     debits = LedgerEntry.objects.filter(buyer=buyer, kind=LedgerEntry.Kind.PURCHASE_DEBIT)
     assert [entry.amount for entry in debits] == [-PRICE]
     assert Purchase.objects.count() == 1 and world.relayer_sent() == 0
+
+
+@pytest.mark.worker
+def test_pending_settlement_says_so_runs_nothing_and_the_repeated_call_gets_the_result(
+    make_x402_world, settings, asgi_server, start_worker
+):
+    world = make_x402_world(no_mining=True)
+    settings.X402_RESULT_WAIT_SECONDS = 30
+    start_worker("w1")
+    # The broadcast waits in the pool: the server's wait for its receipt (2 s) runs out.
+    got = buy(asgi_server, world.offering.slug, world, "sse")
+    assert got["is_error"] is False, got
+    status, link = got["content"]
+    body = json.loads(status["text"])
+    purchase = Purchase.objects.get()
+    attempt = PaymentAttempt.objects.get()
+    assert body["status"] == "settlement_pending" and body["purchase"] == purchase.ref
+    assert body["transaction"] == attempt.tx_hash and body["next_action"] == "poll_status_url"
+    assert link["type"] == "resource_link" and link["uri"] == body["status_url"]
+    assert link["uri"].startswith(f"{asgi_server}/x402/purchases/{purchase.ref}/")
+    settle = got["meta"]["x402/payment-response"]
+    assert settle["success"] is False and settle["errorReason"] == "settlement_pending"
+    assert settle["transaction"] == attempt.tx_hash
+    # Never run before settling.
+    assert not ExecutionAttempt.objects.exists()
+
+    world.node.mine()  # the one broadcast lands
+    again = buy(asgi_server, world.offering.slug, world, "sse")  # re-signed: a new nonce
+    assert again["is_error"] is False, again
+    assert json.loads(again["content"][0]["text"])["title"] == "Sales"
+    assert again["meta"]["tollbooth/duplicate-of"] == purchase.ref
+    assert world.seller_balance() == PRICE and world.relayer_sent() == 1
+    assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
+
+
+def test_payment_that_cannot_settle_is_refused_and_no_work_runs(make_x402_world, asgi_server):
+    world = make_x402_world()
+    broke = world.new_account()  # gas, but no USDC: its authorization can never settle
+    env = {"BUYER_KEY": "0x" + bytes(broke.key).hex(), "TOKEN": world.token, "NETWORK": NETWORK}
+    got = buy(asgi_server, world.offering.slug, None, "streamable-http", **env)
+    assert got["is_error"] is True and got["payment_made"] is True, got
+    problem = json.loads(got["content"][0]["text"])
+    assert problem["code"] == "insufficient_balance", problem
+    assert "accepts" not in problem  # a refusal, not a new offer: the client does not re-pay
+    assert not ExecutionAttempt.objects.exists()
+    assert world.seller_balance() == 0 and world.relayer_sent() == 0
