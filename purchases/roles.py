@@ -42,7 +42,7 @@ NEVER_SHOWN: dict[str, frozenset[str]] = {
     "fulfillment.result": frozenset({"body"}),
 }
 
-_PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail created_at updated_at"
+_PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail channel created_at updated_at"
 _PURCHASE_MONEY = "amount amount_human asset network paid_at payment_attempts__tx_hash"
 _PURCHASE_STATE = "payment_state fulfillment_state reason_code"
 # The purchase list's queues (list filters, by their URL parameter).
