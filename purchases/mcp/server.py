@@ -21,6 +21,7 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from purchases.mcp.calls import ToolCall, tool_call, tools_list
+from purchases.mcp.sse_relay import SseRelay
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -89,6 +90,8 @@ class McpApp:
         self.server = _server(self.limiter)
         self.streamable = StreamableHTTPSessionManager(app=self.server, stateless=True)
         self.sse = SseServerTransport(MESSAGES_PATH)
+        # Any worker of any replica may receive an SSE session's messages (sse_relay).
+        self.relay = SseRelay(self.sse, settings.REDIS_URL)
 
     @asynccontextmanager
     async def lifespan(self) -> AsyncIterator[None]:
@@ -106,12 +109,12 @@ class McpApp:
         elif path == SSE_PATH:
             await self._sse(scope, receive, send)
         elif path.startswith(MESSAGES_PATH):
-            await self.sse.handle_post_message(scope, receive, send)  # type: ignore[arg-type]
+            await self.relay.post(scope, receive, send)
         else:
             await _not_found(send)
 
     async def _sse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with self.sse.connect_sse(scope, receive, send) as (read, write):  # type: ignore[arg-type]
+        async with self.relay.connect(scope, receive, send) as (read, write):
             await self.server.run(read, write, self.server.create_initialization_options())
 
 
