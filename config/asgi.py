@@ -1,10 +1,51 @@
-"""The ASGI entry point, for an ASGI server should one be chosen (docs/deployment.md serves
-WSGI with gunicorn). Production unless told otherwise, as config/wsgi.py."""
+"""The ASGI entry point: the MCP door (`/mcp`, purchases.mcp) beside the Django app.
+
+Production serves it with uvicorn workers under gunicorn (config/gunicorn_asgi.py), where
+MCP's long-lived connections (SSE, a tool call waiting for its settlement and work) cost a
+coroutine, not a sync worker; the rest of the site stays on WSGI gunicorn
+(config/gunicorn.py). See docs/deployment.md and docs/mcp.md. Production unless told
+otherwise, as config/wsgi.py.
+"""
+
+from __future__ import annotations
 
 import os
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
 
 from django.core.asgi import get_asgi_application
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from purchases.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
+
+
+def build_application() -> Any:
+    """A fresh app: `/mcp...` to the MCP server, everything else to Django; the lifespan
+    runs the MCP session manager (each app runs it once)."""
+    mcp_app = McpApp()
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(mcp_app, receive, send)
+        elif scope["type"] == "http" and McpApp.handles(scope["path"]):
+            await mcp_app(scope, receive, send)
+        else:
+            await django_application(scope, receive, send)
+
+    return application
+
+
+async def _lifespan(mcp_app: McpApp, receive: Any, send: Any) -> None:
+    async with mcp_app.lifespan():
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+application = build_application()

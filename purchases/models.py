@@ -210,6 +210,13 @@ class Purchase(PreparedTransitionMixin, models.Model):
         FAILED = "failed"
         UNKNOWN = "unknown"
 
+    class Channel(models.TextChoices):
+        """The door the purchase came in by; the rail says how it was paid."""
+
+        HTTP = "http", "x402 paid URL"
+        API = "api", "REST API"
+        MCP = "mcp", "MCP tool call"
+
     ref = models.CharField(max_length=40, unique=True, editable=False)
     # OneToOne is the database constraint "one purchase per quote".
     quote = models.OneToOneField(Quote, on_delete=models.PROTECT, related_name="purchase")
@@ -221,6 +228,7 @@ class Purchase(PreparedTransitionMixin, models.Model):
     asset = models.CharField(max_length=64)
     network = models.CharField(max_length=64)
     rail = models.CharField(max_length=16, choices=Rail.choices)
+    channel = models.CharField(max_length=8, choices=Channel.choices, default=Channel.HTTP)
     payer = models.CharField(max_length=64, blank=True, help_text="Buyer ref or wallet address.")
     reason_code = models.CharField(max_length=64, blank=True)
     # Same payer, buyer, offering, canonical input and copy label: a re-signed retry of this

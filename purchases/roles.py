@@ -42,7 +42,7 @@ NEVER_SHOWN: dict[str, frozenset[str]] = {
     "fulfillment.result": frozenset({"body"}),
 }
 
-_PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail created_at updated_at"
+_PURCHASE_IDS = "pk ref quote offering buyer buyer__ref payer rail channel created_at updated_at"
 _PURCHASE_MONEY = (
     "amount amount_human asset network paid_at payment_attempts__tx_hash "
     "payment_attempts__payer refunds__transaction refunds__paid_reference refunds__payer"

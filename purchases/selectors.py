@@ -230,6 +230,7 @@ def purchase_status(
         "asset": purchase.asset,
         "network": purchase.network,
         "rail": purchase.rail,
+        "channel": purchase.channel,
         "quote": {
             "id": quote.public_id,
             "state": quote.state,

@@ -4,7 +4,7 @@ job service, all on embedded defaults. Ctrl-C stops every process it started.
 
 A process that dies is announced in one line and restarted (devtools/supervisor.py), unless
 DEMO_RESTART=never. On the running demo, from another terminal:
-    demo.py status | kill NAME | stop NAME | start NAME     (NAME: web, worker, jobservice)
+    demo.py status | kill NAME | stop NAME | start NAME     (NAME: web, mcp, worker, jobservice)
 `kill` crashes it (SIGKILL) to rehearse a restart; `stop` keeps it down until `start`.
 
 The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
@@ -33,6 +33,7 @@ PORT = int(os.environ.get("DEMO_PORT", "8000"))
 JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
 # 0: any free port (printed in the banner and written to demo-chain.json).
 CHAIN_PORT = int(os.environ.get("DEMO_CHAIN_PORT", "0"))
+MCP_PORT = int(os.environ.get("DEMO_MCP_PORT", "8001"))
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
@@ -115,6 +116,8 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print("  Paid x402 URLs (POST the offering's input as JSON):")
     for url in chain["paid_urls"].values():
         print(f"    {url}")
+    print(f"  MCP tools      http://{HOST}:{MCP_PORT}/mcp (Streamable HTTP), /mcp/sse (SSE):")
+    print("                 pay over x402 (_meta) or send an agent's key as Authorization")
     print(f"  Chain details for any x402 client: {CHAIN_FILE}")
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
     print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
@@ -123,7 +126,7 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
     print("                 TOLLBOOTH_ALERT_WEBHOOK_URL adds a webhook")
     restart = "restarted" if restart_policy_from_env() else "left down (DEMO_RESTART=never)"
-    print(f"  Processes      web, worker, jobservice: one that dies is {restart}")
+    print(f"  Processes      web, mcp, worker, jobservice: one that dies is {restart}")
     print(f"                 {PYTHON} scripts/demo.py status | kill NAME | stop NAME | start NAME")
     print(f"  Situations     {PYTHON} manage.py demo_situation --list  (rehearse a failure)")
     print("  Ctrl-C stops everything.\n", flush=True)
@@ -213,19 +216,23 @@ def print_now(line: str) -> None:
 
 
 def process_specs(env: dict[str, str]) -> list[ProcessSpec]:
-    """The three long-running processes of the demo, each restarted if it dies."""
+    """The four long-running processes of the demo, each restarted if it dies."""
     job_service = [PYTHON, "-m", "jobservice.server", "--port", str(JOB_PORT),
                    "--db", str(VAR / "jobservice.sqlite3")]  # fmt: skip
     worker = [PYTHON, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "threads",
               "--concurrency", "2", "--loglevel", "INFO"]  # fmt: skip
     # The production server (config/gunicorn.py), on the demo's settings and port.
     web_env = {**env, "GUNICORN_BIND": f"{HOST}:{PORT}", "GUNICORN_WORKERS": "2"}
+    # The MCP door as production serves it: uvicorn workers under gunicorn (docs/mcp.md).
+    mcp_env = {**env, "GUNICORN_ASGI_BIND": f"{HOST}:{MCP_PORT}", "GUNICORN_ASGI_WORKERS": "1"}
+    mcp = [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn_asgi"]
     return [
         ProcessSpec("jobservice", job_service, env, ROOT),
         ProcessSpec("worker", worker, env, ROOT),
         ProcessSpec(
             "web", [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn"], web_env, ROOT
         ),
+        ProcessSpec("mcp", mcp, mcp_env, ROOT),
     ]
 
 

@@ -1,7 +1,8 @@
 """`make serve`: run Tollbooth as production does, on PostgreSQL and Redis.
 
-    make serve                      # one host: migrate, then web + worker + beat
+    make serve                      # one host: migrate, then web + mcp + worker + beat
     make serve ROLES=web            # a web replica (N of them behind a load balancer)
+    make serve ROLES=mcp            # an MCP replica: the ASGI app for /mcp (docs/mcp.md)
     make serve ROLES=worker         # a Celery worker (M of them)
     make serve ROLES="worker beat"  # the one host that also runs beat
     make serve ROLES=migrate        # the release step, once per deploy, before the rest
@@ -34,7 +35,7 @@ REQUIRED = {
     "DJANGO_ALLOWED_HOSTS": "the host names agents and staff use, comma-separated",
     "TOLLBOOTH_METRICS_TOKEN": "the bearer token Prometheus sends to /metrics",
 }
-ROLES = ("migrate", "web", "worker", "beat")
+ROLES = ("migrate", "web", "mcp", "worker", "beat")
 STOP_WAIT_SECONDS = 150  # gunicorn's graceful timeout (the longest paid wait) and a margin
 
 
@@ -63,6 +64,8 @@ def commands(roles: list[str]) -> dict[str, list[str]]:
     concurrency = os.environ.get("CELERY_CONCURRENCY", "2")
     table = {
         "web": [str(BIN / "gunicorn"), "-c", "python:config.gunicorn"],
+        # Uvicorn workers under gunicorn: MCP's long-lived connections (config/gunicorn_asgi.py).
+        "mcp": [str(BIN / "gunicorn"), "-c", "python:config.gunicorn_asgi"],
         "worker": [
             *celery,
             "worker",
@@ -101,7 +104,8 @@ def stop_all(processes: dict[str, subprocess.Popen[bytes]]) -> None:
 def run(roles: list[str], env: dict[str, str]) -> int:
     if "migrate" in roles:
         subprocess.run([PYTHON, "manage.py", "migrate", "--noinput"], cwd=ROOT, env=env, check=True)
-    if "web" in roles:  # WhiteNoise serves what this collects into STATIC_ROOT (var/static)
+    # WhiteNoise serves what this collects into STATIC_ROOT (var/static).
+    if "web" in roles or "mcp" in roles:
         subprocess.run(
             [PYTHON, "manage.py", "collectstatic", "--noinput", "-v", "0"],
             cwd=ROOT,

@@ -245,6 +245,9 @@ MAX_BODY_BYTES = env.int("TOLLBOOTH_MAX_BODY_BYTES", default=2_621_440)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_BODY_BYTES
 TOLLBOOTH = {
     "MAX_BODY_BYTES": MAX_BODY_BYTES,
+    # MCP tool calls run their (synchronous) domain call in worker threads: at most this many
+    # at once per ASGI worker process; a paying call holds one while it waits (docs/mcp.md).
+    "MCP_THREADS": env.int("TOLLBOOTH_MCP_THREADS", default=16),
     # Paid URLs and quotes (429 throttled + Retry-After past these). An agent polls a result
     # every 2 s; quoting and paying take a few calls per purchase.
     "THROTTLE_RATES": {

@@ -174,6 +174,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         BuyerFilter,
         PayerWalletFilter,
         "rail",
+        "channel",
         "offering",
     )
     list_select_related = ("offering",)  # no column shows the quote or the buyer
@@ -208,7 +209,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
         "receipt_id",
     )
     fieldsets = (
-        (None, {"fields": ("ref", "quote", "offering", "buyer", "payer", "rail")}),
+        (None, {"fields": ("ref", "quote", "offering", "buyer", "payer", "rail", "channel")}),
         ("Money", {"fields": ("amount", "amount_human", "asset", "network", "paid_at")}),
         (
             "State",

@@ -77,6 +77,8 @@ class PaymentRequest:
     # What the payment id binds to, if not the presentation's own fingerprint: the request
     # normalized (the rail's terms, the offering and the input), so a re-signed retry matches.
     fingerprint: str = ""
+    # The door it came in by, written on a purchase it creates (Purchase.Channel).
+    channel: str = Purchase.Channel.HTTP
 
     @property
     def actor(self) -> Actor:
@@ -467,6 +469,7 @@ def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: 
             amount=quote.price,
             asset=quote.asset,
             network=quote.network,
+            channel=request.channel,
         )
     purchase.rail, purchase.payer = presentation.rail, presentation.payer
     purchase.duplicate_key = duplicate_key

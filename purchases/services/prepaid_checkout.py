@@ -4,17 +4,18 @@ Idempotency-Key; the answer (purchases.api.prepaid_answers) is stored with the d
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from core.canonical import fingerprint
+from core.canonical import fingerprint, sha256_hex
 from core.clock import now_or
 from core.errors import ErrorCode
 from payments.models import Rail
 from payments.rails import Presentation
-from purchases.models import Buyer
+from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.idempotency import payment_id_validate
+from purchases.services.quotes import quote_create
 
 A = TypeVar("A")
 
@@ -36,6 +37,7 @@ def purchase_pay_prepaid(
     payment_id: str | None,
     answers: CheckoutAnswers[A],
     copy_label: str | None = None,
+    channel: str = Purchase.Channel.API,
     now: datetime | None = None,
 ) -> A:
     """Pay a quote from the buyer's balance; returns what `answers` render.
@@ -66,6 +68,41 @@ def purchase_pay_prepaid(
             offering=None,
             now=now_or(now),
             unstored=UNSTORED_CODES,
+            channel=channel,
         ),
         answers=answers,
+    )
+
+
+def purchase_buy_prepaid(
+    *,
+    buyer: Buyer,
+    offering_slug: str,
+    raw_input: Any,
+    payment_id: str | None,
+    answers: CheckoutAnswers[A],
+    copy_label: str | None = None,
+    channel: str = Purchase.Channel.MCP,
+    now: datetime | None = None,
+) -> A:
+    """Quote and pay from the balance in one call (an MCP tool call has no quote step).
+
+    The buyer's quote for the same canonical input is the same open quote
+    (purchases.services.quotes), so without a payment id the key is derived from it: the
+    same call repeated while the quote is open replays the stored answer, and after it the
+    duplicate window answers with the existing purchase. Nothing is debited twice either way.
+    Raises DomainError: offering_not_found, invalid_input, sold_out, and everything
+    purchase_pay_prepaid raises.
+    """
+    now = now_or(now)
+    quote = quote_create(buyer=buyer, offering_slug=offering_slug, raw_input=raw_input, now=now)
+    key = payment_id or f"{channel}-{sha256_hex(buyer.ref + '|' + quote.quote.public_id)[:48]}"
+    return purchase_pay_prepaid(
+        buyer=buyer,
+        quote_id=quote.quote.public_id,
+        payment_id=key,
+        answers=answers,
+        copy_label=copy_label,
+        channel=channel,
+        now=now,
     )

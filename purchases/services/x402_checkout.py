@@ -22,7 +22,7 @@ from core.clock import now_or
 from core.errors import ErrorCode
 from payments.rails import Presentation
 from payments.rails.x402 import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
-from purchases.models import Buyer
+from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.x402_offers import X402PaidRoute, x402_route_paid
@@ -49,6 +49,7 @@ def x402_pay(
     buyer: Buyer | None,
     answers: CheckoutAnswers[A],
     copy_label: str | None = None,
+    channel: str = Purchase.Channel.HTTP,
     now: datetime | None = None,
 ) -> A:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
@@ -72,6 +73,7 @@ def x402_pay(
         now=now_or(now),
         unstored=UNSTORED_CODES,
         fingerprint=_request_fingerprint(presentation, route, buyer, label),
+        channel=channel,
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.

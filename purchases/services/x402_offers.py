@@ -29,6 +29,7 @@ from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
+from purchases.services.mcp_offers import mcp_discovery_items
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
 
@@ -319,6 +320,7 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
             "Tollbooth-Copy: <label> to buy the same input again on purpose."
         ),
         "x402Version": 2,
-        "items": items,
+        # The same offerings as MCP tools (purchases.mcp): bazaar MCP items of their own.
+        "items": [*items, *mcp_discovery_items(base_url=base_url)],
         "pagination": {"limit": len(items), "offset": 0, "total": len(items)},
     }

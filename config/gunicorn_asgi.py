@@ -1,0 +1,42 @@
+"""gunicorn for the ASGI app (config/asgi.py): `gunicorn -c python:config.gunicorn_asgi`.
+
+The MCP door (`/mcp`, docs/mcp.md) holds long-lived connections: an SSE stream per client,
+and a tool call that waits for its settlement and work. Under uvicorn workers each costs a
+coroutine (and, while its synchronous domain call runs, one of TOLLBOOTH_MCP_THREADS), not a
+gthread worker thread. The load balancer routes `/mcp` here and everything else to
+config/gunicorn.py; this app also serves the whole site, so one port is enough for a small
+install. Values shared with config/gunicorn.py (timeout, graceful timeout, keep-alive,
+recycling, logging) come from there and its environment variables; besides:
+
+| variable | default | why |
+|---|---|---|
+| GUNICORN_ASGI_BIND | 0.0.0.0:8001 | beside the WSGI port, one per replica |
+| GUNICORN_ASGI_WORKERS | the CPU count | one event loop per core |
+"""
+
+from __future__ import annotations
+
+import os
+
+from config.gunicorn import (  # noqa: F401  (gunicorn reads these names from this module)
+    access_log_format,
+    accesslog,
+    backlog,
+    control_socket_disable,
+    errorlog,
+    graceful_timeout,
+    keepalive,
+    logger_class,
+    loglevel,
+    max_requests,
+    max_requests_jitter,
+    preload_app,
+    timeout,
+    worker_tmp_dir,
+)
+
+wsgi_app = "config.asgi:application"
+worker_class = "uvicorn.workers.UvicornWorker"
+bind = [os.environ.get("GUNICORN_ASGI_BIND", "0.0.0.0:8001")]
+workers = int(os.environ.get("GUNICORN_ASGI_WORKERS", str(os.cpu_count() or 2)))
+proc_name = "tollbooth-asgi"
