@@ -310,6 +310,8 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
         except UnknownNetwork:
             continue
         items.append(_discovery_item(offering, network, base_url))
+    # The same offerings as MCP tools (purchases.mcp): bazaar MCP items of their own.
+    listed = [*items, *mcp_discovery_items(base_url=base_url)]
     return {
         "version": 1,
         "resources": [item["resource"] for item in items],
@@ -320,7 +322,6 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
             "Tollbooth-Copy: <label> to buy the same input again on purpose."
         ),
         "x402Version": 2,
-        # The same offerings as MCP tools (purchases.mcp): bazaar MCP items of their own.
-        "items": [*items, *mcp_discovery_items(base_url=base_url)],
-        "pagination": {"limit": len(items), "offset": 0, "total": len(items)},
+        "items": listed,
+        "pagination": {"limit": len(listed), "offset": 0, "total": len(listed)},
     }
