@@ -131,10 +131,10 @@ def _seed(count: int) -> None:
              %(asset)s, 1, false, now(), now() - (%(hi)s - i) * interval '30 seconds',
              'accepted', %(offering)s
            FROM generate_series(%(lo)s, %(hi)s) i""",
-        """INSERT INTO purchases_purchase (id, ref, amount, asset, network, rail, payer,
-             reason_code, created_at, updated_at, payment_state, fulfillment_state,
+        """INSERT INTO purchases_purchase (id, ref, amount, asset, network, rail, channel,
+             payer, reason_code, created_at, updated_at, payment_state, fulfillment_state,
              offering_id, quote_id, duplicate_key)
-           SELECT i, 'pur_seed' || i, 250000, %(asset)s, %(network)s, 'x402',
+           SELECT i, 'pur_seed' || i, 250000, %(asset)s, %(network)s, 'x402', 'http',
              '0x' || lpad(to_hex(i %% 50000), 40, '0'), '',
              now() - (%(hi)s - i) * interval '30 seconds', now(), 'paid', 'succeeded',
              %(offering)s, i, ''

@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 import psycopg
 from django.db import connection
@@ -77,11 +78,18 @@ def purchase_inline_execution_scope(*, offering: Offering, wait_seconds: float) 
     at once; the scope's end sends whatever is left (no inline run happened). Otherwise the
     job is relayed after its commit as everywhere else.
     """
-    if not _runs_inline(offering, wait_seconds):
-        yield
-        return
-    with outbox_relay_held(job=EXECUTE_JOB):
-        yield
+    inline = _runs_inline(offering, wait_seconds)
+    # Decided once per request: the wait below reads the purchase's own copy of the offering,
+    # which would read its upstream again.
+    decided = _INLINE_DECIDED.set((offering.pk, inline))
+    try:
+        if not inline:
+            yield
+            return
+        with outbox_relay_held(job=EXECUTE_JOB):
+            yield
+    finally:
+        _INLINE_DECIDED.reset(decided)
 
 
 def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchase:
@@ -105,9 +113,16 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     return purchase_reload(purchase=purchase)
 
 
+# (offering pk, runs inline) as decided by the request's purchase_inline_execution_scope.
+_INLINE_DECIDED: ContextVar[tuple[int, bool] | None] = ContextVar("inline_decided", default=None)
+
+
 def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
     if wait_seconds <= 0:
         return False
+    decided = _INLINE_DECIDED.get()
+    if decided is not None and decided[0] == offering.pk:
+        return decided[1]
     name, upstream = offering_executor(offering)
     # Only in-process work runs in the web request: a seller's upstream may take its whole
     # timeout, which must not hold a web worker; a Celery worker calls it.

@@ -12,6 +12,8 @@ def offering_executor(offering: Offering) -> tuple[str, UpstreamSpec | None]:
     """The executor's name and the offering's upstream, if it has one. Without an upstream
     the offering's `executor` name is used as before (report; http_job on JOB_SERVICE_URL).
     Read the offering with `select_related("offering__upstream")` to spare a query."""
+    if getattr(offering, "has_upstream", None) is False:  # read with the paid route
+        return offering.executor, None
     upstream = getattr(offering, "upstream", None)  # the reverse one-to-one, or None
     if upstream is None:
         return offering.executor, None

@@ -16,13 +16,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import Exists, OuterRef, Subquery
 
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
+from fulfillment.models import Upstream
 from payments.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.types import NetworkConfig
@@ -70,7 +71,9 @@ class X402PaidRoute(X402Route):
 
 
 # Every paid request reads its offering; the named quote's input hash comes in the same
-# statement (what a payment id binds to needs it before the id is claimed).
+# statement (what a payment id binds to needs it before the id is claimed), and whether a
+# seller's upstream runs the work (purchases.services.upstreams: no second read to decide
+# whether the request may run the work itself).
 _PAID_OFFERING = PreparedQuery(
     lambda slug, quote: (
         Offering.objects.filter(slug=slug, is_active=True)
@@ -79,7 +82,8 @@ _PAID_OFFERING = PreparedQuery(
                 Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
                     "input_hash"
                 )[:1]
-            )
+            ),
+            has_upstream=Exists(Upstream.objects.filter(offering_id=OuterRef("pk"))),
         )
         .order_by("pk")[:1]
     ),

@@ -171,6 +171,8 @@ NOT_PAGES = {
     "autocomplete": "JSON for autocomplete widgets",
     "jsi18n": "the admin's script catalogue",
     "view_on_site": "a redirect",
+    "purchases_offering_upstream_check": "a POST that checks the upstream and returns to the "
+    "offering's page with what it found (the offering's page is in the catalogue)",
 }
 PURCHASE_LABEL = "purchases.purchase"
 STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdmin's own
