@@ -34,7 +34,7 @@ from purchases.events import event_record_change, events_batched, purchase_trans
 from purchases.models import Purchase
 from purchases.services.remedies import purchase_remedy_after_failure
 from purchases.services.result_notify import fulfillment_notify
-from purchases.services.upstreams import offering_executor
+from purchases.services.upstreams import offering_executor, purchase_job_spec
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -159,12 +159,8 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             purchase_transition(
                 purchase=purchase, transition=purchase.fulfillment_start, actor=actor
             )
-        spec = JobSpec(
-            purchase_ref=purchase.ref,
-            operation=purchase.offering.slug,
-            input=purchase.quote.canonical_input,
-            idempotency_key=claim.job_idempotency_key,
-            upstream=upstream,
+        spec = purchase_job_spec(
+            purchase=purchase, idempotency_key=claim.job_idempotency_key, upstream=upstream
         )
         return _Claimed(claim, spec, executor_name, purchase)
 

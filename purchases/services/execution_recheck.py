@@ -25,7 +25,7 @@ from core.actors import Actor
 from core.clock import now_or
 from core.locks import locking
 from fulfillment import services as fulfillment_services
-from fulfillment.executors import ExecutorError, JobOutput, JobSpec, JobStatus, get_executor
+from fulfillment.executors import ExecutorError, JobOutput, JobStatus, get_executor
 from fulfillment.models import ExecutionAttempt
 from payments import selectors as payment_selectors
 from purchases.events import event_record_change, events_batched, purchase_transition
@@ -35,7 +35,7 @@ from purchases.services.job_runs import job_run
 from purchases.services.outbox import outbox_stage
 from purchases.services.remedies import escalation_resolve, purchase_remedy_after_failure
 from purchases.services.result_notify import fulfillment_notify
-from purchases.services.upstreams import offering_executor
+from purchases.services.upstreams import offering_executor, purchase_job_spec
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -87,12 +87,8 @@ def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
         executor = get_executor(attempt.executor, upstream)
         if not job_ref or executor.finishes_in_start:
             # Same idempotency key as every earlier try: the service returns the job it has.
-            spec = JobSpec(
-                purchase_ref=purchase.ref,
-                operation=purchase.offering.slug,
-                input=purchase.quote.canonical_input,
-                idempotency_key=attempt.job_idempotency_key,
-                upstream=upstream,
+            spec = purchase_job_spec(
+                purchase=purchase, idempotency_key=attempt.job_idempotency_key, upstream=upstream
             )
             started = executor.start(spec)
             if started.output is not None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fulfillment.executors import UpstreamSpec
+from fulfillment.executors import JobSpec, UpstreamSpec
 from fulfillment.upstream_check import UpstreamCheck, upstream_check
 from fulfillment.upstreams import upstream_spec
-from purchases.models import Offering
+from purchases.models import Offering, Purchase
 
 
 def offering_executor(offering: Offering) -> tuple[str, UpstreamSpec | None]:
@@ -19,6 +19,20 @@ def offering_executor(offering: Offering) -> tuple[str, UpstreamSpec | None]:
         return offering.executor, None
     spec = upstream_spec(upstream)
     return spec.executor_name, spec
+
+
+def purchase_job_spec(
+    *, purchase: Purchase, idempotency_key: str, upstream: UpstreamSpec | None
+) -> JobSpec:
+    """What the executor is handed for the purchase's work: the same key on every try, so a
+    second `start` finds the first job."""
+    return JobSpec(
+        purchase_ref=purchase.ref,
+        operation=purchase.offering.slug,
+        input=purchase.quote.canonical_input,
+        idempotency_key=idempotency_key,
+        upstream=upstream,
+    )
 
 
 def offering_upstream_check(*, slug: str) -> UpstreamCheck:
