@@ -29,6 +29,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
 MAX_SKEW_SECONDS = 300
+# How `make demo` runs it: the offering it sells and the variable naming its secret.
+DEMO_OFFERING = "counted-echo"
+DEMO_SECRET_ENV = "TOLLBOOTH_DEMO_UPSTREAM_SECRET"  # noqa: S105  (a variable's name)
 
 
 def verify(secret: bytes, headers: dict[str, str], method: str, path: str, body: bytes) -> bool:
