@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
+from core.actors import Actor
 from devtools.sample_upstream import DEMO_OFFERING as UPSTREAM_OFFERING
 from devtools.sample_upstream import DEMO_SECRET_ENV as UPSTREAM_SECRET_ENV
 from fulfillment.executors.report import REPORT_INPUT_SCHEMA
@@ -25,6 +26,7 @@ from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
 from purchases.services.buyers import api_key_issue, buyer_create
 from purchases.services.offerings import offering_update
+from purchases.services.upstreams import offering_upstream_save
 
 DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
 DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"
@@ -107,7 +109,9 @@ def _upstream_ensure(url: str, *, asset: str, network: str, pay_to: str) -> None
         Upstream.objects.create(offering=offering, timeout_seconds=5, **config)
     elif upstream.url != url:  # a new port this run; what staff tuned stays
         upstream.url = url
-        upstream.save(update_fields=["url"])
+        offering_upstream_save(
+            offering_id=offering.pk, upstream=upstream, actor=Actor.system("seed_demo")
+        )
 
 
 def _credentials_path() -> Path:
