@@ -9,7 +9,9 @@ killed and restarted upstream still knows what it did. Routes:
                    "sleep": seconds to wait AFTER the effect is committed (a slow answer),
                    "fail_times": answer 503 AFTER the effect this many times for the key,
                    "reject": a 4xx status answered BEFORE any effect,
-                   "size": bytes of result to return.
+                   "size": bytes of result to return,
+                   "slow": seconds to wait before EVERY answer, repeats included (an
+                   upstream slower than its caller's timeout, however often it is asked).
   GET /health      unsigned dry-run target: no effect.
   GET /stats       {"effects", "calls", "replayed", "refused"}.
 The signature check below is the one docs/upstreams.md gives sellers.
@@ -128,6 +130,8 @@ def make_handler(store: Store, secret: bytes) -> type[BaseHTTPRequestHandler]:
                 return self._send(503, b'{"error": "answer lost after the effect"}')
             if not replayed and data.get("sleep"):
                 time.sleep(float(str(data["sleep"])))
+            if data.get("slow"):
+                time.sleep(float(str(data["slow"])))
             return self._send(200, answer)
 
     return Handler

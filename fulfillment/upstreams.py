@@ -21,6 +21,8 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 MIN_TIMEOUT, MAX_TIMEOUT = Decimal("0.1"), Decimal("300")
 MAX_RESULT_BYTES = 64 * 1024 * 1024
+MAX_TRIES = 100
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600  # a week: past it a person decides anyway
 NEEDS_URL = frozenset({"http", "http_job", "mcp"})
 
 
@@ -55,6 +57,11 @@ def upstream_validate(upstream: Upstream) -> None:
         errors["definitive_statuses"] = "A list of 4xx codes, e.g. [400, 422]."
     elif 429 in codes:
         errors["definitive_statuses"] = "429 means 'not now': it can never be definitive."
+    if upstream.max_tries is not None and not 1 <= int(upstream.max_tries) <= MAX_TRIES:
+        errors["max_tries"] = f"Between 1 and {MAX_TRIES}, or empty for the default."
+    deadline = upstream.deadline_seconds
+    if deadline is not None and not 1 <= int(deadline) <= MAX_DEADLINE_SECONDS:
+        errors["deadline_seconds"] = f"Between 1 and {MAX_DEADLINE_SECONDS}, or empty."
     dry_run_error = _dry_run_error(upstream.dry_run)
     if dry_run_error:
         errors["dry_run"] = dry_run_error
@@ -89,6 +96,8 @@ def upstream_spec(upstream: Upstream) -> UpstreamSpec:
         entry_point=upstream.entry_point,
         tool=upstream.tool,
         dry_run=dict(upstream.dry_run or {}),
+        max_tries=upstream.max_tries,
+        deadline_seconds=upstream.deadline_seconds,
     )
 
 
@@ -106,6 +115,8 @@ AUDITED_FIELDS = (
     "entry_point",
     "tool",
     "dry_run",
+    "max_tries",
+    "deadline_seconds",
 )
 
 

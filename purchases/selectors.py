@@ -487,11 +487,15 @@ def _execution_fact(purchase: Purchase, run: ExecutionAttempt | None) -> Executi
         return fact
     evidence, at = retried
     retry_in = timedelta(seconds=float(evidence.get("retry_in_seconds") or 0))
+    deadline_at = evidence.get("deadline_at")
     return replace(
         fact,
         failed_tries=int(evidence.get("try") or 0),
         last_error=str(evidence.get("error") or ""),
         retry_at=at + retry_in,
+        # The budget the try was judged by: the offering's upstream may set its own.
+        max_tries=int(evidence.get("max_tries") or fact.max_tries),
+        give_up_at=datetime.fromisoformat(deadline_at) if deadline_at else fact.give_up_at,
     )
 
 
