@@ -6,7 +6,7 @@ from django.db import transaction
 from django.db.models import F
 
 from core.actors import Actor
-from core.locks import locking
+from core.locks import lock_one
 from fulfillment.executors import JobSpec, UpstreamSpec
 from fulfillment.models import Upstream
 from fulfillment.upstream_check import UpstreamCheck, upstream_check
@@ -61,7 +61,7 @@ def offering_upstream_save(*, offering_id: int, upstream: Upstream | None, actor
     work runs is part of what a quote sells) and an event naming who changed what (no
     secret: they are only named by variable), both in the transaction of the change."""
     with transaction.atomic():
-        offering = locking(Offering.objects).get(pk=offering_id)
+        offering = lock_one(Offering, offering_id)
         changed = upstream_store(offering_id=offering_id, upstream=upstream)
         if not changed:
             return offering.version
