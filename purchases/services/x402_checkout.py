@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypeVar
 
-from core.canonical import canonical_json, fingerprint, sha256_hex
+from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.rails import Presentation
@@ -90,15 +90,20 @@ def x402_pay(
 
 
 def _input_matches_quote(route: X402PaidRoute, raw_input: Any) -> None:
-    """The door's own input, valid and the quote's, before the key or the chain is touched:
-    nothing is recorded for a call that asks for one thing and pays for another.
+    """The door's own input, the quote's, before the key or the chain is touched: nothing
+    is recorded for a call that asks for one thing and pays for another.
 
     Raises DomainError: invalid_input, input_too_large, input_mismatch.
     """
-    canonical = quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
-    input_hash = sha256_hex(canonical_json(canonical))
+    quoted = route.quote_input_hash
+    if quoted is not None and isinstance(raw_input, dict):
+        volatile = list(route.offering.volatile_fields or [])
+        if sha256_hex(canonical_json(strip_volatile(raw_input, volatile))) == quoted:
+            return  # the quote's input, validated when it was quoted (under its terms)
+    # Not the quote's: say first what is wrong with the input itself, if anything.
+    quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
     # No quote of this offering: quote_not_found is the flow's answer, stored under the key.
-    if route.quote_input_hash is not None and input_hash != route.quote_input_hash:
+    if quoted is not None:
         raise DomainError(
             ErrorCode.INPUT_MISMATCH,
             "The arguments are not the input of the quote this payment names: call the tool "
