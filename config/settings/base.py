@@ -405,6 +405,9 @@ X402_NETWORKS = {
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
+# The seller's own wallets beyond the offerings' recipients and the relayers (a treasury, a
+# refund wallet): a payment from one of them is flagged in the books and kept out of revenue.
+SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
