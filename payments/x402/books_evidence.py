@@ -52,7 +52,7 @@ def settlement_books_evidence_fill(
             if receipt is None or receipt["status"] != 1:
                 continue
             stamp = reader.block_timestamp(int(receipt["blockNumber"]))
-        except (ChainUnavailable, UnknownNetwork) as exc:
+        except (ChainUnavailable, UnknownNetwork, ValueError) as exc:  # ValueError: not a hash
             logger.info("books: block time of attempt %s awaits the chain: %s", attempt.pk, exc)
             continue
         # Only while it is still this settlement: a reorg in between reopened it.

@@ -27,6 +27,7 @@ from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory
+from tests.fixtures.anvil import closed_port_url
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -220,3 +221,23 @@ def test_the_dashboard_charts_revenue_refunds_and_gas_per_day(settings):
         assert f'data-series="{series}" data-day="{day}" data-value="{value}"' in page, series
     assert "revenue and refunds per day (USDC)" in page and "gas per day (ETH)" in page
     assert "<script" not in page.split('data-testid="dash-money"')[1]
+
+
+def test_a_settlement_whose_block_the_chain_cannot_tell_is_awaited_never_guessed(
+    november, settings
+):
+    settings.X402_NETWORKS = {
+        **settings.X402_NETWORKS,
+        NETWORK: {**settings.X402_NETWORKS[NETWORK], "rpc_url": closed_port_url()},
+    }
+    unread = PaymentAttemptFactory.create(
+        purchase__quote__offering=november["paid"].purchase.offering, succeeded=True,
+        tx_hash="0x" + "cd" * 32,
+    )  # fmt: skip
+    PaymentAttempt.objects.filter(pk=unread.pk).update(created_at=_at(20, 12))
+    export = books_export(period=NOVEMBER, created_by="finance", now=AFTER)
+    rows = _rows(export.content)
+    assert unread.purchase.ref not in export.content.decode()
+    notes = [r["note"] for r in rows if r["record"] == "note"]
+    assert any(n.startswith("awaiting the chain: 1 settled payment(s)") for n in notes), notes
+    assert PaymentAttempt.objects.get(pk=unread.pk).block_at is None
