@@ -92,8 +92,13 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     effective_gas_price = models.PositiveBigIntegerField(
         null=True, blank=True, help_text="Wei per gas, from the receipt."
     )
+    # A database default too: rows written by hand (the scale bench's seed) name no sender.
     sent_by = models.CharField(
-        max_length=64, blank=True, help_text="The settlement transaction's sender, lower-case."
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The settlement transaction's sender, lower-case.",
     )
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
