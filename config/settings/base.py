@@ -496,6 +496,7 @@ CELERY_BEAT_SCHEDULE = {
     # A settled payment is not final until the network's finality policy says so: a reorg
     # before then can undo it, and its same authorization must be settled again (or the
     # purchase reversed and escalated). Rows carry their next check, so idle runs are cheap.
+    # Once final, the books take the block's time and the receipt's gas (docs/finance.md).
     "watch-unfinal-settlements": {
         "task": "purchases.tasks.watch_unfinal_settlements_task",
         "schedule": 30.0,
