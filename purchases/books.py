@@ -56,7 +56,11 @@ class Period:
         if last < first:
             raise PeriodInvalid(f"the period ends ({last}) before it starts ({first})")
         start = datetime.combine(first, time.min, tzinfo=UTC)
-        return cls(start, datetime.combine(last + timedelta(days=1), time.min, tzinfo=UTC))
+        try:
+            after = last + timedelta(days=1)
+        except OverflowError as exc:  # 9999-12-31: no day after it
+            raise PeriodInvalid(f"no period ends after {last}") from exc
+        return cls(start, datetime.combine(after, time.min, tzinfo=UTC))
 
     def check_closed(self, *, now: datetime) -> None:
         """Raises PeriodInvalid for an empty period or one still open: its books may change."""

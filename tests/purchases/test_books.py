@@ -189,6 +189,9 @@ def test_finance_downloads_a_period_from_the_admin_and_support_may_not(november,
     assert batch.created_by == "finance"
     still_open = finance.post(url, {"month": timezone.now().strftime("%Y-%m")})
     assert still_open.status_code == 200 and b"the period is not closed" in still_open.content
+    for hostile in ({"month": "9999-12"}, {"month": "2026-13"}, {"month": "x"}, {"month": ""}):
+        refused = finance.post(url, hostile)
+        assert refused.status_code == 200 and b"errorlist" in refused.content, hostile
     assert support.get(url).status_code == 403
     assert ExportBatch.objects.filter(kind="books").count() == 1
 
