@@ -405,6 +405,9 @@ X402_NETWORKS = {
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
+# The seller's own wallets beyond the offerings' recipients and the relayers (a treasury, a
+# refund wallet): a payment from one of them is flagged in the books and kept out of revenue.
+SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
@@ -493,6 +496,7 @@ CELERY_BEAT_SCHEDULE = {
     # A settled payment is not final until the network's finality policy says so: a reorg
     # before then can undo it, and its same authorization must be settled again (or the
     # purchase reversed and escalated). Rows carry their next check, so idle runs are cheap.
+    # Once final, the books take the block's time and the receipt's gas (docs/finance.md).
     "watch-unfinal-settlements": {
         "task": "purchases.tasks.watch_unfinal_settlements_task",
         "schedule": 30.0,
