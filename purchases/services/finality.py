@@ -161,6 +161,7 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             unanswered_checks=0,
             final_at=now if is_final else None,
             next_check_at=None if is_final else now + FINALITY_RECHECK,
+            finality_seen=_seen(check, now),
         )
         if not updated:
             return  # lost the race: another look recorded it first
@@ -183,6 +184,13 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             event_record(
                 subject=subjects.PAYMENT_FINAL, purchase=purchase, actor=actor, evidence=evidence
             )
+
+
+def _seen(check: FinalityCheck, now: datetime) -> dict[str, int | str]:
+    """How far from final the look found it, for the case file (purchases.case_checks)."""
+    keys = ("policy", "block_number", "depth", "finality_depth", "finalized_block")
+    seen = {key: check.evidence[key] for key in keys if key in check.evidence}
+    return {**seen, "checked_at": int(now.timestamp())}
 
 
 def _resettle(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:
