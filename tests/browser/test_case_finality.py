@@ -21,6 +21,7 @@ from rest_framework.test import APIClient
 from payments.models import PaymentAttempt
 from purchases.models import Purchase
 from purchases.roles import roles_ensure
+from purchases.services.result_wait import listeners_close
 from tests.browser.conftest import VIEWPORT, staff_context
 from tests.x402.e2e import NETWORK, MakeWorld, ask, sign_payment
 
@@ -59,9 +60,14 @@ def test_a_paid_purchase_not_final_yet_is_rechecked_until_the_page_says_final(
         NETWORK: {**settings.X402_NETWORKS[NETWORK], "finality": "depth",
                   "finality_depth": FINALITY_DEPTH},
     }  # fmt: skip
+    settings.X402_RESULT_WAIT_SECONDS = 30  # the paying request runs the report itself
     client = APIClient()
     payment = sign_payment(ask(client, world).headers["PAYMENT-REQUIRED"], world.payers[0], None)
-    assert ask(client, world, payment=payment).status_code == 200  # paid and delivered
+    try:
+        paid = ask(client, world, payment=payment)
+    finally:
+        listeners_close()  # the result wait's LISTEN connection would keep the database open
+    assert paid.status_code == 200, paid.content  # paid and delivered
     purchase = Purchase.objects.get()
     attempt = PaymentAttempt.objects.get()
     assert attempt.final_at is None
