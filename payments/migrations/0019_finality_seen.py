@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('payments', '0018_settlement_finality'),
+        ("payments", "0018_settlement_finality"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='paymentattempt',
-            name='finality_seen',
+            model_name="paymentattempt",
+            name="finality_seen",
             field=models.JSONField(blank=True, default=dict),
         ),
     ]
