@@ -96,21 +96,22 @@ def _paid(facts: CaseFacts, now: datetime) -> Said:
 def _unfinal(facts: CaseFacts, unfinal: UnfinalFact, work: Said) -> Said:
     """Settled, not final. Once the work has ended the settlement's words lead; while the work
     is on its way they are a note. The work's own next check, if it has one, comes first."""
-    if unfinal.policy == "finalized":
-        if unfinal.finalized_block_seen is None:
-            awaited = "the node's finalized tag to reach it (not looked at since it settled)"
-        else:
-            awaited = (
-                f"the node's finalized tag to reach it (finalized block "
-                f"{unfinal.finalized_block_seen} at the last look)"
-            )
-    elif unfinal.depth_seen is None:
+    if unfinal.finalized_block_seen is not None:
+        awaited = (
+            f"the node's finalized tag to reach it (finalized block "
+            f"{unfinal.finalized_block_seen} at the last look)"
+        )
+    elif unfinal.depth_seen is not None:
+        awaited = f"depth {unfinal.depth_seen} of {unfinal.depth_needed} reached"
+        if unfinal.policy == "finalized":  # the node reported no finalized block: the depth
+            awaited += " (the node reports no finalized block, so the depth decides)"
+    elif unfinal.policy == "finalized":
+        awaited = "the node's finalized tag to reach it (not looked at since it settled)"
+    else:
         awaited = (
             f"depth at least {unfinal.confirmations} of {unfinal.depth_needed} when it "
             "settled (not looked at since)"
         )
-    else:
-        awaited = f"depth {unfinal.depth_seen} of {unfinal.depth_needed} reached"
     where = f"block {unfinal.block_number}" if unfinal.block_number is not None else "a block"
     looked = f", last looked at {utc_seconds(unfinal.checked_at)}" if unfinal.checked_at else ""
     settled = (

@@ -99,7 +99,7 @@ def _unfinal(**kw: object) -> CaseFacts:
     )  # fmt: skip
     return _facts(
         "paid", "succeeded", result_expires_at=NOW + 7 * 24 * H, result_delivered_at=NOW - MIN,
-        unfinal=replace(unfinal, **kw),
+        unfinal=replace(unfinal, **kw),  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -156,6 +156,12 @@ MOMENTS = [
                     finalized_block_seen=100),
            "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 20 * S,
            says=("settled in block 120", "finalized tag", "finalized block 100"),
+           offers=("recheck_settlement",)),
+    # A node that reports no finalized block: the watch falls back to the depth.
+    Moment("settlement-pending", "settled, the node reports no finalized tag",
+           _unfinal(policy="finalized", depth_needed=64, depth_seen=5),
+           "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 20 * S,
+           says=("depth 5 of 64 reached", "no finalized block"),
            offers=("recheck_settlement",)),
     # Final: the watch set final_at; nothing is left to look at, the box says final.
     Moment("settlement-pending", "delivered and final",
