@@ -81,6 +81,10 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     # attempt was reopened and its same authorization settled again, or it was reversed).
     final_at = models.DateTimeField(null=True, blank=True)
     reorged_at = models.DateTimeField(null=True, blank=True)
+    # What the last finality look saw while not final yet (unix `checked_at`, `policy`,
+    # `block_number`, `depth` and `finality_depth`, or `finalized_block`): the case file says
+    # how far from final it is without asking the chain on every page view.
+    finality_seen = models.JSONField(default=dict, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     # The books (purchases.services.books): the settling block's timestamp (UTC, the
     # settlement time finance reports), and the receipt's gas figures and sender. Gas is a

@@ -138,6 +138,15 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     )
 # Services own their transactions (house style).
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
+# Behind a transaction-pooling PgBouncer a server-side cursor (a streamed export) may find
+# its next FETCH on another server connection: say so with DATABASE_DISABLE_SERVER_SIDE_CURSORS
+# or `?disable_server_side_cursors=true` on DATABASE_URL (docs/deployment.md). The URL's value
+# arrives as a string ("false" would be truthy), so both are read as booleans here.
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
+    "DATABASE_DISABLE_SERVER_SIDE_CURSORS",
+    default=str(DATABASES["default"].get("DISABLE_SERVER_SIDE_CURSORS", False)).lower()
+    in {"true", "1", "yes", "on"},
+)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

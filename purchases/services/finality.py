@@ -164,6 +164,7 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             unanswered_checks=0,
             final_at=now if is_final else None,
             next_check_at=None if is_final else now + FINALITY_RECHECK,
+            finality_seen=_seen(check, now),
             # Re-mined elsewhere: the old block's time and receipt are not this settlement's.
             **(_BOOKS_UNREAD if moved else {}),
         )
@@ -191,6 +192,13 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
     if is_final and (moved or attempt.block_at is None):
         # Its block can no longer change: the books take its time and gas now (no lock held).
         settlement_books_evidence_fill(attempts=PaymentAttempt.objects.filter(pk=attempt.pk))
+
+
+def _seen(check: FinalityCheck, now: datetime) -> dict[str, int | str]:
+    """How far from final the look found it, for the case file (purchases.case_checks)."""
+    keys = ("policy", "block_number", "depth", "finality_depth", "finalized_block")
+    seen = {key: check.evidence[key] for key in keys if key in check.evidence}
+    return {**seen, "checked_at": int(now.timestamp())}
 
 
 def _resettle(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:
