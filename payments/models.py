@@ -80,6 +80,9 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     # `reorged_at`: when its transfer was found undone by a reorg (kept as evidence: the
     # attempt was reopened and its same authorization settled again, or it was reversed).
     final_at = models.DateTimeField(null=True, blank=True)
+    # The settlement time from the chain: the timestamp of the block holding the transfer,
+    # recorded when it is known final (a signed receipt carries it).
+    mined_at = models.DateTimeField(null=True, blank=True)
     reorged_at = models.DateTimeField(null=True, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
     reason_code = models.CharField(max_length=64, blank=True)
@@ -160,6 +163,7 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
         self.reason_code = reason_code
         self.reorged_at = at
         self.block_number = None
+        self.final_at = self.mined_at = None
 
     def __str__(self) -> str:
         return f"{self.rail} attempt {self.pk} ({self.state})"

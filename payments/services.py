@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from core.bulk import insert_returning_pk
 from core.changes import Change
+from core.clock import now_or
 from core.locks import lock_rows
 from payments.models import (
     LIVE_ATTEMPT_STATES,
@@ -422,7 +423,15 @@ def ledger_balances_mismatched() -> list[BalanceMismatch]:
 
 
 # What recording an outcome writes on the attempt (a bulk writer updates these columns).
-OUTCOME_FIELDS = ("state", "tx_hash", "block_number", "settlement_reference", "reason_code")
+OUTCOME_FIELDS = (
+    "state",
+    "tx_hash",
+    "block_number",
+    "settlement_reference",
+    "reason_code",
+    "final_at",
+    "mined_at",
+)
 
 
 def payment_attempt_apply_outcome(
@@ -441,6 +450,10 @@ def payment_attempt_apply_outcome(
         attempt.tx_hash = tx_hash
         attempt.block_number = outcome.block_number
         attempt.succeed(settlement_reference=tx_hash or "")
+        if outcome.evidence.get("final"):  # confirmed at the network's finality depth
+            attempt.final_at = now_or(None)
+            stamp = outcome.evidence.get("block_timestamp")
+            attempt.mined_at = datetime.fromtimestamp(stamp, tz=UTC) if stamp else None
     elif outcome.status == SettlementStatus.FAILED:
         attempt.fail(reason_code=outcome.reason_code)
     elif attempt.state == PaymentAttempt.State.RECORDED:
@@ -482,3 +495,12 @@ def payment_attempt_reopen(
         reason_code=reason_code,
         evidence={**vanished, **evidence},
     )
+
+
+def payment_attempt_record_mined(*, attempt_id: int, mined_at: datetime) -> datetime:
+    """Record when the block holding the attempt's transfer was mined (the settlement time a
+    receipt states), once: returns the stored time, the first recorded if two raced."""
+    PaymentAttempt.objects.filter(pk=attempt_id, mined_at__isnull=True).update(mined_at=mined_at)
+    stored = PaymentAttempt.objects.filter(pk=attempt_id).values_list("mined_at", flat=True).get()
+    assert stored is not None
+    return stored

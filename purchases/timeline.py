@@ -152,6 +152,7 @@ EVENT_LABELS: dict[str, Label] = {
     "result.redelivered": Label("Result fetched again"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),
     "receipt.fetched": Label("Receipt fetched"),
+    "receipt.issued": Label("Signed receipt issued"),
     "alert.sent": Label(
         "Alert sent",
         by_reason={"refund_owed": "Refund-owed alert sent", "escalation": "Escalation alert sent"},

@@ -159,6 +159,13 @@ def _by_depth(case: _Case, receipt: dict[str, Any], evidence: dict[str, Any]) ->
     depth = case.head.number - block + 1  # <= 0 if the receipt is newer than our pinned head
     evidence = {**evidence, "block_number": block, "confirmations": max(depth, 0)}
     confirmed = depth >= case.network.confirmations
+    if confirmed and case.network.finality == "depth" and depth >= case.network.finality_depth:
+        # Deep enough for the finality policy already (a seller that confirms at its finality
+        # depth): final now, not at the watch's next look. The head's time is the block's
+        # when the transfer is in the head block.
+        evidence["final"] = True
+        if block == case.head.number:
+            evidence["block_timestamp"] = case.head.timestamp
     return SettlementOutcome(
         CONFIRMED if confirmed else PENDING,
         tx_hash=receipt["transactionHash"],

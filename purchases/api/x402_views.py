@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fulfillment.receipt_signing import receipt_keys_document
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -180,3 +181,15 @@ class X402DiscoveryApi(APIView):
     def get(self, request: Request) -> Response:
         base_url = request.build_absolute_uri("/").rstrip("/")
         return Response(x402_catalog(base_url=base_url))
+
+
+class ReceiptKeysApi(APIView):
+    """The receipt keys (docs/receipts.md): the EIP-712 domain and types receipts are signed
+    under, and every key that signed one, current and retired."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="Receipt signing keys")
+    def get(self, request: Request) -> Response:
+        return Response(receipt_keys_document())
