@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fulfillment.receipt_signing import receipt_keys_document
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -16,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fulfillment.receipt_signing import receipt_keys_document
 from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES

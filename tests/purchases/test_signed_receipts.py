@@ -61,6 +61,7 @@ def test_the_paid_result_carries_a_receipt_that_verifies_offline(client_for_buye
     result = Result.objects.get(purchase=purchase)
     row = Receipt.objects.get(purchase=purchase)
     purchase.refresh_from_db()
+    assert row.issued_at is not None and purchase.paid_at is not None
     assert receipt["format"] == "eip712"
     assert receipt["payload"] == {
         "version": 1,
@@ -160,9 +161,7 @@ def test_a_rotated_key_stays_published_and_old_receipts_still_verify(
     assert _header(again) == old
 
 
-def test_a_payment_id_past_retention_is_answered_with_the_same_receipt(
-    client_for_buyer, offering
-):
+def test_a_payment_id_past_retention_is_answered_with_the_same_receipt(client_for_buyer, offering):
     purchase = _bought(client_for_buyer, offering)
     paid = client_for_buyer.get(f"/api/v1/purchases/{purchase.ref}/result")
     compacted = housekeeping.compact_payment_ids(now=timezone.now() + timedelta(hours=25))
@@ -200,9 +199,8 @@ def test_the_verify_command_needs_only_the_receipt_and_the_address(
 def test_the_docs_snippet_verifies_with_eth_account_alone(client_for_buyer, offering, tmp_path):
     """docs/receipts.md's standalone snippet, run as written in a fresh interpreter that
     imports no Tollbooth code (and no Django)."""
-    snippet = re.search(
-        r"<!-- verify-snippet -->\n```python\n(.*?)```", (ROOT / "docs/receipts.md").read_text(), re.S
-    )
+    docs = (ROOT / "docs/receipts.md").read_text()
+    snippet = re.search(r"<!-- verify-snippet -->\n```python\n(.*?)```", docs, re.S)
     assert snippet is not None
     purchase = _bought(client_for_buyer, offering)
     answer = client_for_buyer.get(f"/api/v1/purchases/{purchase.ref}/result")

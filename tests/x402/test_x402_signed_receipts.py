@@ -60,6 +60,7 @@ def _check(receipt: dict, world: X402World, attempt: PaymentAttempt, body: bytes
     """The receipt verifies and says what the chain and the delivered bytes say."""
     receipt_verify(receipt, addresses=_published())
     purchase = attempt.purchase
+    assert attempt.block_number is not None
     block = world.w3.eth.get_block(attempt.block_number)
     payload = receipt["payload"]
     assert payload["transaction"] == attempt.tx_hash
