@@ -111,6 +111,7 @@ def bench_environment(database_url: str) -> dict[str, str]:
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1,localhost",
         "TOLLBOOTH_METRICS_TOKEN": secrets.token_urlsafe(24),
+        "TOLLBOOTH_RECEIPT_KEY": "0x" + secrets.token_hex(32),  # generated: never a stored key
         # Throttles stay on (their counters are part of the cost) at a rate no run reaches.
         "TOLLBOOTH_THROTTLE_API_KEY_RATE": "10000000/min",
         "TOLLBOOTH_THROTTLE_ADDRESS_RATE": "10000000/min",

@@ -55,6 +55,9 @@ SLUG = "bench-report"
 CSV = "region,units,price\nnorth,3,1.50\nsouth,5,2.25\neast,8,0.75\nwest,1,9.99\n"
 CALL_TIMEOUT = 60.0
 
+# One generated receipt key for every replica of a run (they sign for one seller).
+RECEIPT_KEY = "0x" + secrets.token_hex(32)
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -196,6 +199,7 @@ def tollbooth_env(
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(48),
         "DJANGO_ALLOWED_HOSTS": "127.0.0.1",
         "TOLLBOOTH_METRICS_TOKEN": secrets.token_urlsafe(16),
+        "TOLLBOOTH_RECEIPT_KEY": RECEIPT_KEY,
         "DJANGO_SECURE_SSL_REDIRECT": "False",  # plain HTTP on loopback
         # Every agent calls from 127.0.0.1: the per-address throttle would count them as one.
         "TOLLBOOTH_THROTTLE_ADDRESS_RATE": "1000000/min",

@@ -2,7 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from purchases.api.x402_views import X402DiscoveryApi, X402PaidApi, X402PurchaseCapabilityApi
+from purchases.api.x402_views import (
+    ReceiptKeysApi,
+    X402DiscoveryApi,
+    X402PaidApi,
+    X402PurchaseCapabilityApi,
+)
 from purchases.metrics import metrics_view
 
 urlpatterns = [
@@ -15,6 +20,7 @@ urlpatterns = [
         name="x402-purchase-capability",
     ),
     path(".well-known/x402", X402DiscoveryApi.as_view(), name="x402-discovery"),
+    path(".well-known/tollbooth-receipts", ReceiptKeysApi.as_view(), name="receipt-keys"),
     path("metrics", metrics_view, name="metrics"),
     path(
         "api/schema/",

@@ -160,6 +160,13 @@ class Receipt(models.Model):
         help_text="When a public fetch last went on the purchase's timeline: fetches are "
         "noted at most once a window, so a GET cannot grow the timeline without bound.",
     )
+    # The signed receipt (fulfillment.receipt_signing), exactly as first sent: issued once
+    # the payment is final, then sent again byte for byte, for ever (it never expires).
+    signed = models.TextField(
+        blank=True, editable=False, help_text="The signed receipt's JSON text; empty until final."
+    )
+    key_id = models.CharField(max_length=64, blank=True, editable=False)
+    issued_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self.public_id:

@@ -15,10 +15,13 @@ def result_for_purchase(*, purchase_id: int) -> Result | None:
 
 
 def _result_with_receipt(purchase_id: int) -> QuerySet[Result]:
-    receipt = Receipt.objects.filter(purchase_id=OuterRef("purchase_id")).values("public_id")
+    receipt = Receipt.objects.filter(purchase_id=OuterRef("purchase_id"))
     return (
         Result.objects.filter(purchase_id=purchase_id)
-        .annotate(receipt_public_id=Subquery(receipt[:1]))
+        .annotate(
+            receipt_public_id=Subquery(receipt.values("public_id")[:1]),
+            receipt_signed=Subquery(receipt.values("signed")[:1]),
+        )
         .order_by("pk")[:1]
     )
 
@@ -28,7 +31,8 @@ _RESULT_WITH_RECEIPT = PreparedQuery(_result_with_receipt, purchase_id=int)
 
 
 def result_with_receipt(*, purchase_id: int) -> Result | None:
-    """The result with its receipt's public id (`receipt_public_id`), in one query."""
+    """The result with its receipt's public id and signed text (`receipt_public_id`,
+    `receipt_signed`: empty until issued), in one query."""
     return _RESULT_WITH_RECEIPT.first(purchase_id=purchase_id)
 
 

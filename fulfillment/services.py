@@ -23,6 +23,7 @@ from django_fsm import ConcurrentTransition
 from core.bulk import insert_after, insert_unless_conflict
 from core.changes import Change
 from core.refs import new_ref
+from fulfillment import receipt_signing
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 
@@ -258,12 +259,24 @@ def _locked_own_attempt(claim: ExecutionClaim) -> ExecutionAttempt:
 
 
 @dataclass(frozen=True)
+class ReceiptFacts:
+    """What a signed receipt says beyond the receipt row: known to the purchases app."""
+
+    purchase_ref: str
+    offering: str
+    resource_url: str
+    settled_at: datetime  # the block's timestamp (x402), the debit's time (prepaid)
+
+
+@dataclass(frozen=True)
 class PaymentEvidence:
     payer: str
     amount: int
     asset: str
     network: str
     transaction: str
+    # Set when the payment is final already: the receipt is signed as it is stored.
+    receipt: ReceiptFacts | None = None
 
 
 def execution_succeed(
@@ -326,6 +339,8 @@ def _result_store(
         body_sha256=digest,
         delivered_at=now,
     )
+    if payment.receipt is not None:
+        receipt_sign_into(receipt=receipt, facts=payment.receipt, now=now)
     # The receipt goes in the result's statement where the database can (PostgreSQL).
     also = insert_after(receipt) if connection.vendor == "postgresql" else None
     if not insert_unless_conflict(result, conflict="(purchase_id)", also=also):
@@ -333,6 +348,50 @@ def _result_store(
     if also is None:
         receipt.save(force_insert=True)
     return result
+
+
+def receipt_payload(
+    *, receipt: Receipt, facts: ReceiptFacts, issued_at: datetime
+) -> dict[str, Any]:
+    """The fields a receipt signs (fulfillment.receipt_signing.RECEIPT_FIELDS)."""
+    return {
+        "version": receipt_signing.RECEIPT_VERSION,
+        "network": receipt.network,
+        "resourceUrl": facts.resource_url,
+        "payer": receipt.payer,
+        "issuedAt": int(issued_at.timestamp()),
+        "transaction": receipt.transaction,
+        "receipt": receipt.public_id,
+        "purchase": facts.purchase_ref,
+        "offering": facts.offering,
+        "amount": str(receipt.amount),
+        "asset": receipt.asset,
+        "settledAt": int(facts.settled_at.timestamp()),
+        "resultSha256": receipt.body_sha256,
+    }
+
+
+def receipt_sign_into(*, receipt: Receipt, facts: ReceiptFacts, now: datetime) -> None:
+    """Sign the receipt with the current key, on the row in memory (the caller saves it)."""
+    key = receipt_signing.signing_key()
+    payload = receipt_payload(receipt=receipt, facts=facts, issued_at=now)
+    receipt.signed = receipt_signing.receipt_sign(payload=payload, key=key)
+    receipt.key_id, receipt.issued_at = key.key_id, now
+
+
+def receipt_issue(*, receipt: Receipt, facts: ReceiptFacts, now: datetime) -> str:
+    """The receipt's signed text: the stored one, or signed now and stored by one conditional
+    UPDATE (still unsigned). Of two issuers racing, the first stored wins and both return
+    it: a receipt is issued once and is the same bytes for ever after."""
+    if receipt.signed:
+        return receipt.signed
+    receipt_sign_into(receipt=receipt, facts=facts, now=now)
+    stored = Receipt.objects.filter(pk=receipt.pk, signed="").update(
+        signed=receipt.signed, key_id=receipt.key_id, issued_at=receipt.issued_at
+    )
+    if not stored:  # lost the race: another issuer stored its signature first
+        receipt.refresh_from_db(fields=["signed", "key_id", "issued_at"])
+    return receipt.signed
 
 
 def execution_success_change(*, claim: ExecutionClaim, output: JobOutput, job_ref: str) -> Change:

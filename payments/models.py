@@ -86,8 +86,9 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     # how far from final it is without asking the chain on every page view.
     finality_seen = models.JSONField(default=dict, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
-    # The books (purchases.services.books): the settling block's timestamp (UTC, the
-    # settlement time finance reports), and the receipt's gas figures and sender. Gas is a
+    # The books (purchases.services.books) and signed receipts: the settling block's
+    # timestamp (UTC, the settlement time finance reports and a receipt's `settledAt`), and
+    # the receipt's gas figures and sender. Gas is a
     # cost of sale only when our relayer sent the transaction (direct mode); a facilitator
     # pays its own. Filled at confirmation (gas, direct mode) and when the block is read
     # (payments.x402.books_evidence: the finality watch, or lazily by an export).
@@ -191,6 +192,7 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
         # The block and its receipt are gone: the books wait for the new settlement's.
         self.block_at = self.gas_used = self.effective_gas_price = None
         self.sent_by = ""
+        self.final_at = None
 
     def __str__(self) -> str:
         return f"{self.rail} attempt {self.pk} ({self.state})"

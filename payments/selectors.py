@@ -28,7 +28,7 @@ def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | N
 def payment_evidence_of_purchase() -> dict[str, Subquery]:
     """For annotating a purchase query (`OuterRef("pk")`): the transaction reference and the
     network of its settled attempt (the first), else of its live one (the latest). One
-    query, not two: `payment_reference`, `payment_network`."""
+    query, not two: `payment_reference`, `payment_network`, `payment_mined_at`."""
     is_settled = Q(state=PaymentAttempt.State.SUCCEEDED)
     attempts = PaymentAttempt.objects.filter(
         purchase_id=OuterRef("pk"), state__in=LIVE_ATTEMPT_STATES
@@ -37,7 +37,10 @@ def payment_evidence_of_purchase() -> dict[str, Subquery]:
         Case(When(is_settled, then=F("pk")), default=-F("pk")),
     )
     reference = Coalesce(NullIf("tx_hash", Value("")), "settlement_reference")
+    final = attempts.filter(is_settled, final_at__isnull=False)
     return {
         "payment_reference": Subquery(attempts.values(reference=reference)[:1]),
         "payment_network": Subquery(attempts.values("network")[:1]),
+        # A settlement already final with its block time known: its receipt is signed at once.
+        "payment_mined_at": Subquery(final.values("block_at")[:1]),
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from core.bulk import insert_returning_pk
 from core.changes import Change
+from core.clock import now_or
 from core.locks import lock_rows
 from payments.models import (
     LIVE_ATTEMPT_STATES,
@@ -429,6 +430,7 @@ OUTCOME_FIELDS = (
     "settlement_reference",
     "reason_code",
     *("block_at", "gas_used", "effective_gas_price", "sent_by"),
+    "final_at",
 )
 
 
@@ -449,6 +451,10 @@ def payment_attempt_apply_outcome(
         attempt.block_number = outcome.block_number
         _books_evidence_take(attempt, outcome.evidence)
         attempt.succeed(settlement_reference=tx_hash or "")
+        if outcome.evidence.get("final"):  # confirmed at the network's finality depth
+            attempt.final_at = now_or(None)
+            stamp = outcome.evidence.get("block_timestamp")
+            attempt.block_at = datetime.fromtimestamp(stamp, tz=UTC) if stamp else None
     elif outcome.status == SettlementStatus.FAILED:
         attempt.fail(reason_code=outcome.reason_code)
     elif attempt.state == PaymentAttempt.State.RECORDED:
@@ -498,3 +504,12 @@ def payment_attempt_reopen(
         reason_code=reason_code,
         evidence={**vanished, **evidence},
     )
+
+
+def payment_attempt_record_mined(*, attempt_id: int, mined_at: datetime) -> datetime:
+    """Record when the block holding the attempt's transfer was mined (the settlement time a
+    receipt states), once: returns the stored time, the first recorded if two raced."""
+    PaymentAttempt.objects.filter(pk=attempt_id, block_at__isnull=True).update(block_at=mined_at)
+    stored = PaymentAttempt.objects.filter(pk=attempt_id).values_list("block_at", flat=True).get()
+    assert stored is not None
+    return stored

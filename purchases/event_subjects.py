@@ -42,6 +42,7 @@ RESULT_DELIVERED = "result.delivered"
 RESULT_REDELIVERED = "result.redelivered"
 RESULT_RETENTION_EXPIRED = "result.retention_expired"
 RECEIPT_FETCHED = "receipt.fetched"
+RECEIPT_ISSUED = "receipt.issued"
 
 # --- staff actions on the case file (purchases/services/case_actions.py) -----------------
 ESCALATION_ASSIGNED = "escalation.assigned"
@@ -105,6 +106,7 @@ SUBJECTS: dict[str, str] = {
     RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
     RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",
     RECEIPT_FETCHED: "The public receipt was fetched (noted at most once an hour).",
+    RECEIPT_ISSUED: "The signed receipt was issued: the payment became final after the result.",
     ESCALATION_ASSIGNED: "Staff set an escalation's owner, deadline and note (or opened one).",
     CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
     CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",

@@ -160,6 +160,7 @@ EVENT_LABELS: dict[str, Label] = {
             "upstream_removed": "Upstream removed",
         },
     ),
+    "receipt.issued": Label("Signed receipt issued"),
     "alert.sent": Label(
         "Alert sent",
         by_reason={"refund_owed": "Refund-owed alert sent", "escalation": "Escalation alert sent"},

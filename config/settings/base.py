@@ -54,7 +54,7 @@ MIDDLEWARE = [
 # Browser agents may buy from any origin: the paid URLs, the capability status URLs and
 # discovery answer CORS (API-key endpoints and the admin do not). Payment headers are
 # readable by scripts; no cookies are involved.
-CORS_URLS_REGEX = r"^/(x402/|\.well-known/x402$)"
+CORS_URLS_REGEX = r"^/(x402/|\.well-known/(x402|tollbooth-receipts)$)"
 CORS_ALLOW_ALL_ORIGINS = True
 CORS_ALLOW_CREDENTIALS = False
 CORS_ALLOW_METHODS = ["GET", "HEAD", "OPTIONS", "POST"]
@@ -76,6 +76,7 @@ CORS_EXPOSE_HEADERS = [
     "Link",
     "Repr-Digest",
     "Tollbooth-Duplicate-Of",
+    "Tollbooth-Receipt",
 ]
 CORS_PREFLIGHT_MAX_AGE = 600
 
@@ -421,6 +422,20 @@ SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
 X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
+
+# --- Signed receipts (fulfillment/receipt_signing.py, docs/receipts.md) ---------------
+# The seller's receipt key (hex private key) signs every paid answer's receipt; its address
+# is published at /.well-known/tollbooth-receipts under KEY_ID (default: from the address).
+# A rotated key stays listed in RETIRED_KEYS (`key_id=0xaddress`): receipts never expire.
+# Without a key, the demo and the tests generate one into KEY_FILE; production refuses.
+RECEIPTS = {
+    "KEY": env.str("TOLLBOOTH_RECEIPT_KEY", default=""),
+    "KEY_ID": env.str("TOLLBOOTH_RECEIPT_KEY_ID", default=""),
+    "RETIRED_KEYS": env.list("TOLLBOOTH_RECEIPT_RETIRED_KEYS", default=[]),
+    "KEY_FILE": None,
+}
+# Where the seller's paid URLs are reached: a receipt's `resourceUrl` is this + /x402/<slug>.
+TOLLBOOTH_PUBLIC_URL = env.str("TOLLBOOTH_PUBLIC_URL", default="http://localhost:8000").rstrip("/")
 
 # --- Alerts (purchases/notify.py) ----------------------------------------------------
 # Money owed and stuck states reach people through these backends ("log", "mail",

@@ -7,3 +7,6 @@ from .base import env
 INSTALLED_APPS = [*INSTALLED_APPS, "devtools"]  # noqa: F405
 
 DEBUG = env.bool("DJANGO_DEBUG", default=True)
+
+# No TOLLBOOTH_RECEIPT_KEY: the demo signs receipts with a key generated once under var/.
+RECEIPTS = {**RECEIPTS, "KEY_FILE": VAR_DIR / "receipt-key.hex"}  # noqa: F405

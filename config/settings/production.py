@@ -9,7 +9,7 @@ import os
 from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
-from .base import ALLOWED_HOSTS, DATABASES, REDIS_URL, TOLLBOOTH_METRICS_TOKEN, env
+from .base import ALLOWED_HOSTS, DATABASES, RECEIPTS, REDIS_URL, TOLLBOOTH_METRICS_TOKEN, env
 
 DEBUG = False
 
@@ -35,6 +35,12 @@ if not os.environ.get("DJANGO_ALLOWED_HOSTS"):
     raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS is required in production.")
 if {"testserver", "*"} & set(ALLOWED_HOSTS):
     raise ImproperlyConfigured("DJANGO_ALLOWED_HOSTS must name real hosts (no testserver, no *).")
+
+# Receipts are signed with the seller's key from the environment, never a generated one.
+if not RECEIPTS["KEY"]:
+    raise ImproperlyConfigured(
+        "TOLLBOOTH_RECEIPT_KEY is required in production (docs/receipts.md)."
+    )
 
 # Metrics show money owed and stuck payments: never open to the internet.
 if not TOLLBOOTH_METRICS_TOKEN:

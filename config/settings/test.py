@@ -41,3 +41,7 @@ CELERY_TASK_DEFAULT_QUEUE = env.str(
 )
 # Each test process counts its own throttle hits, so runs sharing a Redis never meet.
 CACHES = {"default": {**CACHES["default"], "KEY_PREFIX": f"tollbooth-tests-{os.getpid()}"}}
+
+# No TOLLBOOTH_RECEIPT_KEY: one generated key per database, shared by every process of a run.
+_receipt_key_name = str(DATABASES["default"]["NAME"]).replace("/", "_")
+RECEIPTS = {**RECEIPTS, "KEY_FILE": VAR_DIR / f"receipt-key-{_receipt_key_name}.hex"}  # noqa: F405

@@ -14,6 +14,8 @@ import logging
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
+from django.db.models import Q
+
 from payments.models import PaymentAttempt
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.networks import UnknownNetwork, network_config
@@ -23,10 +25,12 @@ logger = logging.getLogger(__name__)
 
 def settlements_awaiting_block_time(*, created_before: datetime) -> Iterable[PaymentAttempt]:
     """Settled x402 payments whose block time is not recorded yet, oldest first."""
+    # A receipt may have recorded the block's time alone (purchases.services.receipts): the
+    # sender and gas are still to be read then.
     return PaymentAttempt.objects.filter(
+        Q(block_at__isnull=True) | Q(sent_by=""),
         rail="x402",
         state=PaymentAttempt.State.SUCCEEDED,
-        block_at__isnull=True,
         tx_hash__isnull=False,
         created_at__lt=created_before,
     ).order_by("pk")

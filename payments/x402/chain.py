@@ -199,6 +199,11 @@ class ChainReader:
         block = self._call(lambda: self.w3.eth.get_block("latest"))
         return BlockRef(number=int(block["number"]), timestamp=int(block["timestamp"]))
 
+    def block_timestamp(self, number: int) -> int:
+        """The timestamp (unix seconds) of block `number`: when it was mined."""
+        block = self._call(lambda: self.w3.eth.get_block(number))
+        return int(block["timestamp"])
+
     def finalized_block_number(self) -> int | None:
         """The node's `finalized` block, or None if it has none (it is not tracking an L1, or
         nothing is finalized yet). A node that cannot be asked raises ChainUnavailable."""
@@ -230,11 +235,6 @@ class ChainReader:
             "gasUsed": int(raw["gasUsed"]),
             "effectiveGasPrice": int(raw.get("effectiveGasPrice") or 0),
         }
-
-    def block_timestamp(self, number: int) -> int:
-        """The timestamp (Unix seconds, UTC) of block `number`."""
-        block = self._call(lambda: self.w3.eth.get_block(number))
-        return int(block["timestamp"])
 
     def transaction_known(self, tx_hash: str) -> bool:
         """True while the node has the transaction, mined or still in its pool."""

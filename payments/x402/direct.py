@@ -40,6 +40,7 @@ from payments.x402.types import (
     Requirements,
     SettlementOutcome,
     SettlementStatus,
+    is_final_at_depth,
 )
 
 # Fixed, not estimated: the signed bytes may be re-sent unchanged long after signing, and an
@@ -300,7 +301,20 @@ def _observe(
     if depth < network.confirmations:
         return SettlementOutcome(SettlementStatus.PENDING, tx_hash, "confirmation_timeout",
                                  block, evidence)  # fmt: skip
+    if is_final_at_depth(network, depth):
+        # Confirmed at the finality depth: final now, and its receipt is due with the result,
+        # which states the block's time (one more look; without it the receipt reads it later).
+        evidence["final"] = True
+        evidence.update(_block_time(rpc, block))
     return SettlementOutcome(SettlementStatus.CONFIRMED, tx_hash, "", block, evidence)
+
+
+def _block_time(rpc: JsonRpcClient, block: int) -> dict[str, int]:
+    try:
+        header = rpc.call("eth_getBlockByNumber", (hex(block), False))
+    except _NETWORK_FAULTS:
+        return {}
+    return {"block_timestamp": quantity(header["timestamp"])} if header else {}
 
 
 def _receipt_fields(receipt: object) -> tuple[int, int, str, int]:

@@ -32,6 +32,7 @@ from payments.x402.types import (
     NetworkConfig,
     SettlementOutcome,
     SettlementStatus,
+    is_final_at_depth,
 )
 
 CONFIRMED = SettlementStatus.CONFIRMED
@@ -159,6 +160,13 @@ def _by_depth(case: _Case, receipt: dict[str, Any], evidence: dict[str, Any]) ->
     depth = case.head.number - block + 1  # <= 0 if the receipt is newer than our pinned head
     evidence = {**evidence, "block_number": block, "confirmations": max(depth, 0)}
     confirmed = depth >= case.network.confirmations
+    if confirmed and is_final_at_depth(case.network, depth):
+        # Deep enough for the finality policy already (a seller that confirms at its finality
+        # depth): final now, not at the watch's next look. The head's time is the block's
+        # when the transfer is in the head block.
+        evidence["final"] = True
+        if block == case.head.number:
+            evidence["block_timestamp"] = case.head.timestamp
     return SettlementOutcome(
         CONFIRMED if confirmed else PENDING,
         tx_hash=receipt["transactionHash"],

@@ -137,3 +137,10 @@ class Settler(Protocol):
         network: NetworkConfig,
         prepared: PreparedBroadcast,
     ) -> SettlementOutcome: ...
+
+
+def is_final_at_depth(network: NetworkConfig, depth: int) -> bool:
+    """A transfer `depth` blocks deep is final by the network's policy itself (`depth`, at its
+    finality depth: a seller that confirms at that depth is final as it confirms)."""
+    required = network.finality_depth or network.confirmations  # 0: the confirmation depth
+    return network.finality == "depth" and depth >= required

@@ -9,12 +9,29 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from core.errors import PROBLEM_HEADERS, DomainError
+from fulfillment.receipt_signing import receipt_header_value
 from purchases.services.idempotency import StoredAnswer
 
 # A label for a deliberate extra copy of the same input (purchases.services.duplicates).
 COPY_HEADER = "Tollbooth-Copy"
 # On an answer that repeats an existing purchase: that purchase's ref.
 DUPLICATE_HEADER = "Tollbooth-Duplicate-Of"
+# The signed receipt (docs/receipts.md): base64 of its JSON text, on every paid answer once
+# the payment is final.
+RECEIPT_HEADER = "Tollbooth-Receipt"
+
+
+def receipt_headers(signed: str) -> dict[str, str]:
+    """The receipt header for a signed receipt's text; none before it is issued."""
+    return {RECEIPT_HEADER: receipt_header_value(signed)} if signed else {}
+
+
+def receipt_headers_of(extra: dict[str, Any]) -> dict[str, str]:
+    """The receipt header for a refusal carrying the signed receipt (`signed_receipt`)."""
+    document = extra.get("signed_receipt")
+    if not isinstance(document, dict):
+        return {}
+    return receipt_headers(json.dumps(document, separators=(",", ":")))
 
 
 def recorded_answer(

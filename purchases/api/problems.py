@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from core.errors import DomainError, ErrorCode
 from core.input_limits import JsonTooDeep, RefusedText
 from core.outages import dependency_unreachable
-from purchases.api.answers import DUPLICATE_HEADER
+from purchases.api.answers import DUPLICATE_HEADER, receipt_headers_of
 
 logger = logging.getLogger(__name__)
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -48,6 +48,9 @@ def problem_response(error: DomainError) -> Response:
         headers["Location"] = error.extra["status_url"]
     if isinstance(error.extra.get("duplicate_of"), str):
         headers[DUPLICATE_HEADER] = error.extra["duplicate_of"]
+    # A refusal that answers from the receipt (a payment id past retention, a result past
+    # its retention) carries it signed, as a paid answer does.
+    headers.update(receipt_headers_of(error.extra))
     return Response(
         error.as_problem(),
         status=error.spec.status,

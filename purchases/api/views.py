@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.services import ledger_balance
-from purchases.api.answers import COPY_HEADER, sent_bytes
+from purchases.api.answers import COPY_HEADER, receipt_headers, sent_bytes
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.api.serializers import (
     ProblemSerializer,
@@ -193,6 +193,8 @@ class PurchaseResultApi(APIView):
         response = HttpResponse(delivery.body, content_type=delivery.content_type)
         response["Repr-Digest"] = f"sha-256=:{delivery.sha256_b64}:"
         response["Link"] = f'<{delivery.receipt_url}>; rel="receipt"'
+        for name, value in receipt_headers(delivery.signed_receipt).items():
+            response[name] = value
         return response
 
 

@@ -14,7 +14,14 @@ from core.clock import now_or
 from core.errors import PROBLEM_HEADERS, DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail
 from payments.x402.wire import payment_response_header
-from purchases.api.answers import DUPLICATE_HEADER, recorded_answer, refusal_answer, sent_bytes
+from purchases.api.answers import (
+    DUPLICATE_HEADER,
+    receipt_headers,
+    receipt_headers_of,
+    recorded_answer,
+    refusal_answer,
+    sent_bytes,
+)
 from purchases.models import Purchase
 from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.idempotency import StoredAnswer
@@ -78,6 +85,7 @@ def x402_answer(outcome: X402Outcome) -> X402Answer:
         return X402Answer(202, body, {**headers, "Location": status_url, **retry_after})
     if isinstance(outcome, ResultRefused):
         error = outcome.error
+        headers.update(receipt_headers_of(error.extra))
         return X402Answer(error.spec.status, error.as_problem(), {**headers, **PROBLEM_HEADERS})
     assert isinstance(outcome, ResultDelivered)
     delivery = outcome.delivery
@@ -85,6 +93,7 @@ def x402_answer(outcome: X402Outcome) -> X402Answer:
         {
             "Repr-Digest": f"sha-256=:{delivery.sha256_b64}:",
             "Link": f'<{delivery.receipt_url}>; rel="receipt"',
+            **receipt_headers(delivery.signed_receipt),
         }
     )
     return X402Answer(200, delivery.body, headers, content_type=delivery.content_type)

@@ -15,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fulfillment.receipt_signing import receipt_keys_document
 from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
@@ -180,3 +181,15 @@ class X402DiscoveryApi(APIView):
     def get(self, request: Request) -> Response:
         base_url = request.build_absolute_uri("/").rstrip("/")
         return Response(x402_catalog(base_url=base_url))
+
+
+class ReceiptKeysApi(APIView):
+    """The receipt keys (docs/receipts.md): the EIP-712 domain and types receipts are signed
+    under, and every key that signed one, current and retired."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="Receipt signing keys")
+    def get(self, request: Request) -> Response:
+        return Response(receipt_keys_document())

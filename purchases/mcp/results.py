@@ -3,7 +3,8 @@ carried in the x402 MCP transport's shape.
 
 - payment required: `isError`, the PaymentRequired in `structuredContent` and as JSON text;
 - result: its bytes as text (JSON also as `structuredContent`), the settle response in
-  `_meta["x402/payment-response"]`, the receipt as a resource link;
+  `_meta["x402/payment-response"]`, the receipt as a resource link and, once the payment
+  is final, signed in `_meta["tollbooth/receipt"]` (docs/receipts.md);
 - pending (settlement or work): not an error; the status document, and the status URL as a
   resource link: the same call again (re-signed or not) answers from the same purchase;
 - refusal: `isError`, the problem document (code, purchase, next_action, retryable).
@@ -20,7 +21,8 @@ from mcp import types
 from pydantic import AnyUrl
 
 from core.errors import DomainError
-from purchases.api.answers import DUPLICATE_HEADER, sent_bytes
+from fulfillment.receipt_signing import receipt_decode
+from purchases.api.answers import DUPLICATE_HEADER, RECEIPT_HEADER, sent_bytes
 from purchases.api.x402_answers import PAYMENT_RESPONSE, X402Answer
 from purchases.services.idempotency import StoredAnswer
 
@@ -28,6 +30,7 @@ PAYMENT_RESPONSE_META = "x402/payment-response"
 PURCHASE_META = "tollbooth/purchase"
 DUPLICATE_META = "tollbooth/duplicate-of"
 RETRY_AFTER_META = "tollbooth/retry-after"
+RECEIPT_META = "tollbooth/receipt"
 
 
 def _json_result(
@@ -52,9 +55,12 @@ def payment_required_result(document: dict[str, Any]) -> types.CallToolResult:
 
 
 def problem_result(error: DomainError) -> types.CallToolResult:
-    """A refusal before any purchase answer (bad payment, in flight, conflict...)."""
-    meta = {RETRY_AFTER_META: error.retry_after} if error.retry_after else None
-    return _json_result(error.as_problem(), is_error=True, meta=meta)
+    """A refusal before any purchase answer (bad payment, in flight, conflict, a payment id
+    past retention answered from its signed receipt...)."""
+    meta: dict[str, Any] = {RETRY_AFTER_META: error.retry_after} if error.retry_after else {}
+    if isinstance(error.extra.get("signed_receipt"), dict):
+        meta[RECEIPT_META] = error.extra["signed_receipt"]
+    return _json_result(error.as_problem(), is_error=True, meta=meta or None)
 
 
 def _settle_response(headers: dict[str, str]) -> dict[str, Any] | None:
@@ -79,6 +85,9 @@ def _meta(headers: dict[str, str], purchase: str | None) -> dict[str, Any]:
         meta[DUPLICATE_META] = headers[DUPLICATE_HEADER]
     if headers.get("Retry-After"):
         meta[RETRY_AFTER_META] = int(headers["Retry-After"])
+    if headers.get(RECEIPT_HEADER):
+        # The signed receipt as a JSON object (on HTTP: base64 in the header).
+        meta[RECEIPT_META] = receipt_decode(headers[RECEIPT_HEADER])
     return meta
 
 

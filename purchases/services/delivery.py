@@ -17,11 +17,17 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import Receipt, Result
-from payments.models import PaymentAttempt
+from payments.models import PaymentAttempt, Rail
 from purchases import event_subjects as subjects
 from purchases.events import db_column, event_note, event_table_sql
 from purchases.models import Purchase
 from purchases.selectors import PENDING_RUN_STATES, pending_retry_after, purchase_status
+from purchases.services.receipts import (
+    is_final,
+    purchase_receipt_issue,
+    receipt_document,
+    signed_receipt_extra,
+)
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
@@ -33,6 +39,8 @@ class Delivery:
     content_type: str
     sha256_b64: str
     receipt_url: str
+    # The signed receipt's JSON text; "" while the payment is not final (none is issued yet).
+    signed_receipt: str = ""
 
 
 class DeliveryPending(Exception):
@@ -51,13 +59,16 @@ def purchase_result_deliver(
     now: datetime | None = None,
     created_with: PaymentAttempt | None = None,
     channel: str = "api",
+    attempt: PaymentAttempt | None = None,
 ) -> Delivery:
     """Return the stored result and put this delivery on the timeline: the first
     (`result.delivered`, stamping the result) or a later one (`result.redelivered`), with
     `channel` (api, x402_paid_url, capability_url); a request past retention is noted too.
 
     `created_with`: the purchase was created in this request with this payment (see
-    purchase_status), so a pending answer reads nothing more.
+    purchase_status), so a pending answer reads nothing more. `attempt`: the purchase's
+    latest payment attempt, if already read: an x402 settlement it shows not final yet
+    needs no look for a receipt to issue (purchases.services.receipts).
 
     Raises DeliveryPending while the paid work runs or its outcome is unknown (never told
     as failed: it is checked again), and DomainError: payment_not_complete, execution_failed
@@ -80,7 +91,7 @@ def purchase_result_deliver(
             purchase=purchase.ref,
             extra={"remedy": status["remedy"], "execution_state": purchase.fulfillment_state},
         )
-    result, public_id = _result_and_receipt(purchase)
+    result, public_id, signed = _result_and_receipt(purchase)
     receipt_url = (
         reverse("api:receipt-detail", kwargs={"public_id": public_id}) if public_id else ""
     )
@@ -100,23 +111,41 @@ def purchase_result_deliver(
                 "receipt": public_id,
             },
         )
+        signed = signed or _receipt_if_final(purchase, attempt)
         raise DomainError(
-            ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
+            ErrorCode.RESULT_EXPIRED,
+            purchase=purchase.ref,
+            extra={"receipt": receipt_url, **signed_receipt_extra(signed)},
         )
     _delivery_record(purchase, result, str(public_id), channel, now)
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
-    return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
+    signed = signed or _receipt_if_final(purchase, attempt)
+    return Delivery(bytes(result.body), result.content_type, digest, receipt_url, signed)
 
 
-def _result_and_receipt(purchase: Purchase) -> tuple[Result | None, str | None]:
-    """The result and its receipt's public id: as read with the purchase when it was
-    (purchase_get_for_buyer(with_result=True)), else in one query."""
+def _receipt_if_final(purchase: Purchase, attempt: PaymentAttempt | None) -> str:
+    """No receipt is stored yet: issue it if the payment is final now. An x402 settlement
+    already read as not final costs nothing more: it gets none (the answer says pending)."""
+    if purchase.rail != Rail.PREPAID and attempt is not None and not is_final(attempt):
+        return ""
+    return purchase_receipt_issue(purchase=purchase, attempt=attempt)
+
+
+def _result_and_receipt(purchase: Purchase) -> tuple[Result | None, str | None, str]:
+    """The result, its receipt's public id and signed text: as read with the purchase when
+    it was (purchase_get_for_buyer(with_result=True)), else in one query."""
     if Purchase.result.is_cached(purchase) and Purchase.receipt.is_cached(purchase):  # type: ignore[attr-defined]
         result = getattr(purchase, "result", None)
         receipt = getattr(purchase, "receipt", None)
-        return result, receipt.public_id if receipt else None
+        if receipt is None:
+            return result, None, ""
+        return result, receipt.public_id, receipt.signed
     result = fulfillment_selectors.result_with_receipt(purchase_id=purchase.pk)
-    return result, getattr(result, "receipt_public_id", None)
+    return (
+        result,
+        getattr(result, "receipt_public_id", None),
+        getattr(result, "receipt_signed", None) or "",
+    )
 
 
 # One statement per fetch: stamp the result's first delivery if it has none, and put the
@@ -226,6 +255,8 @@ def receipt_public(*, public_id: str, now: datetime | None = None) -> dict[str, 
         "transaction": receipt.transaction,
         "body_sha256": receipt.body_sha256,
         "delivered_at": receipt.delivered_at.isoformat(),
+        # The signed receipt once the payment is final (docs/receipts.md); null until then.
+        "signed": receipt_document(receipt.signed) if receipt.signed else None,
     }
 
 

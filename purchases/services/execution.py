@@ -28,10 +28,18 @@ from fulfillment.executors import (
     JobStatus,
     get_executor,
 )
-from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence, RetryBudget
+from fulfillment.services import (
+    ExecutionClaim,
+    LeaseLost,
+    PaymentEvidence,
+    ReceiptFacts,
+    RetryBudget,
+)
 from payments import selectors as payment_selectors
+from payments.models import Rail
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
+from purchases.services.receipts import receipt_facts, receipt_resource_url
 from purchases.services.remedies import purchase_remedy_after_failure
 from purchases.services.result_notify import fulfillment_notify
 from purchases.services.upstreams import offering_executor, purchase_job_spec
@@ -223,6 +231,24 @@ def purchase_payment_evidence(purchase: Purchase) -> PaymentEvidence:
         asset=purchase.asset,
         network=getattr(purchase, "payment_network", purchase.network),
         transaction=reference,
+        receipt=_receipt_facts_if_final(purchase),
+    )
+
+
+def _receipt_facts_if_final(purchase: Purchase) -> ReceiptFacts | None:
+    """A payment already final (prepaid, or a settlement final with its block time known):
+    the receipt is signed as it is stored. Otherwise it is issued once final (receipts)."""
+    if purchase.rail == Rail.PREPAID:
+        return receipt_facts(purchase=purchase, attempt=None)
+    mined_at = getattr(purchase, "payment_mined_at", None)
+    if mined_at is None or purchase.payment_state != Purchase.PaymentState.PAID:
+        return None
+    slug = purchase.offering.slug
+    return ReceiptFacts(
+        purchase_ref=purchase.ref,
+        offering=slug,
+        resource_url=receipt_resource_url(offering_slug=slug),
+        settled_at=mined_at,
     )
 
 

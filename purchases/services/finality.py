@@ -41,6 +41,7 @@ from purchases.events import event_record, event_record_change, purchase_transit
 from purchases.models import Escalation, Purchase
 from purchases.services.batches import row_isolated
 from purchases.services.job_runs import job_run
+from purchases.services.receipts import purchase_receipt_issue, settlement_mined_at
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement import settlement_follow_up, settlement_record_outcome
 
@@ -73,7 +74,19 @@ def watch_unfinal_settlements(*, now: datetime | None = None, limit: int = 5000)
                         attempt=attempt, now=now, network=network, reader=reader
                     )
                     stats[check.finality.value] += 1
+                    if check.finality == Finality.FINAL and _final_recorded(attempt.pk):
+                        stats["receipts_issued"] += 1
     return stats
+
+
+def _final_recorded(attempt_id: int) -> bool:
+    """Final now: the block's time is recorded (the settlement time a receipt states) and
+    the signed receipt issued if the result exists (else it is signed as it is stored).
+    True if a receipt was issued."""
+    attempt = PaymentAttempt.objects.select_related("purchase__offering").get(pk=attempt_id)
+    if settlement_mined_at(attempt=attempt) is None:
+        return False  # the chain did not answer: the first answer after it issues the receipt
+    return bool(purchase_receipt_issue(purchase=attempt.purchase, attempt=attempt))
 
 
 def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
@@ -189,7 +202,7 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             event_record(
                 subject=subjects.PAYMENT_FINAL, purchase=purchase, actor=actor, evidence=evidence
             )
-    if is_final and (moved or attempt.block_at is None):
+    if is_final and (moved or attempt.block_at is None or not attempt.sent_by):
         # Its block can no longer change: the books take its time and gas now (no lock held).
         settlement_books_evidence_fill(attempts=PaymentAttempt.objects.filter(pk=attempt.pk))
 

@@ -49,6 +49,7 @@ from purchases.services.leases import (
     lease_token_new,
     lease_until,
 )
+from purchases.services.receipts import signed_receipt_extra
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,9 @@ def _refuse_compacted(record: IdempotencyRecord, principal: str) -> None:
         extra={
             "receipt": reverse("api:receipt-detail", kwargs={"public_id": receipt.public_id})
             if receipt
-            else None
+            else None,
+            # The key is gone; the receipt is not: the answer carries it, signed.
+            **signed_receipt_extra(receipt.signed if receipt else ""),
         },
     )
 

@@ -125,6 +125,8 @@ def x402_outcome_for_purchase(
         # Paid, not yet final: say what the chain says now, not what it said at settlement.
         assert attempt is not None
         check = settlement_finality_follow(attempt=attempt, now=now_or(None))
+        if check.finality == Finality.FINAL:  # recorded by that look: its receipt may be issued
+            attempt.refresh_from_db(fields=["final_at", "block_number", "tx_hash", "block_at"])
         if check.finality == Finality.UNDONE:
             purchase = purchase_reload(purchase=purchase)
             attempt = purchase.payment_attempts.order_by("-pk").first()
@@ -142,7 +144,7 @@ def x402_outcome_for_purchase(
     purchase = _await_work(purchase)
     try:
         delivery = purchase_result_deliver(
-            purchase=purchase, created_with=created_with, channel=channel
+            purchase=purchase, created_with=created_with, channel=channel, attempt=attempt
         )
     except DeliveryPending as pending:
         return WorkPending(purchase, attempt, pending.status, pending.retry_after)

@@ -19,6 +19,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from fulfillment.models import ExecutionAttempt
+from fulfillment.receipt_signing import receipt_verify, signing_key
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
 from purchases.services.buyers import api_key_issue
@@ -116,6 +117,13 @@ def test_stock_client_buys_and_its_re_signed_retry_is_never_charged(
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
     purchase = Purchase.objects.get()
     assert purchase.channel == Purchase.Channel.MCP and purchase.rail == "x402"
+    # Settled at its finality depth: the tool result carries the signed receipt in `_meta`.
+    receipt = got["meta"]["tollbooth/receipt"]
+    assert receipt_verify(receipt, addresses=[signing_key().address])
+    assert (receipt["payload"]["purchase"], receipt["payload"]["transaction"]) == (
+        purchase.ref,
+        attempt.tx_hash,
+    )
 
     # The same call again: the stock client probes, gets a new quote and signs a new
     # authorization (new nonce). Same payer, tool and input inside the duplicate window:
@@ -124,6 +132,7 @@ def test_stock_client_buys_and_its_re_signed_retry_is_never_charged(
     assert again["is_error"] is False, again
     assert json.loads(again["content"][0]["text"])["title"] == "Sales"
     assert again["meta"]["tollbooth/duplicate-of"] == purchase.ref
+    assert again["meta"]["tollbooth/receipt"] == receipt  # the same receipt, not a new one
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
     assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
     assert ExecutionAttempt.objects.count() == 1
@@ -145,6 +154,12 @@ def test_prepaid_buyer_calls_the_tool_with_its_api_key_and_pays_once(
     assert "x402/payment-response" not in got["meta"]  # nothing settled on a chain
     purchase = Purchase.objects.get()
     assert (purchase.rail, purchase.channel, purchase.buyer) == ("prepaid", "mcp", buyer)
+    receipt = got["meta"]["tollbooth/receipt"]  # a debit is final at once: signed with the result
+    assert receipt_verify(receipt, addresses=[signing_key().address])
+    assert (receipt["payload"]["network"], receipt["payload"]["purchase"]) == (
+        "prepaid",
+        purchase.ref,
+    )
 
     again = buy(asgi_server, world.offering.slug, None, "streamable-http", API_KEY=key)
     assert json.loads(again["content"][0]["text"])["title"] == "Sales"
@@ -174,14 +189,16 @@ def test_pending_settlement_says_so_runs_nothing_and_the_repeated_call_gets_the_
     settle = got["meta"]["x402/payment-response"]
     assert settle["success"] is False and settle["errorReason"] == "settlement_pending"
     assert settle["transaction"] == attempt.tx_hash
-    # Never run before settling.
+    # Never run before settling, and no receipt while the settlement is pending.
     assert not ExecutionAttempt.objects.exists()
+    assert "tollbooth/receipt" not in got["meta"]
 
     world.node.mine()  # the one broadcast lands
     again = buy(asgi_server, world.offering.slug, world, "sse")  # re-signed: a new nonce
     assert again["is_error"] is False, again
     assert json.loads(again["content"][0]["text"])["title"] == "Sales"
     assert again["meta"]["tollbooth/duplicate-of"] == purchase.ref
+    assert again["meta"]["tollbooth/receipt"]["payload"]["purchase"] == purchase.ref
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
     assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
 

@@ -22,6 +22,8 @@ GOOD = {
     "REDIS_URL": "redis://redis.internal:6379/0",
     "DJANGO_ALLOWED_HOSTS": "api.tollbooth.example",
     "TOLLBOOTH_METRICS_TOKEN": "metrics-token-for-the-scraper-0001",
+    # Generated per run: no signing key lives in the repo.
+    "TOLLBOOTH_RECEIPT_KEY": "0x" + os.urandom(32).hex(),
 }
 PROBE = (
     "import django, json; django.setup(); from django.conf import settings as s; "
@@ -39,6 +41,7 @@ def start(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "DATABASE_", "REDIS_"))
     }
     base.pop("TOLLBOOTH_METRICS_TOKEN", None)
+    base.pop("TOLLBOOTH_RECEIPT_KEY", None)
     base["TOLLBOOTH_VAR_DIR"] = str(ROOT / "var")
     return subprocess.run(
         [sys.executable, "-c", PROBE],
@@ -81,6 +84,7 @@ def test_good_production_settings_start_hardened():
         ({"DJANGO_ALLOWED_HOSTS": "api.tollbooth.example,testserver"}, "testserver"),
         ({"DJANGO_ALLOWED_HOSTS": "*"}, "DJANGO_ALLOWED_HOSTS"),
         ({"TOLLBOOTH_METRICS_TOKEN": None}, "TOLLBOOTH_METRICS_TOKEN"),
+        ({"TOLLBOOTH_RECEIPT_KEY": None}, "TOLLBOOTH_RECEIPT_KEY"),
     ],
     ids=[
         "no-secret",
@@ -92,6 +96,7 @@ def test_good_production_settings_start_hardened():
         "testserver",
         "wildcard",
         "open-metrics",
+        "no-receipt-key",
     ],
 )
 def test_weak_production_settings_refuse_to_start(change, message):

@@ -375,6 +375,8 @@ def test_a_paid_calls_chain_traffic_is_one_round_trip_per_step(
     proxied: tuple[ChainEnv, RpcProxy],
 ) -> None:
     env, proxy = proxied
+    # Final deeper than it is confirmed (the usual case): settling is confirming only.
+    env = dataclasses.replace(env, network=dataclasses.replace(env.network, finality_depth=3))
     auth = env.authorize()
 
     used, balance, head = env.reader().funds_state(auth.payer, auth.nonce)
@@ -383,6 +385,7 @@ def test_a_paid_calls_chain_traffic_is_one_round_trip_per_step(
 
     assert (used, balance, outcome.status) == (False, env.balance(env.payer) + PRICE,
                                                SettlementStatus.CONFIRMED)  # fmt: skip
+    assert "final" not in outcome.evidence
     methods = proxy.methods()
     assert methods[:3] == [
         ["eth_call", "eth_call", "eth_blockNumber"],
@@ -393,6 +396,23 @@ def test_a_paid_calls_chain_traffic_is_one_round_trip_per_step(
         ("eth_getTransactionReceipt", "eth_blockNumber")
     }
     assert outcome.block_number is not None and outcome.block_number > head
+
+
+@pytest.mark.django_db
+def test_confirmed_at_the_finality_depth_it_is_final_with_its_blocks_time(
+    proxied: tuple[ChainEnv, RpcProxy],
+) -> None:
+    """A seller confirming at its finality depth is final as it settles: one more read, the
+    block's header, so the receipt can state the settlement time (issue 21)."""
+    env, proxy = proxied  # confirmations 1, finality depth unset: the same depth
+    auth = env.authorize()
+
+    outcome = broadcast(env, auth, prepare(env, auth))
+
+    assert outcome.status == SettlementStatus.CONFIRMED and outcome.evidence["final"] is True
+    block = env.w3.eth.get_block(outcome.block_number)
+    assert outcome.evidence["block_timestamp"] == block["timestamp"]
+    assert proxy.methods()[-1] == "eth_getBlockByNumber"
 
 
 @pytest.mark.django_db

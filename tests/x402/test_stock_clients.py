@@ -9,6 +9,8 @@ fresh authorization: exactly one transfer ever lands, and the caller gets the re
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +22,7 @@ import pytest
 import requests
 from x402.http.utils import decode_payment_response_header
 
+from fulfillment.receipt_signing import receipt_verify
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Purchase, PurchaseEvent
 from tests.integration.helpers import wait_for
@@ -123,3 +126,26 @@ def test_timed_out_call_retried_pays_once_and_ends_with_the_result(
 def _ready(response: requests.Response) -> requests.Response | None:
     assert response.status_code in (200, 202), response.text
     return response if response.status_code == 200 else None
+
+
+def test_stock_client_gets_a_signed_receipt_on_a_paid_call(
+    make_x402_world, kind, settings, http_server, start_worker
+):
+    """Confirmed at its finality depth, the settlement is final as the call is answered: the
+    stock client's 200 carries the signed receipt, which verifies against the published key
+    and names the transaction, the block's time and the SHA-256 of the body it got."""
+    world = make_x402_world()
+    settings.X402_RESULT_WAIT_SECONDS = 30
+    start_worker("w1")
+    got = buy(kind, f"{http_server}{world.paid_url}", world, timeout=60)
+    assert got["outcome"] == "response" and got["status"] == 200, got
+
+    receipt = json.loads(base64.b64decode(got["headers"]["tollbooth-receipt"]))
+    keys = requests.get(f"{http_server}/.well-known/tollbooth-receipts", timeout=30).json()
+    receipt_verify(receipt, addresses=[key["address"] for key in keys["keys"]])
+    attempt = PaymentAttempt.objects.get()
+    block = world.w3.eth.get_block(attempt.block_number)
+    payload = receipt["payload"]
+    assert (payload["transaction"], payload["settledAt"]) == (attempt.tx_hash, block["timestamp"])
+    assert payload["resultSha256"] == hashlib.sha256(got["body"].encode()).hexdigest()
+    assert (payload["amount"], payload["purchase"]) == (str(PRICE), Purchase.objects.get().ref)

@@ -1,0 +1,51 @@
+"""`manage.py receipt_verify RECEIPT --address 0x...`: check a signed receipt offline, with
+nothing but the receipt and the seller's public address (no database, no network).
+
+RECEIPT is a file, or `-` for standard input, holding the receipt as the Tollbooth-Receipt
+header's base64, its JSON text, or a public receipt document (`signed` member). Addresses
+come from `--address` (repeatable) or `--keys`, a saved copy of
+/.well-known/tollbooth-receipts (every key listed there, current and retired).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fulfillment.receipt_signing import ReceiptInvalid, receipt_decode, receipt_verify
+
+
+class Command(BaseCommand):
+    help = "Verify a signed receipt offline against the seller's published address."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("receipt", help="A file holding the receipt, or - for stdin.")
+        parser.add_argument(
+            "--address", action="append", default=[], help="A published receipt key address."
+        )
+        parser.add_argument(
+            "--keys", help="A saved /.well-known/tollbooth-receipts document (its keys)."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        addresses = list(options["address"])
+        if options["keys"]:
+            published = json.loads(Path(options["keys"]).read_text())
+            addresses += [key["address"] for key in published.get("keys", [])]
+        if not addresses:
+            raise CommandError("give the seller's address: --address 0x... or --keys FILE")
+        source = options["receipt"]
+        raw = sys.stdin.read() if source == "-" else Path(source).read_text()
+        try:
+            document = receipt_decode(raw)
+            document = document.get("signed") or document  # a public receipt document
+            signer = receipt_verify(document, addresses=addresses)
+        except ReceiptInvalid as invalid:
+            raise CommandError(f"invalid receipt: {invalid.reason}") from invalid
+        for name, value in document["payload"].items():
+            self.stdout.write(f"{name:>13}: {value}")
+        self.stdout.write(f"valid: signed by {signer} (key {document.get('keyId', '?')})")
