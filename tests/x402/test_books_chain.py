@@ -159,9 +159,19 @@ def test_in_facilitator_mode_the_export_counts_no_gas_of_ours_and_says_so(
 
 
 @pytest.mark.django_db
-def test_the_finality_watch_records_the_block_time_once_the_block_is_final(x402_world):
+def test_the_finality_watch_records_the_block_time_once_the_block_is_final(
+    make_x402_world, settings
+):
+    x402_world = make_x402_world()
+    # Final 3 blocks deep: confirmed at depth 1, the settlement is watched, not final.
+    network = x402_world.network_settings
+    settings.X402_NETWORKS = {
+        **settings.X402_NETWORKS,
+        x402_world.offering.network: {**network, "finality": "depth", "finality_depth": 3},
+    }
     attempt = _buy(APIClient(), x402_world, x402_world.payers[0], "Sales")
     assert attempt.block_at is None  # confirmed, not final yet: its block may still change
+    x402_world.node.mine(2)
     stats = watch_unfinal_settlements(now=timezone.now() + timedelta(minutes=1))
     assert stats["final"] == 1
     attempt.refresh_from_db()
