@@ -28,6 +28,8 @@ from typing import Any
 from django.utils.crypto import constant_time_compare, salted_hmac
 from eth_account import Account
 from eth_account.messages import encode_defunct
+from eth_keys.exceptions import BadSignature
+from eth_utils import exceptions as eth_errors
 from eth_utils import is_address
 from pydantic import ValidationError
 from x402.extensions.sign_in_with_x import SIGN_IN_WITH_X, SIWxPayload, build_siwx_schema
@@ -235,7 +237,7 @@ def _recover(payload: SIWxPayload) -> str:
         signer = Account.recover_message(
             encode_defunct(text=siwe_message(payload)), signature=payload.signature
         )
-    except (ValueError, TypeError, binascii.Error) as exc:
+    except (ValueError, TypeError, eth_errors.ValidationError, BadSignature) as exc:
         raise SignInRefused("invalid_siwx_signature", "The signature is malformed.") from exc
     if signer.lower() != payload.address.lower():
         raise SignInRefused("invalid_siwx_signature", "The signature is not the address's.")

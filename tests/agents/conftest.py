@@ -46,7 +46,5 @@ def siwx_python() -> Path:
             _build(target)
     python = target / "bin" / "python"
     check = [str(python), "-c", "import siwe, x402, web3; print(web3.__version__)"]
-    assert subprocess.run(check, capture_output=True, text=True, check=True).stdout.startswith(
-        "7."
-    )
+    assert subprocess.run(check, capture_output=True, text=True, check=True).stdout.startswith("7.")
     return python
