@@ -199,24 +199,7 @@ def sign_in_verify(
         raise SignInRefused("invalid_siwx_chain_id", "Signed for another chain.")
     issued_at = _parse_time(payload.issued_at, "invalid_siwx_issued_at")
     expires_at = _parse_time(payload.expiration_time, "invalid_siwx_expiration_time")
-    fields = _fields(
-        payload.domain,
-        payload.uri,
-        payload.chain_id,
-        payload.issued_at,
-        payload.expiration_time or "",
-    )
-    nonce = payload.nonce
-    extra_fields = payload.not_before or payload.request_id is not None
-    if (
-        extra_fields
-        or payload.version != "1"
-        or payload.statement != STATEMENT
-        or len(nonce) != _NONCE_RANDOM_HEX + _NONCE_MAC_HEX
-        or not constant_time_compare(
-            nonce[_NONCE_RANDOM_HEX:], _mac(fields, binding, nonce[:_NONCE_RANDOM_HEX])
-        )
-    ):
+    if not _is_issued_by_us(payload, binding):
         raise SignInRefused(
             "invalid_siwx_nonce", "Not a challenge this URL issued for this request."
         )
@@ -226,7 +209,30 @@ def sign_in_verify(
         raise SignInRefused("invalid_siwx_expired", "The challenge expired; sign a new one.")
     address = _recover(payload)
     return SignIn(
-        address, nonce, payload.domain, payload.uri, payload.chain_id, issued_at, expires_at
+        address, payload.nonce, payload.domain, payload.uri, payload.chain_id, issued_at, expires_at
+    )
+
+
+def _is_issued_by_us(payload: SIWxPayload, binding: str) -> bool:
+    """The nonce's MAC covers every field we declared, as we declared it, and `binding`:
+    nothing was added (notBefore, requestId), changed or moved to another request."""
+    fields = _fields(
+        payload.domain,
+        payload.uri,
+        payload.chain_id,
+        payload.issued_at,
+        payload.expiration_time or "",
+    )
+    nonce = payload.nonce
+    return (
+        not payload.not_before
+        and payload.request_id is None
+        and payload.version == "1"
+        and payload.statement == STATEMENT
+        and len(nonce) == _NONCE_RANDOM_HEX + _NONCE_MAC_HEX
+        and constant_time_compare(
+            nonce[_NONCE_RANDOM_HEX:], _mac(fields, binding, nonce[:_NONCE_RANDOM_HEX])
+        )
     )
 
 

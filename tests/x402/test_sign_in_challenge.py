@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 from x402.http.utils import decode_payment_required_header
+from x402.schemas import PaymentRequired
 
 from purchases.models import PurchaseEvent, WalletSignIn
 from purchases.services.housekeeping import purge_expired_quotes
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.django_db
 
 def _extensions(response: Any) -> dict[str, Any]:
     required = decode_payment_required_header(response["PAYMENT-REQUIRED"])
+    assert isinstance(required, PaymentRequired)
     return dict(required.extensions or {})
 
 
