@@ -36,8 +36,9 @@ from purchases.services.mcp_offers import mcp_discovery_items
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
 
-# The largest bazaar description a 402 carries (JSON characters): echoed in base64 it leaves
-# an honest payment (about 2 KB) well inside MAX_PAYMENT_SIGNATURE_CHARS (16 KB).
+# The largest bazaar description a 402 carries (JSON characters): echoed in base64 beside the
+# sign-in challenge (about 1.3 KB of JSON) it leaves an honest payment (about 2 KB) well
+# inside MAX_PAYMENT_SIGNATURE_CHARS (16 KB).
 BAZAAR_402_MAX_CHARS = 6_000
 # JSON-schema scalar types a query-string value can be read as (GET buys).
 _QUERY_SCALARS = {"string", "integer", "boolean"}
