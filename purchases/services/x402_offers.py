@@ -157,10 +157,11 @@ def x402_offer(
     resource_url: str,
     now: datetime | None = None,
     error: str | None = None,
+    sign_in: bool = True,
 ) -> X402Offer:
     """No payment yet: the offer naming the quote it created (or reopened), with a fresh
-    sign-in challenge for this input. `error`: the PaymentRequired's `error` (why a
-    sign-in was refused).
+    sign-in challenge for this input unless `sign_in` is False (a door that takes no
+    proofs: MCP). `error`: the PaymentRequired's `error` (why a sign-in was refused).
 
     Raises DomainError: offering_not_found, invalid_input, sold_out.
     """
@@ -172,8 +173,15 @@ def x402_offer(
         ).quote
     else:
         quote = _quote_anonymous(route.offering, raw_input, now)
-    sign_in = x402_sign_in_declaration(
-        offering=route.offering, input_hash=quote.input_hash, resource_url=resource_url, now=now
+    challenge = (
+        x402_sign_in_declaration(
+            offering=route.offering,
+            input_hash=quote.input_hash,
+            resource_url=resource_url,
+            now=now,
+        )
+        if sign_in
+        else {}
     )
     header, document = payment_required_header(
         requirements=x402_requirements(quote=quote),
@@ -181,7 +189,7 @@ def x402_offer(
         resource_url=resource_url,
         description=route.offering.title,
         error=error,
-        extensions={**_bazaar_for_402(route.offering), **sign_in},
+        extensions={**_bazaar_for_402(route.offering), **challenge},
     )
     return X402Offer(header, document, quote.public_id)
 

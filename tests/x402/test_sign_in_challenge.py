@@ -14,6 +14,7 @@ from django.utils import timezone
 from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
+from purchases.mcp.calls import ToolCall, tool_call
 from purchases.models import PurchaseEvent, WalletSignIn
 from purchases.services.housekeeping import purge_expired_quotes
 from tests.factories import PurchaseFactory
@@ -147,3 +148,21 @@ def test_used_nonces_are_pruned_once_their_challenge_expired(x402_world):
 
     assert stats["sign_ins_pruned"] == 1
     assert list(WalletSignIn.objects.values_list("nonce", flat=True)) == ["b" * 32]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_mcp_door_offers_no_sign_in_it_cannot_take(x402_live_world):
+    x402_world = x402_live_world
+    result = tool_call(
+        ToolCall(
+            name=x402_world.offering.slug,
+            arguments=INPUT,
+            meta={},
+            authorization=None,
+            base_url="http://testserver",
+        )
+    )
+
+    assert result.isError and result.structuredContent is not None
+    extensions = result.structuredContent["extensions"]
+    assert "payment-identifier" in extensions and "sign-in-with-x" not in extensions
