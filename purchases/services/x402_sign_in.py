@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Lower
+from prometheus_client import Counter
 
 from core.actors import Actor
 from core.bulk import insert_unless_conflict
@@ -45,6 +46,13 @@ __all__ = ["SignInRefused", "wallet_sign_ins_prune", "x402_sign_in"]
 
 RUN = Purchase.FulfillmentState
 CHANNEL = "wallet_sign_in"
+HONOURED = "honoured"
+# Per process. Outcomes are a closed set (honoured, or a refusal's reason code).
+wallet_sign_ins = Counter(
+    "tollbooth_wallet_sign_ins_total",
+    "Wallet sign-in proofs (sign-in-with-x) at the paid URLs: honoured, or why refused.",
+    ["outcome"],
+)
 
 
 def x402_sign_in(
@@ -63,6 +71,23 @@ def x402_sign_in(
     siwx_not_purchased when the signer has no settled purchase of this input whose result
     is still kept), and DomainError: offering_not_found, invalid_input, input_too_large.
     """
+    try:
+        outcome = _sign_in(offering_slug, header, raw_input, resource_url, from_query, now)
+    except SignInRefused as refused:
+        wallet_sign_ins.labels(outcome=refused.reason).inc()
+        raise
+    wallet_sign_ins.labels(outcome=HONOURED).inc()
+    return outcome
+
+
+def _sign_in(
+    offering_slug: str,
+    header: str,
+    raw_input: Any,
+    resource_url: str,
+    from_query: bool,
+    now: datetime | None,
+) -> X402Outcome:
     now = now_or(now)
     if settings.X402_SIGN_IN_TTL_SECONDS <= 0:
         raise SignInRefused("siwx_not_offered", "This server does not offer wallet sign-in.")

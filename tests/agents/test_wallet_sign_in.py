@@ -22,6 +22,7 @@ import pytest
 import requests
 from django.utils import timezone
 from eth_account.signers.local import LocalAccount
+from prometheus_client import REGISTRY
 
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs/examples/x402_sign_in.py"
 SIGNER = ROOT / "tests/agents/siwx_sign.py"
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}
+METRIC = "tollbooth_wallet_sign_ins_total"
 pytestmark = [pytest.mark.postgres, pytest.mark.worker, pytest.mark.django_db(transaction=True)]
 
 
@@ -119,6 +121,7 @@ def bought(make_x402_world, settings, http_server, start_worker, siwx_python) ->
 def test_payer_fetches_its_result_again_by_signing_in_without_paying(bought, siwx_python):
     world, url = bought["world"], bought["url"]
     purchase = Purchase.objects.get()
+    honoured = REGISTRY.get_sample_value(METRIC, {"outcome": "honoured"}) or 0.0
 
     # PAY=0: the client has no way to pay at all; it can only sign in.
     again = client_call(siwx_python, url, world, world.payers[0], pay=False)
@@ -137,6 +140,7 @@ def test_payer_fetches_its_result_again_by_signing_in_without_paying(bought, siw
     assert sign_in.purchase_id == purchase.pk and sign_in.nonce == event.evidence["nonce"]
     delivered = PurchaseEvent.objects.filter(subject="result.redelivered").last()
     assert delivered is not None and delivered.evidence["channel"] == "wallet_sign_in"
+    assert REGISTRY.get_sample_value(METRIC, {"outcome": "honoured"}) == honoured + 1
 
 
 def test_another_wallet_signing_in_gets_nothing(bought, siwx_python):

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from prometheus_client import REGISTRY
 from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
@@ -70,6 +71,11 @@ def test_no_challenge_without_an_input_or_when_switched_off(client, x402_world, 
     )
 
 
+def _counted(outcome: str) -> float:
+    value = REGISTRY.get_sample_value("tollbooth_wallet_sign_ins_total", {"outcome": outcome})
+    return value or 0.0
+
+
 def _b64(document: Any) -> str:
     return base64.b64encode(json.dumps(document).encode()).decode()
 
@@ -120,6 +126,7 @@ def _proof_like(x402_world: X402World, client: Any, **changes: Any) -> dict[str,
     ],
 )
 def test_proofs_no_client_would_send_get_the_402_saying_why(client, x402_world, make, reason):
+    counted_before = _counted(reason)
     response = client.post(
         x402_world.paid_url,
         INPUT,
@@ -130,6 +137,7 @@ def test_proofs_no_client_would_send_get_the_402_saying_why(client, x402_world, 
     assert response.status_code == 402
     body = response.json()
     assert body["sign_in"]["refused"] == reason
+    assert _counted(reason) == counted_before + 1
     assert body["paymentRequired"]["error"] == f"sign-in refused: {reason}"
     assert "sign-in-with-x" in _extensions(response)  # a fresh challenge to try again
     assert not WalletSignIn.objects.exists()
