@@ -43,6 +43,7 @@ class ErrorCode(StrEnum):
     QUOTE_NOT_FOUND = "quote_not_found"
     QUOTE_EXPIRED = "quote_expired"
     INPUT_TOO_LARGE = "input_too_large"
+    INPUT_MISMATCH = "input_mismatch"
     # Payment boundary.
     UNSUPPORTED_RAIL = "unsupported_rail"
     INSUFFICIENT_FUNDS = "insufficient_funds"
@@ -152,6 +153,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
     ),
     ErrorCode.INPUT_TOO_LARGE: CodeSpec(
         413, Owner.BUYER, "shrink_input", False, "The input is larger than this offering takes."
+    ),
+    ErrorCode.INPUT_MISMATCH: CodeSpec(
+        409,
+        Owner.BUYER,
+        "request_quote",
+        False,
+        "The call's input is not the input of the quote its payment names.",
     ),
     ErrorCode.UNSUPPORTED_RAIL: CodeSpec(
         400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."

@@ -16,17 +16,37 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
+from core.actors import Actor
+from devtools.sample_upstream import DEMO_OFFERING as UPSTREAM_OFFERING
+from devtools.sample_upstream import DEMO_SECRET_ENV as UPSTREAM_SECRET_ENV
 from fulfillment.executors.report import REPORT_INPUT_SCHEMA
+from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
 from purchases.services.buyers import api_key_issue, buyer_create
 from purchases.services.offerings import offering_update
+from purchases.services.upstreams import offering_upstream_save
 
 DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
 DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"
 DEMO_NETWORK = "eip155:31337"
 CREDENTIALS_FILE = "demo-credentials.json"
+# The offering whose work is the demo's sample upstream (devtools/sample_upstream.py): a
+# seller's own signed HTTP endpoint that counts its effects.
+UPSTREAM_SPEC: dict[str, Any] = {
+    "slug": UPSTREAM_OFFERING,
+    "title": "Counted echo (the seller's own HTTP upstream)",
+    "executor": "http",
+    "price": 50_000,
+    "description": "Echoes the message from the sample upstream, which counts every effect.",
+    "input_schema": {
+        "type": "object",
+        "required": ["message"],
+        "additionalProperties": False,
+        "properties": {"message": {"type": "string", "minLength": 1, "maxLength": 200}},
+    },
+}
 
 OFFERINGS: list[dict[str, Any]] = [
     {
@@ -79,6 +99,21 @@ def _offering_ensure(spec: dict[str, Any], *, asset: str, network: str, pay_to: 
         offering_update(offering_id=existing.pk, changes=chain_facts)
 
 
+def _upstream_ensure(url: str, *, asset: str, network: str, pay_to: str) -> None:
+    """The sample upstream's offering, pointed at where this run's upstream listens."""
+    _offering_ensure(UPSTREAM_SPEC, asset=asset, network=network, pay_to=pay_to)
+    offering = Offering.objects.get(slug=UPSTREAM_OFFERING)
+    config = {"kind": Upstream.Kind.HTTP, "url": url, "secret_env": UPSTREAM_SECRET_ENV}
+    upstream = Upstream.objects.filter(offering=offering).first()
+    if upstream is None:
+        Upstream.objects.create(offering=offering, timeout_seconds=5, **config)
+    elif upstream.url != url:  # a new port this run; what staff tuned stays
+        upstream.url = url
+        offering_upstream_save(
+            offering_id=offering.pk, upstream=upstream, actor=Actor.system("seed_demo")
+        )
+
+
 def _credentials_path() -> Path:
     return Path(settings.VAR_DIR) / CREDENTIALS_FILE
 
@@ -121,8 +156,10 @@ def demo_seed(
     network: str = DEMO_NETWORK,
     pay_to: str = DEMO_SELLER,
     wallets: dict[str, str] | None = None,
+    upstream_url: str = "",
 ) -> dict[str, Any]:
-    """Create or refresh the demo data; return the logins and keys to print."""
+    """Create or refresh the demo data; return the logins and keys to print. With
+    `upstream_url`, also the offering sold from the sample upstream listening there."""
     from purchases.roles import roles_ensure
 
     roles_ensure()
@@ -130,6 +167,10 @@ def demo_seed(
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     for spec in OFFERINGS:
         _offering_ensure(spec, asset=asset, network=network, pay_to=pay_to)
+    slugs = [spec["slug"] for spec in OFFERINGS]
+    if upstream_url:
+        _upstream_ensure(upstream_url, asset=asset, network=network, pay_to=pay_to)
+        slugs.append(UPSTREAM_OFFERING)
     wallets = wallets or {}
     agents = [
         _agent(name, funds, asset, saved, wallets.get(name))
@@ -145,5 +186,5 @@ def demo_seed(
         "agents": agents,
         "staff": [*staff, superuser],
         "credentials_file": str(path),
-        "offerings": [spec["slug"] for spec in OFFERINGS],
+        "offerings": slugs,
     }

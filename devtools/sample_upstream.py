@@ -9,7 +9,9 @@ killed and restarted upstream still knows what it did. Routes:
                    "sleep": seconds to wait AFTER the effect is committed (a slow answer),
                    "fail_times": answer 503 AFTER the effect this many times for the key,
                    "reject": a 4xx status answered BEFORE any effect,
-                   "size": bytes of result to return.
+                   "size": bytes of result to return,
+                   "slow": seconds to wait before EVERY answer, repeats included (an
+                   upstream slower than its caller's timeout, however often it is asked).
   GET /health      unsigned dry-run target: no effect.
   GET /stats       {"effects", "calls", "replayed", "refused"}.
 The signature check below is the one docs/upstreams.md gives sellers.
@@ -29,6 +31,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl, urlsplit
 
 MAX_SKEW_SECONDS = 300
+# How `make demo` runs it: the offering it sells and the variable naming its secret.
+DEMO_OFFERING = "counted-echo"
+DEMO_SECRET_ENV = "TOLLBOOTH_DEMO_UPSTREAM_SECRET"  # noqa: S105  (a variable's name)
 
 
 def verify(secret: bytes, headers: dict[str, str], method: str, path: str, body: bytes) -> bool:
@@ -125,6 +130,8 @@ def make_handler(store: Store, secret: bytes) -> type[BaseHTTPRequestHandler]:
                 return self._send(503, b'{"error": "answer lost after the effect"}')
             if not replayed and data.get("sleep"):
                 time.sleep(float(str(data["sleep"])))
+            if data.get("slow"):
+                time.sleep(float(str(data["slow"])))
             return self._send(200, answer)
 
     return Handler

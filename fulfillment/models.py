@@ -221,6 +221,19 @@ class Upstream(models.Model):
         help_text='Optional call the check may make, e.g. {"method": "GET", "path": "/health"}. '
         "Without it the check never calls the operation.",
     )
+    # Empty: the deployment's TOLLBOOTH_EXECUTION_MAX_TRIES / _DEADLINE_MINUTES.
+    max_tries = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tries per purchase while the outcome is unknown, then escalated. Empty: the "
+        "deployment's default.",
+    )
+    deadline_seconds = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Seconds from a purchase's first try after which no further try starts "
+        "(escalated). Empty: the deployment's default.",
+    )
 
     def __str__(self) -> str:
         return f"{self.kind} {self.url or self.entry_point}"

@@ -32,6 +32,28 @@ class LeaseLost(Exception):
 
 
 @dataclass(frozen=True)
+class RetryBudget:
+    """How long an execution whose outcome stays unknown is tried: the offering's upstream
+    says, else the deployment (TOLLBOOTH_EXECUTION_MAX_TRIES / _DEADLINE)."""
+
+    max_tries: int
+    deadline: timedelta
+
+    @classmethod
+    def of(
+        cls, *, max_tries: int | None = None, deadline_seconds: int | None = None
+    ) -> RetryBudget:
+        return cls(
+            max_tries=int(max_tries or settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]),
+            deadline=(
+                timedelta(seconds=deadline_seconds)
+                if deadline_seconds
+                else settings.TOLLBOOTH["EXECUTION_DEADLINE"]
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class ExecutionClaim:
     attempt_id: int
     lease_token: str
@@ -42,6 +64,7 @@ class ExecutionClaim:
     # Set when the execution has spent its tries or passed its deadline: end it, do not run.
     spent_reason: str = ""
     change: Change | None = None
+    budget: RetryBudget | None = None  # None: the deployment's settings
 
 
 @dataclass(frozen=True)
@@ -57,11 +80,11 @@ def _lease_until(now: datetime) -> datetime:
     return now + lease
 
 
-def _budget_spent(attempt: ExecutionAttempt, now: datetime) -> str:
+def _budget_spent(attempt: ExecutionAttempt, now: datetime, budget: RetryBudget) -> str:
     """Why no further try may start on this attempt, or "" if one may."""
-    if attempt.tries >= int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]):
+    if attempt.tries >= budget.max_tries:
         return "execution_tries_exhausted"
-    if now >= attempt.started_at + settings.TOLLBOOTH["EXECUTION_DEADLINE"]:
+    if now >= attempt.started_at + budget.deadline:
         return "execution_deadline_passed"
     return ""
 
@@ -88,15 +111,18 @@ def execution_claim(
     worker: str,
     now: datetime,
     may_be_running: bool = True,
+    budget: RetryBudget | None = None,
 ) -> ExecutionClaim | None:
     """Claim the purchase's execution for `worker`, or return None if someone else holds it.
 
     The caller holds the purchase row lock; the partial unique index on running attempts
     backs it up, so two workers can never both hold a live attempt. `may_be_running=False`
     (the purchase is only queued) skips the look for a running attempt to take over: if one
-    existed anyway, the index refuses the second one.
+    existed anyway, the index refuses the second one. `budget`: the offering's tries and
+    deadline (default: the deployment's), carried on the claim to every later decision.
     """
     assert transaction.get_connection().in_atomic_block
+    budget = budget or RetryBudget.of()
     token = secrets.token_hex(8)
     live = execution_live_attempt(purchase_id=purchase_id) if may_be_running else None
     if live is not None:
@@ -104,7 +130,7 @@ def execution_claim(
         if live.lease_expires_at > now and not is_own_retry:
             return None  # lost the race: another worker is running it and renewing its lease
         previous_worker = live.worker
-        spent_reason = _budget_spent(live, now)
+        spent_reason = _budget_spent(live, now, budget)
         live.worker, live.lease_token, live.lease_expires_at = worker, token, _lease_until(now)
         live.takeovers += 0 if is_own_retry else 1
         if not spent_reason:
@@ -133,6 +159,7 @@ def execution_claim(
             tries=live.tries,
             spent_reason=spent_reason,
             change=change,
+            budget=budget,
         )
     attempt = ExecutionAttempt.objects.create(
         purchase_id=purchase_id,
@@ -158,6 +185,7 @@ def execution_claim(
         is_takeover=False,
         tries=1,
         change=change,
+        budget=budget,
     )
 
 
@@ -171,7 +199,8 @@ def execution_record_retry(
     the purchase lock. Raises LeaseLost if another worker holds the attempt now.
     """
     attempt = _locked_own_attempt(claim)
-    give_up_reason = _budget_spent(attempt, now)
+    budget = claim.budget or RetryBudget.of()
+    give_up_reason = _budget_spent(attempt, now, budget)
     retry_in = 0.0 if give_up_reason else _backoff_seconds(attempt.tries)
     if not give_up_reason:
         attempt.lease_expires_at = _lease_until(now + timedelta(seconds=retry_in))
@@ -184,7 +213,8 @@ def execution_record_retry(
         evidence={
             "attempt": attempt.pk,
             "try": attempt.tries,
-            "max_tries": int(settings.TOLLBOOTH["EXECUTION_MAX_TRIES"]),
+            "max_tries": budget.max_tries,
+            "deadline_at": (attempt.started_at + budget.deadline).isoformat(),
             "error": reason_code,
             "message": message[:500],
             "job_ref": attempt.job_ref,

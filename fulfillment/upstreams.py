@@ -21,6 +21,8 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 MIN_TIMEOUT, MAX_TIMEOUT = Decimal("0.1"), Decimal("300")
 MAX_RESULT_BYTES = 64 * 1024 * 1024
+MAX_TRIES = 100
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600  # a week: past it a person decides anyway
 NEEDS_URL = frozenset({"http", "http_job", "mcp"})
 
 
@@ -55,6 +57,11 @@ def upstream_validate(upstream: Upstream) -> None:
         errors["definitive_statuses"] = "A list of 4xx codes, e.g. [400, 422]."
     elif 429 in codes:
         errors["definitive_statuses"] = "429 means 'not now': it can never be definitive."
+    if upstream.max_tries is not None and not 1 <= int(upstream.max_tries) <= MAX_TRIES:
+        errors["max_tries"] = f"Between 1 and {MAX_TRIES}, or empty for the default."
+    deadline = upstream.deadline_seconds
+    if deadline is not None and not 1 <= int(deadline) <= MAX_DEADLINE_SECONDS:
+        errors["deadline_seconds"] = f"Between 1 and {MAX_DEADLINE_SECONDS}, or empty."
     dry_run_error = _dry_run_error(upstream.dry_run)
     if dry_run_error:
         errors["dry_run"] = dry_run_error
@@ -89,4 +96,71 @@ def upstream_spec(upstream: Upstream) -> UpstreamSpec:
         entry_point=upstream.entry_point,
         tool=upstream.tool,
         dry_run=dict(upstream.dry_run or {}),
+        max_tries=upstream.max_tries,
+        deadline_seconds=upstream.deadline_seconds,
     )
+
+
+# What a change to an upstream's configuration is recorded as: every field but the keys.
+AUDITED_FIELDS = (
+    "kind",
+    "url",
+    "method",
+    "timeout_seconds",
+    "input_mode",
+    "secret_env",
+    "definitive_statuses",
+    "max_result_bytes",
+    "idempotent",
+    "entry_point",
+    "tool",
+    "dry_run",
+    "max_tries",
+    "deadline_seconds",
+)
+
+
+def _audit_value(upstream: Upstream, name: str) -> Any:
+    value = getattr(upstream, name)
+    if name == "url" and value:
+        # A URL may carry credentials (user:password@, a token in the query): never recorded.
+        parts = urlsplit(str(value))
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return f"{parts.scheme}://{netloc}{parts.path}" + ("?…" if parts.query else "")
+    if isinstance(value, Decimal):
+        return format(value.normalize(), "f")  # 5, 5.0 and 5.00 are one timeout
+    return value
+
+
+def upstream_audit_values(upstream: Upstream | None) -> dict[str, Any]:
+    """The configuration as recorded on the timeline (JSON values, no secrets: the secret is
+    only ever named by its variable, and a URL loses its credentials)."""
+    if upstream is None:
+        return {}
+    return {name: _audit_value(upstream, name) for name in AUDITED_FIELDS}
+
+
+def upstream_store(*, offering_id: int, upstream: Upstream | None) -> dict[str, list[Any]]:
+    """Save (or, with None, remove) the offering's upstream; return what changed as
+    {field: [before, after]} (empty: nothing did). Caller holds the offering's row lock."""
+    from fulfillment.models import Upstream as UpstreamModel
+
+    current = UpstreamModel.objects.select_for_update().filter(offering_id=offering_id).first()
+    before = upstream_audit_values(current)
+    if upstream is None:
+        if current is not None:
+            current.delete()
+        after: dict[str, Any] = {}
+    else:
+        upstream.offering_id = offering_id
+        upstream.pk = current.pk if current is not None else None
+        after = upstream_audit_values(upstream)
+        if after == before:
+            return {}
+        upstream.save()
+    return {
+        name: [before.get(name), after.get(name)]
+        for name in AUDITED_FIELDS
+        if before.get(name) != after.get(name)
+    }

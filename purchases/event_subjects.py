@@ -50,6 +50,9 @@ CASE_SETTLEMENT_RECHECKED = "case.settlement_rechecked"
 CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
 CASE_RESULT_REDELIVERED = "case.result_redelivered"
 
+# --- what is sold -------------------------------------------------------------------------
+OFFERING_UPSTREAM_CHANGED = "offering.upstream_changed"
+
 # --- telling people -------------------------------------------------------------------------
 ALERT_SENT = "alert.sent"
 ALERT_FAILED = "alert.failed"
@@ -111,6 +114,10 @@ SUBJECTS: dict[str, str] = {
     CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
     CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",
     CASE_RESULT_REDELIVERED: "Staff prepared a redelivery of the result (the capability link).",
+    OFFERING_UPSTREAM_CHANGED: (
+        "Staff added, changed or removed an offering's upstream (the fields, before and "
+        "after; secrets are only named); the offering's terms version moved."
+    ),
     ALERT_SENT: "An alert reached people (kind, channels, recipients).",
     ALERT_FAILED: "An alert reached nobody (kind, channels tried, error); the sweeper retries.",
 }

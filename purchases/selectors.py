@@ -31,12 +31,28 @@ from purchases.case_file import (
     RefundFact,
     RelayerGapFact,
 )
-from purchases.event_subjects import EXECUTION_RETRIED
-from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
+from purchases.event_subjects import EXECUTION_RETRIED, OFFERING_UPSTREAM_CHANGED
+from purchases.models import (
+    Buyer,
+    Escalation,
+    IdempotencyRecord,
+    Offering,
+    Purchase,
+    PurchaseEvent,
+    Quote,
+)
 from purchases.services.idempotency import payment_id_hash
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
+
+
+def offering_upstream_changes(*, slug: str, limit: int = 20) -> list[PurchaseEvent]:
+    """The offering's upstream changes, newest first: who, when, what (no secrets)."""
+    events = PurchaseEvent.objects.filter(
+        subject=OFFERING_UPSTREAM_CHANGED, purchase=None, evidence__offering=slug
+    )
+    return list(events.order_by("-created_at", "-pk")[:limit])
 
 
 def purchase_get_for_buyer(*, buyer: Buyer, ref: str, with_result: bool = False) -> Purchase:
@@ -471,11 +487,15 @@ def _execution_fact(purchase: Purchase, run: ExecutionAttempt | None) -> Executi
         return fact
     evidence, at = retried
     retry_in = timedelta(seconds=float(evidence.get("retry_in_seconds") or 0))
+    deadline_at = evidence.get("deadline_at")
     return replace(
         fact,
         failed_tries=int(evidence.get("try") or 0),
         last_error=str(evidence.get("error") or ""),
         retry_at=at + retry_in,
+        # The budget the try was judged by: the offering's upstream may set its own.
+        max_tries=int(evidence.get("max_tries") or fact.max_tries),
+        give_up_at=datetime.fromisoformat(deadline_at) if deadline_at else fact.give_up_at,
     )
 
 

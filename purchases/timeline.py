@@ -153,6 +153,14 @@ EVENT_LABELS: dict[str, Label] = {
     "result.reaccessed": Label("Result re-accessed by wallet sign-in"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),
     "receipt.fetched": Label("Receipt fetched"),
+    "offering.upstream_changed": Label(
+        "Upstream changed",
+        by_reason={
+            "upstream_added": "Upstream added",
+            "upstream_changed": "Upstream changed",
+            "upstream_removed": "Upstream removed",
+        },
+    ),
     "alert.sent": Label(
         "Alert sent",
         by_reason={"refund_owed": "Refund-owed alert sent", "escalation": "Escalation alert sent"},

@@ -1,10 +1,13 @@
 """`make demo`: migrate, start a local anvil chain with the test USDC, seed, then run the
-API + admin (under gunicorn, as production does), a Celery worker with beat and the external
-job service, all on embedded defaults. Ctrl-C stops every process it started.
+API + admin (under gunicorn, as production does), the MCP door (uvicorn workers under
+gunicorn), a Celery worker with beat, the external job service and a sample seller upstream
+(devtools/sample_upstream.py: a signed HTTP endpoint that counts its effects, sold as the
+`counted-echo` offering), all on embedded defaults. Ctrl-C stops every process it started.
 
 A process that dies is announced in one line and restarted (devtools/supervisor.py), unless
 DEMO_RESTART=never. On the running demo, from another terminal:
-    demo.py status | kill NAME | stop NAME | start NAME     (NAME: web, mcp, worker, jobservice)
+    demo.py status | kill NAME | stop NAME | start NAME
+    (NAME: web, mcp, worker, jobservice, upstream)
 `kill` crashes it (SIGKILL) to rehearse a restart; `stop` keeps it down until `start`.
 
 The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -34,6 +38,7 @@ JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
 # 0: any free port (printed in the banner and written to demo-chain.json).
 CHAIN_PORT = int(os.environ.get("DEMO_CHAIN_PORT", "0"))
 MCP_PORT = int(os.environ.get("DEMO_MCP_PORT", "8001"))
+UPSTREAM_PORT = int(os.environ.get("DEMO_UPSTREAM_PORT", "8766"))
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
@@ -41,6 +46,8 @@ BUYER_FUNDS = 100 * 10**6  # 100 test USDC per demo wallet
 DEMO_ALERTS_TO = "Demo support:support@demo.invalid"
 sys.path.insert(0, str(ROOT))
 
+from devtools.sample_upstream import DEMO_OFFERING as UPSTREAM_OFFERING  # noqa: E402
+from devtools.sample_upstream import DEMO_SECRET_ENV as UPSTREAM_SECRET_ENV  # noqa: E402
 from devtools.supervisor import (  # noqa: E402 -- needs ROOT on the path
     ProcessSpec,
     Supervisor,
@@ -116,17 +123,23 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print("  Paid x402 URLs (POST the offering's input as JSON):")
     for url in chain["paid_urls"].values():
         print(f"    {url}")
-    print(f"  MCP tools      http://{HOST}:{MCP_PORT}/mcp (Streamable HTTP), /mcp/sse (SSE):")
+    print(f"  MCP tools      {chain['mcp_url']} (Streamable HTTP), /mcp/sse (SSE):")
     print("                 pay over x402 (_meta) or send an agent's key as Authorization")
+    upstream = chain["upstream"]
+    print(f"  Upstream       offering {upstream['offering']!r} runs on the sample upstream")
+    print(f"                 {upstream['url']} (signed); its effect count:")
+    print(f"                 {upstream['stats_url']}")
     print(f"  Chain details for any x402 client: {CHAIN_FILE}")
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
     print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
     print(f"           {PYTHON} scripts/demo_agent.py --x402 {base}   (x402 on the local chain)")
+    print(f"           {PYTHON} scripts/demo_agent.py --mcp   (the x402 MCP client, MCP tool")
+    print(f"                 {upstream['offering']!r} on the sample upstream)")
     print(f"  Alerts         mail to DJANGO_ADMINS, printed in {VAR / 'logs'}/worker.log (console")
     print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
     print("                 TOLLBOOTH_ALERT_WEBHOOK_URL adds a webhook")
     restart = "restarted" if restart_policy_from_env() else "left down (DEMO_RESTART=never)"
-    print(f"  Processes      web, mcp, worker, jobservice: one that dies is {restart}")
+    print(f"  Processes      web, mcp, worker, jobservice, upstream: one that dies is {restart}")
     print(f"                 {PYTHON} scripts/demo.py status | kill NAME | stop NAME | start NAME")
     print(f"  Situations     {PYTHON} manage.py demo_situation --list  (rehearse a failure)")
     print("  Ctrl-C stops everything.\n", flush=True)
@@ -158,6 +171,10 @@ def main() -> int:
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "JOB_SERVICE_URL": f"http://127.0.0.1:{JOB_PORT}", "PYTHONUNBUFFERED": "1"}
+    # The sample upstream's signing secret: made for this run, known to the processes that
+    # sign (web, mcp, worker) and to the upstream that checks; never written to disk.
+    env[UPSTREAM_SECRET_ENV] = secrets.token_hex(32)
+    upstream_url = f"http://127.0.0.1:{UPSTREAM_PORT}"
     # Alerts need a person to reach: the demo's mail backend is the console, so refund-owed
     # and escalation alerts print to var/logs/worker.log (set DJANGO_ADMINS to change who).
     env.setdefault("DJANGO_ADMINS", DEMO_ALERTS_TO)
@@ -184,6 +201,8 @@ def main() -> int:
             chain["seller"],
             "--wallets",
             json.dumps(wallets),
+            "--upstream-url",
+            f"{upstream_url}/work",
             capture=True,
         )
     )
@@ -191,6 +210,12 @@ def main() -> int:
     chain["base_url"] = base
     chain["job_service_url"] = env["JOB_SERVICE_URL"]
     chain["paid_urls"] = {slug: f"{base}/x402/{slug}" for slug in seed["offerings"]}
+    chain["mcp_url"] = f"http://{HOST}:{MCP_PORT}/mcp"
+    chain["upstream"] = {
+        "offering": UPSTREAM_OFFERING,
+        "url": f"{upstream_url}/work",
+        "stats_url": f"{upstream_url}/stats",
+    }
     CHAIN_FILE.write_text(json.dumps(chain, indent=2))
     CHAIN_FILE.chmod(0o600)
     supervisor = Supervisor(
@@ -216,7 +241,7 @@ def print_now(line: str) -> None:
 
 
 def process_specs(env: dict[str, str]) -> list[ProcessSpec]:
-    """The four long-running processes of the demo, each restarted if it dies."""
+    """The five long-running processes of the demo, each restarted if it dies."""
     job_service = [PYTHON, "-m", "jobservice.server", "--port", str(JOB_PORT),
                    "--db", str(VAR / "jobservice.sqlite3")]  # fmt: skip
     worker = [PYTHON, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "threads",
@@ -226,8 +251,13 @@ def process_specs(env: dict[str, str]) -> list[ProcessSpec]:
     # The MCP door as production serves it: uvicorn workers under gunicorn (docs/mcp.md).
     mcp_env = {**env, "GUNICORN_ASGI_BIND": f"{HOST}:{MCP_PORT}", "GUNICORN_ASGI_WORKERS": "1"}
     mcp = [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn_asgi"]
+    # The seller's own operation: its effects are rows in its own file, kept across restarts.
+    upstream = [PYTHON, "-m", "devtools.sample_upstream", "--port", str(UPSTREAM_PORT),
+                "--db", str(VAR / "sample-upstream.sqlite3"),
+                "--secret-env", UPSTREAM_SECRET_ENV]  # fmt: skip
     return [
         ProcessSpec("jobservice", job_service, env, ROOT),
+        ProcessSpec("upstream", upstream, env, ROOT),
         ProcessSpec("worker", worker, env, ROOT),
         ProcessSpec(
             "web", [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn"], web_env, ROOT

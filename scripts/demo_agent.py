@@ -2,7 +2,12 @@
 
 It writes its payment id (and, for x402, the signed payment) to disk before sending,
 retries with the same id, and looks the purchase up instead of paying again.
-Usage: demo_agent.py [--x402] [BASE_URL]
+Usage: demo_agent.py [--x402 | --mcp] [BASE_URL]
+--mcp calls the `counted-echo` tool on the demo's MCP endpoint with the official x402 MCP
+client (`x402.mcp`), paying from the first demo wallet; the work runs on the demo's sample
+upstream, whose own count of effects it prints after the call. Run it twice: the second
+call is answered from the same purchase (inside the duplicate window), never charged again,
+and the count does not move.
 It prints the purchase ref (what support looks up in the admin) and the receipt. It reads
 the demo's credentials and chain details from $TOLLBOOTH_VAR_DIR (default ./var), as
 `make demo` writes them.
@@ -16,6 +21,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urljoin
 
 import requests
@@ -24,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
 USE_X402 = "--x402" in sys.argv
+USE_MCP = "--mcp" in sys.argv
 # The demo's files, wherever `make demo` put them (it honours TOLLBOOTH_VAR_DIR too).
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR") or ROOT / "var")
 CHAIN = VAR / "demo-chain.json"
@@ -84,7 +91,69 @@ def buy_over_x402() -> int:
     return 0 if response.status_code == 200 else 1
 
 
+MCP_INPUT = {"message": "hello from the demo agent"}
+
+
+async def _mcp_call(chain: dict) -> Any:
+    """One tools/call by the stock x402 MCP client: it probes, signs the offer, pays."""
+    from datetime import timedelta
+
+    from eth_account import Account
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from x402 import x402Client
+    from x402.mcp import x402MCPSession
+    from x402.mechanisms.evm.exact import ExactEvmClientScheme
+
+    client = x402Client()
+    signer = Account.from_key(chain["buyers"][0]["private_key"])
+    client.register(chain["network"], ExactEvmClientScheme(signer=signer))
+    # The client pays well-known USDC only: the demo's test token must be allowed.
+    client.set_spend_controls(
+        {"allowed_assets": [{"network": chain["network"], "asset": chain["token"]}]}
+    )
+    async with (
+        streamable_http_client(chain["mcp_url"]) as (read, write, _),
+        ClientSession(read, write) as mcp_session,
+    ):
+        session = x402MCPSession(mcp_session, client)
+        await session.initialize()
+        return await session.call_tool(
+            chain["upstream"]["offering"], MCP_INPUT, read_timeout_seconds=timedelta(seconds=60)
+        )
+
+
+def buy_over_mcp() -> int:
+    """Call the tool until its result is there: a pending answer is repeated (the client
+    re-signs; the same purchase answers it, never a second charge)."""
+    import asyncio
+
+    chain = json.loads(CHAIN.read_text())
+    for _ in range(30):
+        result = asyncio.run(_mcp_call(chain))
+        meta = (result.raw_result.meta if result.raw_result else None) or {}
+        text = result.content[0].text
+        body = json.loads(text) if text.startswith("{") else {}
+        if result.is_error or "status_url" not in body:
+            break
+        print("  pending:", body.get("status"), body.get("next_action"))
+        time.sleep(int(meta.get("tollbooth/retry-after", 1)))
+    settle = meta.get("x402/payment-response") or {}
+    print("paid", "error" if result.is_error else "ok", "settlement", settle.get("transaction"))
+    if meta.get("tollbooth/duplicate-of"):
+        print("duplicate of", meta["tollbooth/duplicate-of"], "(answered, not charged again)")
+    links = [item.uri for item in result.content if getattr(item, "type", "") == "resource_link"]
+    if links:  # the receipt names the purchase: what to quote to support
+        print("purchase", requests.get(str(links[-1]), timeout=10).json()["purchase"])
+    print("result", text[:600])
+    stats = requests.get(chain["upstream"]["stats_url"], timeout=10).json()
+    print("upstream effects", stats["effects"], "calls", stats["calls"])
+    return 1 if result.is_error else 0
+
+
 def main() -> int:
+    if USE_MCP:
+        return buy_over_mcp()
     if USE_X402:
         return buy_over_x402()
     api_key = json.loads(CREDENTIALS.read_text())["demo-agent-alice"]

@@ -36,6 +36,9 @@ class UpstreamSpec:
     entry_point: str = ""
     tool: str = ""
     dry_run: dict[str, Any] = field(default_factory=dict)
+    # The offering's own retry budget; None: the deployment's settings.
+    max_tries: int | None = None
+    deadline_seconds: int | None = None
 
     def secret(self) -> bytes:
         """The signing secret from the environment, or b"" when unset (the executor refuses

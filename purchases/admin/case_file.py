@@ -206,7 +206,11 @@ def _item(label: str, value: Any, url: str | None = None, *, field: str) -> dict
 
 def _quote_evidence(purchase: Purchase) -> list[dict[str, Any]]:
     quote = purchase.quote
+    # The channel is the door it was bought through, set once; a later fetch of its status
+    # or result through another door is on the timeline (each delivery names its own).
+    bought_on = f"{purchase.get_channel_display()} (later fetches: see each delivery)"
     return [
+        _item("bought on", bought_on, field="channel"),
         _item("quote", quote.public_id, field="case_quote"),
         _item("terms version", quote.offering_version, field="case_quote"),
         _item("price", money(quote.price, purchase), field="case_quote"),

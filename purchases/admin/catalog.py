@@ -14,7 +14,9 @@ from django.db.models import QuerySet, URLField
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html_join
 
+from core.actors import Actor
 from core.admin import (
     ReadOnlyInline,
     RoleScopedAdmin,
@@ -26,6 +28,7 @@ from purchases.models import (
     BuyerWallet,
     Offering,
 )
+from purchases.selectors import offering_upstream_changes
 from purchases.services.buyers import (
     api_key_issue,
     buyer_create,
@@ -33,7 +36,7 @@ from purchases.services.buyers import (
     buyer_wallet_remove,
 )
 from purchases.services.offerings import offering_update
-from purchases.services.upstreams import offering_upstream_check
+from purchases.services.upstreams import offering_upstream_check, offering_upstream_save
 
 
 # --- what is sold, and who buys it -------------------------------------------------------
@@ -82,7 +85,8 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
     )
     list_filter = ("is_active", "network", "executor", "refund_policy")
     search_fields = ("slug", "title")
-    readonly_fields = ("version", "created_at")  # the version moves with the terms
+    # The version moves with the terms (an upstream change included), never typed.
+    readonly_fields = ("version", "created_at", "upstream_changes")
     fieldsets = (
         ("What is sold", {"fields": ("slug", "title", "description", "executor", "is_active")}),
         (
@@ -104,8 +108,32 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
                 )
             },
         ),
-        ("Terms version", {"fields": ("version", "created_at")}),
+        ("Terms version", {"fields": ("version", "created_at", "upstream_changes")}),
     )
+
+    @admin.display(description="upstream changes")
+    def upstream_changes(self, obj: Offering) -> str:
+        """Who changed the upstream, when and what (before -> after), newest first."""
+        events = offering_upstream_changes(slug=obj.slug) if obj.pk else []
+        if not events:
+            return "none recorded"
+        return format_html_join(
+            "",
+            "<div>{} by {}: version {} &rarr; {}; {}</div>",
+            (
+                (
+                    e.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                    e.actor,
+                    e.from_state,
+                    e.to_state,
+                    "; ".join(
+                        f"{name} {before!r} -> {after!r}"
+                        for name, (before, after) in e.evidence.get("changed", {}).items()
+                    ),
+                )
+                for e in events
+            ),
+        )
 
     def get_urls(self) -> list[URLPattern]:
         check = path(
@@ -145,6 +173,32 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
         updated = offering_update(offering_id=obj.pk, changes=changes)
         obj.version = updated.version
+
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        if formset.model is not Upstream:
+            super().save_formset(request, form, formset, change)
+            return
+        # The upstream through its service: a change is on record (who, what) and moves
+        # the offering's terms version, like an edit of the offering's own terms.
+        actor = Actor.staff(request.user.get_username())
+        # What the admin's own history message reads (formset.save() would set them).
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+        for inline in formset.forms:
+            deleted = inline in formset.deleted_forms
+            if not (deleted or inline.has_changed()):
+                continue
+            is_new = inline.instance.pk is None
+            form.instance.version = offering_upstream_save(
+                offering_id=form.instance.pk,
+                upstream=None if deleted else inline.instance,
+                actor=actor,
+            )
+            if deleted:
+                formset.deleted_objects.append(inline.instance)
+            elif is_new:
+                formset.new_objects.append(inline.instance)
+            else:
+                formset.changed_objects.append((inline.instance, inline.changed_data))
 
 
 class BuyerWalletForm(forms.ModelForm):

@@ -97,6 +97,7 @@ def _answer(call: ToolCall) -> types.CallToolResult:
             answers=X402Answers(),
             copy_label=copy,
             channel=Purchase.Channel.MCP,
+            raw_input=call.arguments,  # the purchase's input: the quote's, or refused
         )
         return answer_result(answer, base_url=call.base_url)
     if buyer is not None:

@@ -28,7 +28,7 @@ from fulfillment.executors import (
     JobStatus,
     get_executor,
 )
-from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence
+from fulfillment.services import ExecutionClaim, LeaseLost, PaymentEvidence, RetryBudget
 from payments import selectors as payment_selectors
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
@@ -151,6 +151,10 @@ def _claim(purchase_id: int, worker: str) -> _Claimed | None:
             worker=worker,
             now=now,
             may_be_running=purchase.fulfillment_state == RUN.RUNNING,
+            budget=RetryBudget.of(  # the offering's own, where its upstream sets one
+                max_tries=upstream.max_tries if upstream else None,
+                deadline_seconds=upstream.deadline_seconds if upstream else None,
+            ),
         )
         if claim is None:
             return None

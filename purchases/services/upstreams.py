@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from django.db import transaction
+from django.db.models import F
+
+from core.actors import Actor
+from core.locks import lock_one
 from fulfillment.executors import JobSpec, UpstreamSpec
+from fulfillment.models import Upstream
 from fulfillment.upstream_check import UpstreamCheck, upstream_check
-from fulfillment.upstreams import upstream_spec
+from fulfillment.upstreams import upstream_spec, upstream_store
+from purchases import event_subjects
+from purchases.events import event_record
 from purchases.models import Offering, Purchase
 
 
@@ -45,3 +53,31 @@ def offering_upstream_check(*, slug: str) -> UpstreamCheck:
         check.note("upstream", f"none: the built-in executor {name!r} runs the work")
         return check
     return upstream_check(spec)
+
+
+def offering_upstream_save(*, offering_id: int, upstream: Upstream | None, actor: Actor) -> int:
+    """Save (or, with None, remove) the offering's upstream as staff edited it, and return
+    the offering's terms version. A change is a new version of the terms (where the paid
+    work runs is part of what a quote sells) and an event naming who changed what (no
+    secret: they are only named by variable), both in the transaction of the change."""
+    with transaction.atomic():
+        offering = lock_one(Offering, offering_id)
+        changed = upstream_store(offering_id=offering_id, upstream=upstream)
+        if not changed:
+            return offering.version
+        Offering.objects.filter(pk=offering_id).update(version=F("version") + 1)
+        version = Offering.objects.values_list("version", flat=True).get(pk=offering_id)
+        existed = any(before is not None for before, _ in changed.values())
+        event_record(
+            subject=event_subjects.OFFERING_UPSTREAM_CHANGED,
+            actor=actor,
+            from_state=str(offering.version),
+            to_state=str(version),
+            reason_code=(
+                "upstream_removed"
+                if upstream is None
+                else ("upstream_changed" if existed else "upstream_added")
+            ),
+            evidence={"offering": offering.slug, "changed": changed},
+        )
+        return version

@@ -15,16 +15,17 @@ asked.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from core.canonical import fingerprint
+from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volatile
 from core.clock import now_or
-from core.errors import ErrorCode
+from core.errors import DomainError, ErrorCode
 from payments.rails import Presentation
 from payments.rails.x402 import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
+from purchases.services.quotes import quote_input_canonicalize
 from purchases.services.x402_offers import X402PaidRoute, x402_route_paid
 from purchases.services.x402_outcomes import x402_request_scope
 
@@ -50,20 +51,27 @@ def x402_pay(
     answers: CheckoutAnswers[A],
     copy_label: str | None = None,
     channel: str = Purchase.Channel.HTTP,
+    raw_input: Any = None,
     now: datetime | None = None,
 ) -> A:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
 
+    `raw_input`: the input a door carries beside the payment (an MCP call's arguments); it
+    must be the input of the quote the payment names. None: the quote's input is the input
+    (the paid URL ignores its body once paid).
     Raises DomainError (never stored): payment_signature_malformed, payment_identifier_invalid,
-    copy_label_invalid, invalid_payload, payment_in_flight, payment_identifier_conflict,
-    verification_unavailable, authorization_in_use. Every other outcome is returned as
-    `answers` render it, and stored or live.
+    copy_label_invalid, invalid_payload, invalid_input, input_too_large, input_mismatch,
+    payment_in_flight, payment_identifier_conflict, verification_unavailable,
+    authorization_in_use. Every other outcome is returned as `answers` render it, and stored
+    or live.
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
     # The paid URL names the offering: only its quotes can be paid there.
     route = x402_route_paid(offering_slug=offering_slug, quote_id=presentation.quote_id)
     offering = route.offering
+    if raw_input is not None:
+        _input_matches_quote(route, raw_input)
     request = PaymentRequest(
         presentation=presentation,
         scope=X402_SCOPE,
@@ -79,6 +87,28 @@ def x402_pay(
     # the request leaves it to one.
     with x402_request_scope(offering=offering):
         return purchase_pay(request=request, answers=answers)
+
+
+def _input_matches_quote(route: X402PaidRoute, raw_input: Any) -> None:
+    """The door's own input, the quote's, before the key or the chain is touched: nothing
+    is recorded for a call that asks for one thing and pays for another.
+
+    Raises DomainError: invalid_input, input_too_large, input_mismatch.
+    """
+    quoted = route.quote_input_hash
+    if quoted is not None and isinstance(raw_input, dict):
+        volatile = list(route.offering.volatile_fields or [])
+        if sha256_hex(canonical_json(strip_volatile(raw_input, volatile))) == quoted:
+            return  # the quote's input, validated when it was quoted (under its terms)
+    # Not the quote's: say first what is wrong with the input itself, if anything.
+    quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
+    # No quote of this offering: quote_not_found is the flow's answer, stored under the key.
+    if quoted is not None:
+        raise DomainError(
+            ErrorCode.INPUT_MISMATCH,
+            "The arguments are not the input of the quote this payment names: call the tool "
+            "without payment for the offer of these arguments, and pay that.",
+        )
 
 
 def _request_fingerprint(

@@ -695,3 +695,74 @@ def test_an_offering_gets_its_upstream_on_its_page_validated(superuser: Client) 
         "SELLER_WORK_SECRET",
         [422],
     )
+
+
+def _saved_upstream_fields(upstream: Any, **fields: str) -> dict[str, str]:
+    """The inline as the page posts it for the offering's existing upstream, edited."""
+    shown = {"url": upstream.url, "timeout_seconds": str(upstream.timeout_seconds)}
+    posted = _upstream_fields(
+        **{**shown, "id": str(upstream.pk), "offering": str(upstream.offering_id), **fields}
+    )
+    return {**posted, "upstream-INITIAL_FORMS": "1"}
+
+
+def test_an_upstream_change_is_recorded_with_who_and_what_and_moves_the_terms_version(
+    superuser: Client,
+) -> None:
+    from fulfillment.models import Upstream
+    from purchases.event_subjects import OFFERING_UPSTREAM_CHANGED
+
+    offering = OfferingFactory.create()
+    form = _offering_form(offering)
+    events = PurchaseEvent.objects.filter(subject=OFFERING_UPSTREAM_CHANGED)
+
+    added = superuser.post(_change(offering), {**form, **_upstream_fields()})
+    assert added.status_code == 302, added.content
+    offering.refresh_from_db()
+    assert offering.version == 2  # where the work runs is part of the terms
+    first = events.get()
+    assert (first.actor_type, first.actor, first.reason_code) == ("staff", "root", "upstream_added")
+    assert (first.from_state, first.to_state) == ("1", "2")
+    assert first.evidence["offering"] == offering.slug
+    assert first.evidence["changed"]["url"] == [None, "https://seller.example/work"]
+    assert first.evidence["changed"]["secret_env"] == [None, "SELLER_WORK_SECRET"]
+
+    upstream = Upstream.objects.get(offering=offering)
+    secret_url = "https://seller:hunter2@seller.example/v2/work?token=sk_live_123"
+    edited = superuser.post(
+        _change(offering),
+        {**form, **_saved_upstream_fields(upstream, url=secret_url, timeout_seconds="7.5")},
+    )
+    assert edited.status_code == 302, edited.content
+    offering.refresh_from_db()
+    assert offering.version == 3
+    second = events.latest("pk")
+    assert second.reason_code == "upstream_changed"
+    # Only what changed, and never a credential the URL carried.
+    assert second.evidence["changed"] == {
+        "url": ["https://seller.example/work", "https://seller.example/v2/work?…"],
+        "timeout_seconds": ["5", "7.5"],
+    }
+    assert "hunter2" not in json.dumps(second.evidence) and "sk_live" not in json.dumps(
+        second.evidence
+    )
+    assert Upstream.objects.get(offering=offering).url == secret_url  # the row keeps it all
+
+    # Saving the page untouched is no change: no event, the same version.
+    upstream.refresh_from_db()
+    again = superuser.post(_change(offering), {**form, **_saved_upstream_fields(upstream)})
+    assert again.status_code == 302, again.content
+    offering.refresh_from_db()
+    assert (events.count(), offering.version) == (2, 3)
+
+    # Support reads who changed what on the offering's page.
+    page = html.unescape(superuser.get(_change(offering)).content.decode())
+    assert "by root: version 2 → 3; url 'https://seller.example/work' -> " in page
+
+    removed = superuser.post(
+        _change(offering), {**form, **_saved_upstream_fields(upstream), "upstream-0-DELETE": "on"}
+    )
+    assert removed.status_code == 302, removed.content
+    offering.refresh_from_db()
+    assert not Upstream.objects.filter(offering=offering).exists()
+    assert (offering.version, events.latest("pk").reason_code) == (4, "upstream_removed")

@@ -33,3 +33,29 @@ def test_a_second_seed_keeps_admin_edits_and_moves_only_the_token(settings, tmp_
     assert again.asset == SECOND_TOKEN
     assert again.version == edited.version + 1  # the asset is part of the terms
     assert Offering.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_the_sample_upstreams_offering_follows_the_upstream_to_its_new_port(
+    settings, tmp_path
+) -> None:
+    from fulfillment.models import Upstream
+    from purchases.models import PurchaseEvent
+
+    settings.VAR_DIR = tmp_path
+    seeded = demo_seed(asset=FIRST_TOKEN, upstream_url="http://127.0.0.1:8766/work")
+    assert seeded["offerings"][-1] == "counted-echo" and Offering.objects.count() == 4
+    upstream = Upstream.objects.get(offering__slug="counted-echo")
+    assert (upstream.kind, upstream.secret_env) == ("http", "TOLLBOOTH_DEMO_UPSTREAM_SECRET")
+    upstream.timeout_seconds = 9  # tuned by staff: kept
+    upstream.save()
+
+    demo_seed(asset=FIRST_TOKEN, upstream_url="http://127.0.0.1:9000/work")
+
+    upstream.refresh_from_db()
+    assert (upstream.url, upstream.timeout_seconds) == ("http://127.0.0.1:9000/work", 9)
+    moved = PurchaseEvent.objects.get(subject="offering.upstream_changed")
+    assert (moved.actor_type, moved.actor) == ("system", "seed_demo")
+    assert moved.evidence["changed"] == {
+        "url": ["http://127.0.0.1:8766/work", "http://127.0.0.1:9000/work"]
+    }
