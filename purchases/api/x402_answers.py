@@ -35,6 +35,7 @@ from purchases.services.x402_sign_in import SignInRefused, x402_sign_in
 PAY = Purchase.PaymentState
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
+_INPUT_ERRORS = (ErrorCode.INVALID_INPUT, ErrorCode.INPUT_TOO_LARGE)
 SEND_INPUT = "Send the input (JSON body, or query parameters for flat inputs) to get a quote."
 
 
@@ -118,28 +119,46 @@ def x402_sign_in_answer(
             resource_url=resource_url,
             from_query=from_query,
         )
+    except DomainError as invalid:
+        if not from_query or invalid.code not in _INPUT_ERRORS:
+            raise
+        # A query string that is no input: the price-only 402, as a GET without a proof.
+        return x402_offer_answer(
+            _offer_again(offering_slug, raw_input, buyer, resource_url, from_query, None)
+        )
     except SignInRefused as refused:
         error = f"sign-in refused: {refused.reason}"
-        if from_query:
-            offer = x402_offer_from_query(
-                offering_slug=offering_slug,
-                params=raw_input,
-                buyer=buyer,
-                resource_url=resource_url,
-                error=error,
-            )
-        else:
-            offer = x402_offer(
-                offering_slug=offering_slug,
-                raw_input=raw_input,
-                buyer=buyer,
-                resource_url=resource_url,
-                error=error,
-            )
+        offer = _offer_again(offering_slug, raw_input, buyer, resource_url, from_query, error)
         return x402_offer_answer(offer, refused)
     answer = x402_answer(outcome)
     answer.headers.pop(PAYMENT_RESPONSE, None)
     return answer
+
+
+def _offer_again(
+    offering_slug: str,
+    raw_input: Any,
+    buyer: Buyer | None,
+    resource_url: str,
+    from_query: bool,
+    error: str | None,
+) -> X402Offer:
+    """The 402 this request gets without its proof (by GET: from the query string)."""
+    if from_query:
+        return x402_offer_from_query(
+            offering_slug=offering_slug,
+            params=raw_input,
+            buyer=buyer,
+            resource_url=resource_url,
+            error=error,
+        )
+    return x402_offer(
+        offering_slug=offering_slug,
+        raw_input=raw_input,
+        buyer=buyer,
+        resource_url=resource_url,
+        error=error,
+    )
 
 
 def _payment_response(purchase: Purchase, attempt: PaymentAttempt | None) -> str:

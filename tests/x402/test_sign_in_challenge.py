@@ -144,6 +144,20 @@ def test_proofs_no_client_would_send_get_the_402_saying_why(client, x402_world, 
     assert not PurchaseEvent.objects.filter(subject="result.reaccessed").exists()
 
 
+def test_a_get_with_a_refused_proof_is_the_get_402(client, x402_world):
+    garbage = {"HTTP_SIGN_IN_WITH_X": "!!"}
+    quoted = client.get(x402_world.paid_url, INPUT, **garbage)
+    price_only = client.get(x402_world.paid_url, {"nope": "1"}, **garbage)
+
+    assert quoted.status_code == 402 and quoted.json()["sign_in"]["refused"] == (
+        "invalid_siwx_header"
+    )
+    assert "sign-in-with-x" in _extensions(quoted)
+    # Not an input at all: the price-only 402, as a GET without a proof gets.
+    assert price_only.status_code == 402 and "sign_in" not in price_only.json()
+    assert price_only.json()["errors"] and "sign-in-with-x" not in _extensions(price_only)
+
+
 def test_used_nonces_are_pruned_once_their_challenge_expired(x402_world):
     now = timezone.now()
     purchase = PurchaseFactory.create(executed=True)
