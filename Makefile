@@ -33,6 +33,16 @@ $(CHROMIUM):
 	$$SUDO apt-get update -qq && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
+# The PgBouncer tests (tests/integration/test_pgbouncer.py) start Debian's pgbouncer in
+# transaction pooling, installed the same way (they start a private one on a free port).
+PGBOUNCER := /usr/sbin/pgbouncer
+$(PGBOUNCER):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "make test: the PgBouncer tests need Debian's pgbouncer: sudo apt-get install pgbouncer" >&2; \
+	exit 1; fi; \
+	$$SUDO apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer
+
 demo: install
 	$(BIN)/python scripts/demo.py
 
@@ -61,7 +71,7 @@ typecheck: install
 # races that must also hold on the embedded default, on a file SQLite database as `make demo`
 # uses (PostgreSQL-only SQL has crashed there before).
 SQLITE_TEST_URL := sqlite:///$(CURDIR)/var/concurrency.sqlite3
-pytest: install $(CHROMIUM)
+pytest: install $(CHROMIUM) $(PGBOUNCER)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	mkdir -p var
 	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m "sqlite_concurrency or embedded" $(PYTEST_ARGS)

@@ -81,7 +81,29 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
     # attempt was reopened and its same authorization settled again, or it was reversed).
     final_at = models.DateTimeField(null=True, blank=True)
     reorged_at = models.DateTimeField(null=True, blank=True)
+    # What the last finality look saw while not final yet (unix `checked_at`, `policy`,
+    # `block_number`, `depth` and `finality_depth`, or `finalized_block`): the case file says
+    # how far from final it is without asking the chain on every page view.
+    finality_seen = models.JSONField(default=dict, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
+    # The books (purchases.services.books): the settling block's timestamp (UTC, the
+    # settlement time finance reports), and the receipt's gas figures and sender. Gas is a
+    # cost of sale only when our relayer sent the transaction (direct mode); a facilitator
+    # pays its own. Filled at confirmation (gas, direct mode) and when the block is read
+    # (payments.x402.books_evidence: the finality watch, or lazily by an export).
+    block_at = models.DateTimeField(null=True, blank=True)
+    gas_used = models.PositiveBigIntegerField(null=True, blank=True)
+    effective_gas_price = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Wei per gas, from the receipt."
+    )
+    # A database default too: rows written by hand (the scale bench's seed) name no sender.
+    sent_by = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="The settlement transaction's sender, lower-case.",
+    )
     reason_code = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -113,6 +135,12 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
                 fields=["network", "id"],
                 condition=Q(rail="x402", state="succeeded", final_at__isnull=True),
                 name="attempt_unfinal_scale",
+            ),
+            # A books period reads settlements by their block's time.
+            models.Index(
+                fields=["block_at"],
+                condition=Q(block_at__isnull=False),
+                name="attempt_books_period",
             ),
         ]
         constraints = [
@@ -160,6 +188,9 @@ class PaymentAttempt(PreparedTransitionMixin, models.Model):
         self.reason_code = reason_code
         self.reorged_at = at
         self.block_number = None
+        # The block and its receipt are gone: the books wait for the new settlement's.
+        self.block_at = self.gas_used = self.effective_gas_price = None
+        self.sent_by = ""
 
     def __str__(self) -> str:
         return f"{self.rail} attempt {self.pk} ({self.state})"

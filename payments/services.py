@@ -422,7 +422,14 @@ def ledger_balances_mismatched() -> list[BalanceMismatch]:
 
 
 # What recording an outcome writes on the attempt (a bulk writer updates these columns).
-OUTCOME_FIELDS = ("state", "tx_hash", "block_number", "settlement_reference", "reason_code")
+OUTCOME_FIELDS = (
+    "state",
+    "tx_hash",
+    "block_number",
+    "settlement_reference",
+    "reason_code",
+    *("block_at", "gas_used", "effective_gas_price", "sent_by"),
+)
 
 
 def payment_attempt_apply_outcome(
@@ -440,6 +447,7 @@ def payment_attempt_apply_outcome(
     if outcome.status == SettlementStatus.CONFIRMED:
         attempt.tx_hash = tx_hash
         attempt.block_number = outcome.block_number
+        _books_evidence_take(attempt, outcome.evidence)
         attempt.succeed(settlement_reference=tx_hash or "")
     elif outcome.status == SettlementStatus.FAILED:
         attempt.fail(reason_code=outcome.reason_code)
@@ -464,6 +472,14 @@ def payment_attempt_apply_outcome(
             **outcome.evidence,
         },
     )
+
+
+def _books_evidence_take(attempt: PaymentAttempt, evidence: dict[str, Any]) -> None:
+    # Direct mode read the receipt to confirm: its gas figures and sender cost nothing more.
+    if evidence.get("gas_used") is not None and evidence.get("effective_gas_price") is not None:
+        attempt.gas_used = int(evidence["gas_used"])
+        attempt.effective_gas_price = int(evidence["effective_gas_price"])
+        attempt.sent_by = str(evidence.get("sent_by") or "").lower()
 
 
 def payment_attempt_reopen(

@@ -8,6 +8,8 @@ words a row alone gets wrong. Pure, like purchases.case_file, which calls it.
   behind an earlier relayer transaction that was never mined says so.
 - A failed payment says whether the buyer may still pay the quote or needs a new one.
 - A result past retention is not "stored".
+- A settled x402 payment is not final until the network's finality policy says so: the page
+  names its block, how far from final the finality watch last saw it, and its next look.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from core.errors import Owner
 from purchases.timeline import utc_seconds
 
 if TYPE_CHECKING:
-    from purchases.case_file import CaseFacts
+    from purchases.case_file import CaseFacts, UnfinalFact
 
 # The beat schedule (config/settings/base.py) runs these; said here as support reads them.
 SETTLEMENT_LOOK_UP = "settlement look-up by reconciliation (by tx hash and payer + nonce)"
@@ -35,6 +37,10 @@ EXECUTION_RECHECK = (
     "escalation closes itself when the work turns out done"
 )
 HEAL_EVERY = timedelta(minutes=5)
+FINALITY_WATCH = (
+    "finality watch (watch-unfinal-settlements, every 30 s): looks the transfer up on chain; "
+    "if a reorg undid it, the same signed authorization is settled again"
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ class Said:
 
 def case_said(facts: CaseFacts, *, owner: Owner, is_final: bool, now: datetime) -> Said:
     """The words and next check for the purchase's state, from its facts."""
-    payment, run = facts.payment_state, facts.fulfillment_state
+    payment = facts.payment_state
     if payment in ("paying", "settlement_pending"):
         return _settlement(facts, now)
     if payment == "unpaid":
@@ -58,6 +64,13 @@ def case_said(facts: CaseFacts, *, owner: Owner, is_final: bool, now: datetime) 
         return _failed(facts, is_final=is_final, now=now)
     if payment != "paid":
         return Said()
+    if facts.unfinal is not None:
+        return _unfinal(facts, facts.unfinal, _paid(facts, now))
+    return _paid(facts, now)
+
+
+def _paid(facts: CaseFacts, now: datetime) -> Said:
+    run = facts.fulfillment_state
     if run == "running":
         return _running(facts, now)
     if run in ("not_started", "queued"):
@@ -78,6 +91,51 @@ def case_said(facts: CaseFacts, *, owner: Owner, is_final: bool, now: datetime) 
             next_check=EXECUTION_RECHECK,
         )
     return Said()
+
+
+def _unfinal(facts: CaseFacts, unfinal: UnfinalFact, work: Said) -> Said:
+    """Settled, not final. Once the work has ended the settlement's words lead; while the work
+    is on its way they are a note. The work's own next check, if it has one, comes first."""
+    if unfinal.finalized_block_seen is not None:
+        awaited = (
+            f"the node's finalized tag to reach it (finalized block "
+            f"{unfinal.finalized_block_seen} at the last look)"
+        )
+    elif unfinal.depth_seen is not None:
+        awaited = f"depth {unfinal.depth_seen} of {unfinal.depth_needed} reached"
+        if unfinal.policy == "finalized":  # the node reported no finalized block: the depth
+            awaited += " (the node reports no finalized block, so the depth decides)"
+    elif unfinal.policy == "finalized":
+        awaited = "the node's finalized tag to reach it (not looked at since it settled)"
+    else:
+        awaited = (
+            f"depth at least {unfinal.confirmations} of {unfinal.depth_needed} when it "
+            "settled (not looked at since)"
+        )
+    where = f"block {unfinal.block_number}" if unfinal.block_number is not None else "a block"
+    looked = f", last looked at {utc_seconds(unfinal.checked_at)}" if unfinal.checked_at else ""
+    settled = (
+        f"Payment settled in {where} (tx {unfinal.tx_hash}), awaiting finality: {awaited}"
+        f"{looked}. Not final until then: a reorg could still undo the transfer; the finality "
+        "watch looks again on its own, and would settle the same signed authorization again."
+    )
+    at, check = (
+        (work.next_check_at, work.next_check)
+        if work.next_check_at
+        else (unfinal.next_check_at, FINALITY_WATCH)
+    )
+    if facts.fulfillment_state not in _PAID_WORK:  # the work is still on its way: it leads
+        return Said(work.sentence, (*work.notes, settled), at, check)
+    words = work.sentence or _PAID_WORK[facts.fulfillment_state]
+    return Said(f"{settled} {words}", work.notes, at, check)
+
+
+# The work's words beside a settlement not final yet (the row's sentence is replaced).
+_PAID_WORK = {
+    "succeeded": "The work is done and its result stored for the buyer.",
+    "failed": "The work provably did not run.",
+    "unknown": "The work may or may not have run.",
+}
 
 
 def _settlement(facts: CaseFacts, now: datetime) -> Said:

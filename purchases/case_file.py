@@ -61,6 +61,9 @@ class Deadline(StrEnum):
     # After a late transfer: the last moment money for it can still land, by a new payment
     # for its quote or by an authorization it received that is not spent.
     STILL_PAYABLE = "still_payable"
+    # Settled, not final yet: the finality watch escalates it if the chain still cannot say
+    # by RECONCILIATION_DEADLINE after the settlement (purchases.services.finality).
+    FINALITY = "finality"
     NONE = "none"
 
 
@@ -391,6 +394,28 @@ class CaseFacts:
     execution: ExecutionFact | None = None  # the live (running) execution
     # When the execution that ended unknown is asked again (purchases.services.execution_recheck).
     execution_recheck_at: datetime | None = None
+    # A settled x402 payment not final yet (the finality watch's row); None once final.
+    unfinal: UnfinalFact | None = None
+
+
+@dataclass(frozen=True)
+class UnfinalFact:
+    """A settled x402 payment the finality watch (purchases.services.finality) still looks
+    at: where it was settled, what the last look saw, when the watch looks next."""
+
+    attempt_id: int
+    tx_hash: str
+    block_number: int | None
+    policy: str  # "depth" or "finalized" (X402_<NET>_FINALITY)
+    depth_needed: int  # X402_<NET>_FINALITY_DEPTH
+    confirmations: int  # the depth it had at least when it settled
+    settled_at: datetime
+    # The watch's next look: the attempt's next_check_at, or its next run when due already.
+    next_check_at: datetime
+    escalates_at: datetime  # settled + RECONCILIATION_DEADLINE: escalated if still unknown
+    depth_seen: int | None = None  # at the last look (None: not looked at since it settled)
+    finalized_block_seen: int | None = None  # the node's finalized block at the last look
+    checked_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -507,7 +532,7 @@ def _first_look_up(facts: CaseFacts) -> datetime | None:
 def _is_safe(action: Action, facts: CaseFacts, now: datetime) -> bool:
     """The table offers an action for the state; the facts say whether it is safe now."""
     if action == Action.RECHECK_SETTLEMENT:
-        return facts.rail == "x402" and facts.has_pending_attempt
+        return facts.rail == "x402" and (facts.has_pending_attempt or facts.unfinal is not None)
     if action == Action.RECONCILE_EXECUTION:
         if facts.fulfillment_state == "unknown":
             return True
@@ -629,6 +654,19 @@ def _result_overlay(facts: CaseFacts, now_: _Now, now: datetime) -> None:
         now_.notes.append("The result was delivered to the buyer.")
 
 
+def _unfinal_overlay(facts: CaseFacts, now_: _Now) -> None:
+    """Paid and settled, but a reorg can still undo the transfer: not final, and the finality
+    watch's move (nobody else's) until the network's finality policy says so."""
+    unfinal = facts.unfinal
+    if unfinal is None or facts.payment_state != "paid" or now_.finality != Finality.FINAL:
+        return
+    now_.finality = Finality.OPEN
+    if now_.owner in (Owner.BUYER, Owner.NONE):
+        now_.owner = Owner.RECONCILIATION
+        now_.deadline_at, now_.deadline_source = unfinal.escalates_at, Deadline.FINALITY
+    now_.candidates.insert(0, Action.RECHECK_SETTLEMENT)
+
+
 def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     """The "Now" of a purchase: sentence, owner, deadline, finality and the safe actions."""
     row = _row_for(facts)
@@ -646,6 +684,7 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     _result_overlay(facts, now_, now)
     _remedy_overlay(facts, now_)
     _still_payable_overlay(row, row_deadline_at, now_, now)
+    _unfinal_overlay(facts, now_)
     escalation_reason = ""
     if facts.escalations:
         first = min(facts.escalations, key=lambda e: (e.deadline_at, e.pk))

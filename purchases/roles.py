@@ -67,7 +67,8 @@ _RESULT_DIGEST = "result_sha256 result_size result_expires_at result_first_deliv
 _TIMELINE = "created_at subject from_state to_state actor_type actor reason_code evidence"
 _ATTEMPT_MONEY = (
     "pk purchase purchase__ref rail payer network asset amount tx_hash block_number "
-    "settlement_reference state reason_code created_at updated_at transfer_note"
+    "settlement_reference state reason_code created_at updated_at transfer_note "
+    "block_at gas_used effective_gas_price sent_by"
 )
 # What support needs to explain a payment beyond the money: ids, nonces, schedule, times.
 _ATTEMPT_EVIDENCE = (
@@ -156,7 +157,8 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "payments.ledgerbalance": _scope(_BALANCE),
         "payments.exportbatch": _scope(
             "pk kind created_by started_at created_at filters row_count first_created_at "
-            "last_created_at sha256"
+            "last_created_at sha256",
+            actions="export_books",
         ),
     },
 }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +21,7 @@ from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
+from payments.x402.networks import UnknownNetwork, network_config
 from purchases.case_checks import HEAL_EVERY
 from purchases.case_file import (
     DUPLICATE,
@@ -30,6 +31,7 @@ from purchases.case_file import (
     ExecutionFact,
     RefundFact,
     RelayerGapFact,
+    UnfinalFact,
 )
 from purchases.event_subjects import EXECUTION_RETRIED, OFFERING_UPSTREAM_CHANGED
 from purchases.models import (
@@ -419,6 +421,55 @@ def purchase_case_facts(
         relayer_gap=_relayer_gap(live, now) if live else None,
         void_sweep_at=_void_sweep_at(purchase, attempts),
         execution=_execution_fact(purchase, live_execution),
+        unfinal=_unfinal_fact(attempts, now),
+    )
+
+
+# The finality watch's beat (config/settings/base.py, watch-unfinal-settlements): an attempt
+# due already is looked at by its next run.
+FINALITY_WATCH_EVERY = timedelta(seconds=30)
+
+
+def _unfinal_fact(attempts: Iterable[PaymentAttempt], now: datetime) -> UnfinalFact | None:
+    """The settled x402 attempt the finality watch still looks at, as the watch reads it
+    (purchases.services.finality._claim_due): succeeded, `final_at` empty."""
+    attempt = next(
+        (
+            a
+            for a in reversed(list(attempts))
+            if a.rail == "x402" and a.state == PaymentAttempt.State.SUCCEEDED and a.final_at is None
+        ),
+        None,
+    )
+    if attempt is None:
+        return None
+    try:
+        network = network_config(attempt.network)
+        policy, needed, confirmations = (
+            network.finality,
+            network.finality_depth,
+            network.confirmations,
+        )
+    except UnknownNetwork:
+        policy, needed, confirmations = "depth", 0, 0
+    seen = attempt.finality_seen or {}
+    if seen.get("block_number") != attempt.block_number:
+        seen = {}  # a look at the block it was in before a reorg moved it
+    due = attempt.next_check_at
+    checked = seen.get("checked_at")
+    return UnfinalFact(
+        attempt_id=attempt.pk,
+        tx_hash=attempt.tx_hash or "",
+        block_number=attempt.block_number,
+        policy=policy,
+        depth_needed=needed,
+        confirmations=confirmations,
+        settled_at=attempt.updated_at,
+        next_check_at=due if due and due > now else now + FINALITY_WATCH_EVERY,
+        escalates_at=attempt.updated_at + settings.TOLLBOOTH["RECONCILIATION_DEADLINE"],
+        depth_seen=seen.get("depth"),
+        finalized_block_seen=seen.get("finalized_block"),
+        checked_at=datetime.fromtimestamp(checked, tz=UTC) if checked else None,
     )
 
 

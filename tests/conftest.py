@@ -1,4 +1,5 @@
-"""Shared fixtures. PostgreSQL-only tests skip on SQLite locally and fail loudly in CI."""
+"""Shared fixtures. Tests whose services are missing (PostgreSQL, Redis, PgBouncer) skip
+locally and fail loudly in CI."""
 
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def _leave_to_the_first_pass(config: pytest.Config, items: list[pytest.Item]) ->
 def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
     """Each test that cannot run here, with what it alone lacks (a PostgreSQL-only test is
     not told to set REDIS_URL)."""
+    from tests.fixtures.outages import PGBOUNCER, pgbouncer_installed  # a plugin: import late
+
     missing: dict[pytest.Item, list[str]] = {}
     for item in items:
         if _needs_postgres(item) and not _uses_postgres():
@@ -86,6 +89,8 @@ def _missing_services(items: list[pytest.Item]) -> dict[pytest.Item, list[str]]:
         needs_redis = item.get_closest_marker("worker") or item.get_closest_marker("redis")
         if needs_redis and not settings.REDIS_URL:
             missing.setdefault(item, []).append("REDIS_URL is not set")
+        if "pgbouncer" in getattr(item, "fixturenames", ()) and not pgbouncer_installed():
+            missing.setdefault(item, []).append(f"{PGBOUNCER} is missing: `make test` installs it")
     return missing
 
 

@@ -163,8 +163,12 @@ class PaymentAttemptFactory(factory.django.DjangoModelFactory[PaymentAttempt]):
             tx_hash=factory.SelfAttribute("tx"),
             broadcast_started_at=factory.LazyFunction(timezone.now),
         )
+        # Settled and final, as "paid" means in most tests; `final_at=None` for a payment
+        # the finality watch still looks at (purchases.services.finality).
         succeeded = factory.Trait(
-            state=PaymentAttempt.State.SUCCEEDED, tx_hash=factory.SelfAttribute("tx")
+            state=PaymentAttempt.State.SUCCEEDED,
+            tx_hash=factory.SelfAttribute("tx"),
+            final_at=factory.LazyFunction(timezone.now),
         )
         failed = factory.Trait(state=PaymentAttempt.State.FAILED, reason_code="settlement_failed")
 

@@ -138,6 +138,15 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     )
 # Services own their transactions (house style).
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
+# Behind a transaction-pooling PgBouncer a server-side cursor (a streamed export) may find
+# its next FETCH on another server connection: say so with DATABASE_DISABLE_SERVER_SIDE_CURSORS
+# or `?disable_server_side_cursors=true` on DATABASE_URL (docs/deployment.md). The URL's value
+# arrives as a string ("false" would be truthy), so both are read as booleans here.
+DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = env.bool(
+    "DATABASE_DISABLE_SERVER_SIDE_CURSORS",
+    default=str(DATABASES["default"].get("DISABLE_SERVER_SIDE_CURSORS", False)).lower()
+    in {"true", "1", "yes", "on"},
+)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -405,6 +414,9 @@ X402_NETWORKS = {
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
+# The seller's own wallets beyond the offerings' recipients and the relayers (a treasury, a
+# refund wallet): a payment from one of them is flagged in the books and kept out of revenue.
+SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
@@ -496,6 +508,7 @@ CELERY_BEAT_SCHEDULE = {
     # A settled payment is not final until the network's finality policy says so: a reorg
     # before then can undo it, and its same authorization must be settled again (or the
     # purchase reversed and escalated). Rows carry their next check, so idle runs are cheap.
+    # Once final, the books take the block's time and the receipt's gas (docs/finance.md).
     "watch-unfinal-settlements": {
         "task": "purchases.tasks.watch_unfinal_settlements_task",
         "schedule": 30.0,

@@ -208,6 +208,9 @@ def _decode_receipt(raw: Any) -> dict[str, Any] | None:
         "from": _checksummed(raw["from"]),
         "to": _checksummed(raw["to"]) if raw.get("to") else None,
         "logs": [_decode_log(log) for log in raw["logs"]],
+        # As ChainReader.receipt: what the settlement cost in gas (the books).
+        "gasUsed": _quantity(raw["gasUsed"]),
+        "effectiveGasPrice": _quantity(raw.get("effectiveGasPrice") or 0),
     }
 
 

@@ -227,7 +227,14 @@ class ChainReader:
             "from": Web3.to_checksum_address(raw["from"]),
             "to": Web3.to_checksum_address(raw["to"]) if raw.get("to") else None,
             "logs": [_log_dict(log) for log in raw["logs"]],
+            "gasUsed": int(raw["gasUsed"]),
+            "effectiveGasPrice": int(raw.get("effectiveGasPrice") or 0),
         }
+
+    def block_timestamp(self, number: int) -> int:
+        """The timestamp (Unix seconds, UTC) of block `number`."""
+        block = self._call(lambda: self.w3.eth.get_block(number))
+        return int(block["timestamp"])
 
     def transaction_known(self, tx_hash: str) -> bool:
         """True while the node has the transaction, mined or still in its pool."""

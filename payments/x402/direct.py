@@ -290,7 +290,7 @@ def _observe(
     block, status, block_hash, gas_used = _receipt_fields(receipt)
     evidence = {"network": network.caip2, "relayer_nonce": prepared.relayer_nonce,
                 "block_number": block, "block_hash": block_hash,
-                "gas_used": gas_used}  # fmt: skip
+                "gas_used": gas_used, **_gas_payer(receipt)}  # fmt: skip
     if status != 1:
         # The caller reconciles by (payer, nonce) before believing this.
         return SettlementOutcome(SettlementStatus.FAILED, tx_hash, "transaction_reverted",
@@ -313,6 +313,16 @@ def _receipt_fields(receipt: object) -> tuple[int, int, str, int]:
         str(receipt["blockHash"]).lower(),
         quantity(receipt.get("gasUsed")),
     )
+
+
+def _gas_payer(receipt: object) -> dict[str, Any]:
+    """The receipt's price per gas and sender: with gas_used, what the relayer paid (books)."""
+    if not isinstance(receipt, dict):
+        return {}
+    price, sender = receipt.get("effectiveGasPrice"), receipt.get("from")
+    if price is None or not isinstance(sender, str):
+        return {}
+    return {"effective_gas_price": quantity(price), "sent_by": sender.lower()}
 
 
 def _pending(

@@ -3,6 +3,7 @@ with a server-rendered SVG chart (no script, no CDN)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -10,6 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from purchases.books import BooksDay, books_daily
 from purchases.selectors import OUTCOMES, dashboard_figures
 from purchases.timeline import utc_seconds
 
@@ -48,6 +50,51 @@ def outcome_chart(chart: list[tuple[Any, dict[str, int]]]) -> dict[str, Any]:
     }
 
 
+MONEY_COLOURS = {"revenue": "#417505", "refunds": "#ba2121", "gas": "#e8a317"}
+PANEL_HEIGHT, PANEL_GAP, DAY_WIDTH = 100, 34, 36
+
+
+def money_chart(days: list[BooksDay]) -> dict[str, Any]:
+    """Revenue and refunds per day (one panel per asset symbol, the two bars side by side on
+    one scale) and the relayer's gas per day (one panel per native coin: another unit, so
+    another scale). Rectangles with coordinates for the template's <svg>."""
+    symbols = sorted({s for day in days for s in (*day.revenue, *day.refunds)})
+    coins = sorted({c for day in days for c in day.gas})
+    panels = [_panel(days, symbol, ("revenue", "refunds")) for symbol in symbols]
+    panels += [_panel(days, coin, ("gas",)) for coin in coins]
+    for index, panel in enumerate(panels):
+        panel["top"] = index * (PANEL_HEIGHT + PANEL_GAP)
+        panel["base"] = panel["top"] + PANEL_HEIGHT + 14
+        for bar in panel["bars"]:
+            bar["y"] += panel["top"] + 14
+    return {
+        "panels": panels,
+        "width": max(len(days) * DAY_WIDTH, 200),
+        "height": max(len(panels), 1) * (PANEL_HEIGHT + PANEL_GAP),
+        "days": [{"x": i * DAY_WIDTH, "label": f"{d.day:%m-%d}"} for i, d in enumerate(days)],
+        "legend": list(MONEY_COLOURS.items()),
+    }
+
+
+def _panel(days: list[BooksDay], unit: str, series: tuple[str, ...]) -> dict[str, Any]:
+    def value(day: BooksDay, name: str) -> Decimal:
+        return getattr(day, name).get(unit, Decimal(0))
+
+    tallest = max([value(day, name) for day in days for name in series] + [Decimal(0)])
+    width = (DAY_WIDTH - 8) // len(series)
+    bars = []
+    for index, day in enumerate(days):
+        for offset, name in enumerate(series):
+            amount = value(day, name)
+            height = round(amount * PANEL_HEIGHT / tallest) if tallest else 0
+            bars.append({"x": index * DAY_WIDTH + offset * width, "y": PANEL_HEIGHT - height,
+                         "width": width, "height": height, "series": name,
+                         "colour": MONEY_COLOURS[name], "day": f"{day.day:%Y-%m-%d}",
+                         "value": f"{amount.normalize():f}"})  # fmt: skip
+    title = f"{' and '.join(series)} per day ({unit}), max {tallest.normalize():f}"
+    return {"unit": unit, "title": title, "bars": bars}
+
+
 def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
@@ -65,6 +112,7 @@ def dashboard_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
             for e in figures["overdue_escalations"]
         ],
         "chart": outcome_chart(figures["chart"]),
+        "money": money_chart(books_daily(now=now)),
         "now": utc_seconds(now),
     }
     return TemplateResponse(request, "admin/purchases/dashboard.html", context)

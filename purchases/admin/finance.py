@@ -8,17 +8,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Case, CharField, OuterRef, QuerySet, Subquery, When
-from django.http import HttpRequest, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 from django.utils import timezone
 
 from core.admin import ReadOnlyModelAdmin, RoleScoping, amount_human
 from core.exports import StreamSummary, csv_stream
 from payments.models import ExportBatch, LedgerBalance, LedgerEntry, Refund
 from payments.services import export_batch_record
+from purchases.books import Period, PeriodInvalid
 from purchases.models import Offering
+from purchases.services.books import books_export
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,87 @@ def _csv_rows(
             yield [values[c] for c in columns], row[EXPORT_CREATED_AT]
 
 
+# --- the books of a period -----------------------------------------------------------------
+class BooksPeriodForm(forms.Form):
+    """A closed period: a UTC month, or a first and last day (both included)."""
+
+    month = forms.CharField(
+        required=False,
+        widget=forms.TextInput(attrs={"type": "month", "placeholder": "YYYY-MM"}),
+        help_text="A whole month (UTC), e.g. 2026-11. Or leave empty and give the days below.",
+    )
+    first_day = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    last_day = forms.DateField(
+        required=False,
+        widget=forms.DateInput(attrs={"type": "date"}),
+        help_text="Included. The period must have ended (UTC) before it can be exported.",
+    )
+    include_self_payments = forms.BooleanField(
+        required=False,
+        help_text="Count payments from the seller's own wallets as revenue (flagged either way).",
+    )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            if data.get("month"):
+                period = Period.month(data["month"])
+            elif data.get("first_day") and data.get("last_day"):
+                period = Period.days(data["first_day"], data["last_day"])
+            else:
+                raise PeriodInvalid("Give a month, or a first and a last day.")
+            period.check_closed(now=timezone.now())
+        except PeriodInvalid as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        data["period"] = period
+        return data
+
+
+def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+    """The form, and on a valid POST the period's books as a CSV download (recorded)."""
+    if not model_admin.role_allows_action(request, "export_books"):
+        raise PermissionDenied
+    form = BooksPeriodForm(request.POST if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        period = form.cleaned_data["period"]
+        export = books_export(
+            period=period,
+            created_by=request.user.get_username(),
+            include_self_payments=form.cleaned_data["include_self_payments"],
+        )
+        response = HttpResponse(export.content, content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = f'attachment; filename="books-{period.slug}.csv"'
+        response["X-Content-SHA256"] = export.sha256
+        return response
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": "Export a period's books",
+        "opts": model_admin.opts,
+        "form": form,
+    }
+    return TemplateResponse(request, "admin/payments/exportbatch/books.html", context)
+
+
 @admin.register(ExportBatch)
 class ExportBatchAdmin(ReadOnlyModelAdmin):
     """Every finished export: compare a re-export by its row count and SHA-256."""
+
+    change_list_template = "admin/payments/exportbatch/change_list.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        books = path(
+            "books/",
+            self.admin_site.admin_view(lambda request: books_view(self, request)),
+            name="payments_exportbatch_books",
+        )
+        return [books, *super().get_urls()]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = {**(extra_context or {}), "can_export_books": self.role_allows_action(
+            request, "export_books")}  # fmt: skip
+        return super().changelist_view(request, context)
 
     list_display = (
         "pk",

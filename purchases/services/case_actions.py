@@ -17,7 +17,7 @@ from core.actors import Actor
 from core.clock import now_or
 from fulfillment import selectors as fulfillment_selectors
 from payments import services as payment_services
-from payments.models import Refund
+from payments.models import PaymentAttempt, Refund
 from payments.x402.attempts import x402_attempt_live
 from payments.x402.networks import UnknownNetwork
 from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
@@ -25,6 +25,7 @@ from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
 from purchases.services.execution_recheck import purchase_execution_recheck
+from purchases.services.finality import settlement_finality_follow
 from purchases.services.remedies import escalation_open, escalation_resolve
 from purchases.services.settlement import purchase_queue_execution_if_due, purchase_settle_attempt
 from purchases.services.sweeper import purchase_execution_stage
@@ -75,13 +76,15 @@ def case_settlement_recheck(
     *, purchase_id: int, staff: str, now: datetime | None = None
 ) -> ActionDone:
     """Look the pending settlement up on chain now, exactly as reconciliation does, and
-    record what it showed. Never re-signs; resubmits the same authorization only as
-    purchases.services.resubmit allows. Raises ActionNotSafe."""
+    record what it showed; a settled payment not final yet gets the finality watch's look
+    instead. Never re-signs; resubmits the same authorization only as
+    purchases.services.resubmit allows (and after a reorg, as the watch does). Raises
+    ActionNotSafe."""
     now = now_or(now)
     _require(purchase_id, Action.RECHECK_SETTLEMENT, now)
     attempt = x402_attempt_live(purchase_id=purchase_id)
     if attempt is None:
-        raise ActionNotSafe("no pending settlement to look up")
+        return _finality_recheck(purchase_id, staff=staff, now=now)
     try:
         settled = purchase_settle_attempt(attempt_id=attempt.pk, now=now)
     except UnknownNetwork as exc:
@@ -95,6 +98,32 @@ def case_settlement_recheck(
     }
     _record(purchase_id, subject=RECHECKED, staff=staff, evidence=evidence)
     return ActionDone(f"Settlement looked up: {evidence['status']}.", evidence)
+
+
+def _finality_recheck(purchase_id: int, *, staff: str, now: datetime) -> ActionDone:
+    """Settled, not final yet: the finality watch's own look, now (final, still watched, or
+    undone by a reorg and settled again)."""
+    attempt = PaymentAttempt.objects.filter(
+        purchase_id=purchase_id, rail="x402", state=PaymentAttempt.State.SUCCEEDED,
+        final_at__isnull=True,
+    ).order_by("-pk").first()  # fmt: skip
+    if attempt is None:
+        raise ActionNotSafe("no settlement to look up: none pending, and the payment is final")
+    try:
+        check = settlement_finality_follow(attempt=attempt, now=now)
+    except UnknownNetwork as exc:
+        raise ActionNotSafe(f"network {exc} is not configured here") from exc
+    evidence = {
+        "attempt": attempt.pk,
+        "status": check.finality.value,
+        "tx_hash": check.tx_hash or attempt.tx_hash,
+        **{k: v for k, v in check.evidence.items() if k in _FINALITY_EVIDENCE},
+    }
+    _record(purchase_id, subject=RECHECKED, staff=staff, evidence=evidence)
+    return ActionDone(f"Settlement finality looked up: {check.finality.value}.", evidence)
+
+
+_FINALITY_EVIDENCE = ("block_number", "depth", "finality_depth", "finalized_block", "policy")
 
 
 def case_execution_reconcile(

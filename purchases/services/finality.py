@@ -31,6 +31,7 @@ from core.clock import now_or
 from payments.models import PaymentAttempt
 from payments.services import payment_attempt_reopen
 from payments.x402.attempts import x402_attempt_authorization
+from payments.x402.books_evidence import settlement_books_evidence_fill
 from payments.x402.chain import ChainReader
 from payments.x402.finality import Finality, FinalityCheck, settlement_finality
 from payments.x402.networks import network_config
@@ -52,6 +53,8 @@ UNANSWERED_BACKOFF = (timedelta(seconds=30), timedelta(minutes=2), timedelta(min
 # A claimed row is invisible to other runs this long; a crashed run's rows come back after it.
 CLAIM = timedelta(minutes=5)
 JOB = "settlement_finality"
+# What the books read from a settlement's receipt and block, blanked when it moved.
+_BOOKS_UNREAD = {"block_at": None, "gas_used": None, "effective_gas_price": None, "sent_by": ""}
 
 
 def watch_unfinal_settlements(*, now: datetime | None = None, limit: int = 5000) -> Counter[str]:
@@ -161,6 +164,9 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             unanswered_checks=0,
             final_at=now if is_final else None,
             next_check_at=None if is_final else now + FINALITY_RECHECK,
+            finality_seen=_seen(check, now),
+            # Re-mined elsewhere: the old block's time and receipt are not this settlement's.
+            **(_BOOKS_UNREAD if moved else {}),
         )
         if not updated:
             return  # lost the race: another look recorded it first
@@ -183,6 +189,16 @@ def _still_there(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -
             event_record(
                 subject=subjects.PAYMENT_FINAL, purchase=purchase, actor=actor, evidence=evidence
             )
+    if is_final and (moved or attempt.block_at is None):
+        # Its block can no longer change: the books take its time and gas now (no lock held).
+        settlement_books_evidence_fill(attempts=PaymentAttempt.objects.filter(pk=attempt.pk))
+
+
+def _seen(check: FinalityCheck, now: datetime) -> dict[str, int | str]:
+    """How far from final the look found it, for the case file (purchases.case_checks)."""
+    keys = ("policy", "block_number", "depth", "finality_depth", "finalized_block")
+    seen = {key: check.evidence[key] for key in keys if key in check.evidence}
+    return {**seen, "checked_at": int(now.timestamp())}
 
 
 def _resettle(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> None:

@@ -639,6 +639,7 @@ def test_an_action_is_offered_and_runs_only_for_its_roles(
 
 PAGES = [  # actions that are pages of their own
     ("admin:payments_ledgerentry_top_up", None, FU),
+    ("admin:payments_exportbatch_books", None, FU),
     ("admin:purchases_escalation_resolve", Escalation, SU),
 ]
 

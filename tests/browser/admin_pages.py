@@ -86,6 +86,7 @@ PAGES: list[AdminPage] = [
     AdminPage("ledger entries: top up", "admin:payments_ledgerentry_top_up", F),
     *_model_pages(LedgerBalance, "balance", BOTH),
     *_model_pages(ExportBatch, "export", F),
+    AdminPage("export batches: a period's books", "admin:payments_exportbatch_books", F),
     *_model_pages(PaymentAttempt, "late attempt", BOTH),
     # Support's evidence.
     *_model_pages(Quote, "quote", S),

@@ -50,6 +50,8 @@ X402_MINED = [("Payment settled", ""), ("Payment recorded as paid", ""), *SUCCEE
 # What support may do on a settled, finished purchase whose result is still kept: send it
 # again, propose a goodwill refund (finance decides, nothing moves), or escalate.
 DONE = ("redeliver_result", "propose_refund", "assign")
+# The same while its x402 payment is not final yet, and the finality watch's look, now.
+UNFINAL_DONE = ("recheck_settlement", *DONE)
 
 
 @dataclass(frozen=True)
@@ -68,13 +70,13 @@ EXPECTED: dict[str, Expected] = {
     # Prepaid, result stored but never fetched: the buyer's move, until retention ends.
     "dropped-connection": Expected(PREPAID_PAID + SUCCEEDED, "buyer", "result_retention",
                                    "final", DONE, "Paid and done"),
-    # x402 answers with the result once paid: delivered, nobody has a move.
-    "settlement-pending": Expected(X402_PENDING + X402_MINED, "none", "result_retention",
-                                   "final", DONE, "The result was delivered to the buyer."),
+    # x402 answers with the result once paid: delivered. The transfer is one block deep, not
+    # final (the local chain's finality depth is 3): the finality watch's move, not final.
+    "settlement-pending": Expected(X402_PENDING + X402_MINED, "reconciliation", "finality",
+                                   "open", UNFINAL_DONE, "awaiting finality"),
     "dropped-broadcast": Expected(
         [*X402_PENDING, ("Same signed authorization submitted again", "confirmation_timeout"),
-         *X402_MINED], "none", "result_retention", "final", DONE,
-        "The result was delivered to the buyer."),
+         *X402_MINED], "reconciliation", "finality", "open", UNFINAL_DONE, "awaiting finality"),
     # The window closed with the nonce unused: the buyer pays again with a new
     # authorization; the failure becomes final at its deadline; nothing is owed.
     "authorization-expired": Expected(
@@ -82,14 +84,14 @@ EXPECTED: dict[str, Expected] = {
          ("Payment failed", "authorization_expired_unused")],
         "buyer", "failed_final", "final_at_deadline", ("assign",), "nonce unused"),
     # A duplicate transfer is owed back: finance's move, no deadline (open until marked paid);
-    # support may still redeliver, but not propose a second refund. The purchase is settled
-    # (final) and the page says the refund is still open.
+    # support may still redeliver, but not propose a second refund. The purchase is settled,
+    # not final yet (a block or two deep), and the page says the refund is still open.
     "two-authorizations": Expected(
         [*X402_REFUSED, ("Payment recorded", ""), ("Payment started", ""),
          ("Payment recorded as paid", ""), *SUCCEEDED,
          ("Duplicate transfer for a paid purchase", "duplicate_settlement"),
          ("Refund owed", "duplicate_settlement")],
-        "finance", "none", "final", ("redeliver_result", "assign"),
+        "finance", "none", "open", ("recheck_settlement", "redeliver_result", "assign"),
         "landed after it was paid: that money is owed back", refund_open=True),
     # Refused, then the same authorization landed: the failure stands, the money is owed back.
     # That authorization is spent; read within the quote's two minutes, a new payment for the

@@ -24,6 +24,7 @@ from purchases.case_file import (
     Finality,
     RefundFact,
     RelayerGapFact,
+    UnfinalFact,
     purchase_case,
 )
 
@@ -85,6 +86,23 @@ def _failed_unused(quote_expires_at: datetime) -> CaseFacts:
     )  # fmt: skip
 
 
+SETTLED_AT = NOW - 20 * S  # mined in block 120 with 1 confirmation: paid, work run at once
+
+
+def _unfinal(**kw: object) -> CaseFacts:
+    """Delivered and paid on the local chain (finality depth 3); the finality watch looked
+    10 s ago at depth 2 and looks again at the attempt's next check."""
+    unfinal = UnfinalFact(
+        attempt_id=5, tx_hash=TX, block_number=120, policy="depth", depth_needed=3,
+        confirmations=1, settled_at=SETTLED_AT, next_check_at=NOW + 20 * S,
+        escalates_at=SETTLED_AT + 6 * H, depth_seen=2, checked_at=NOW - 10 * S,
+    )  # fmt: skip
+    return _facts(
+        "paid", "succeeded", result_expires_at=NOW + 7 * 24 * H, result_delivered_at=NOW - MIN,
+        unfinal=replace(unfinal, **kw),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
 OWED_LATE = RefundFact(7, "owed", "late_settlement", 250_000)
 OWED_DUPLICATE = RefundFact(8, "owed", "duplicate_settlement", 250_000)
 
@@ -103,6 +121,7 @@ class Moment:
     links: tuple[str, ...] = ()
     changes_until: datetime | None = None
     ids: list[str] = field(default_factory=list)
+    offers: tuple[str, ...] = ()  # staff actions that must be offered
 
 
 WRONG_RUNNING = "a worker is running the work"
@@ -118,6 +137,37 @@ MOMENTS = [
                     settlement_escalates_at=NOW - 10 * S + 6 * H),
            "reconciliation", NOW - 10 * S + 6 * H, Finality.OPEN, NOW + 20 * S),
     # The node lost the broadcast: the chain shows the nonce unused, but it was broadcast.
+    # Paid and delivered at 1 confirmation, but the local chain's finality is depth 3: a
+    # reorg can still undo it, so it is not final; the finality watch looks again (never a
+    # person's move), and support can make that look now.
+    Moment("settlement-pending", "delivered, settled at depth 2 of 3", _unfinal(),
+           "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 20 * S,
+           says=("settled in block 120", "awaiting finality", "depth 2 of 3", TX),
+           never_says=("Paid and done: the result is stored",),
+           offers=("recheck_settlement",)),
+    Moment("settlement-pending", "settled, the watch not looked yet, due already",
+           _unfinal(depth_seen=None, checked_at=None, next_check_at=NOW + 30 * S),
+           "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 30 * S,
+           says=("settled in block 120", "depth at least 1 of 3"),
+           offers=("recheck_settlement",)),
+    # On Base the node's finalized tag decides (X402_BASE_FINALITY=finalized).
+    Moment("settlement-pending", "settled, awaiting the finalized tag",
+           _unfinal(policy="finalized", depth_needed=64, depth_seen=None,
+                    finalized_block_seen=100),
+           "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 20 * S,
+           says=("settled in block 120", "finalized tag", "finalized block 100"),
+           offers=("recheck_settlement",)),
+    # A node that reports no finalized block: the watch falls back to the depth.
+    Moment("settlement-pending", "settled, the node reports no finalized tag",
+           _unfinal(policy="finalized", depth_needed=64, depth_seen=5),
+           "reconciliation", SETTLED_AT + 6 * H, Finality.OPEN, NOW + 20 * S,
+           says=("depth 5 of 64 reached", "no finalized block"),
+           offers=("recheck_settlement",)),
+    # Final: the watch set final_at; nothing is left to look at, the box says final.
+    Moment("settlement-pending", "delivered and final",
+           _facts("paid", "succeeded", result_expires_at=NOW + 7 * 24 * H,
+                  result_delivered_at=NOW - MIN),
+           "none", NOW + 7 * 24 * H, Finality.FINAL, None, never_says=("awaiting finality",)),
     Moment("dropped-broadcast", "dropped from the pool, nonce unused",
            _pending(reason_code="not_on_chain_yet"),
            "reconciliation", NOW + 4 * MIN, Finality.OPEN, NOW + 10 * S,
@@ -221,6 +271,7 @@ def test_the_now_box_says_what_the_situation_is(moment: Moment) -> None:
     for words in moment.never_says:
         assert words not in said, (words, said)
     assert case.links == moment.links
+    assert set(moment.offers) <= {a.value for a in case.actions}, case.actions
     if moment.changes_until is not None:
         assert case.changes_until == moment.changes_until
 

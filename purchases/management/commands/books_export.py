@@ -1,0 +1,57 @@
+"""`manage.py books_export --month 2026-11 [-o FILE]`: a closed period's books as CSV."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from purchases.books import Period, PeriodInvalid
+from purchases.services.books import books_export
+
+
+class Command(BaseCommand):
+    help = (
+        "Export a closed period's books (revenue per offering, refunds, credits, gas, net, "
+        "prepaid held and consumed) as CSV, recorded as an export batch with its SHA-256."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--month", help="A whole UTC month, YYYY-MM.")
+        parser.add_argument("--from", dest="first_day", type=date.fromisoformat,
+                            help="First day (UTC), YYYY-MM-DD, with --to.")  # fmt: skip
+        parser.add_argument("--to", dest="last_day", type=date.fromisoformat,
+                            help="Last day (UTC, included), YYYY-MM-DD.")  # fmt: skip
+        parser.add_argument(
+            "--include-self-payments",
+            action="store_true",
+            help="Count payments from the seller's own wallets as revenue.",
+        )
+        parser.add_argument("-o", "--output", help="Write the file here (default: stdout).")
+        parser.add_argument("--by", default="manage.py", help="Who exports (on the batch).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["month"]:
+                period = Period.month(options["month"])
+            elif options["first_day"] and options["last_day"]:
+                period = Period.days(options["first_day"], options["last_day"])
+            else:
+                raise PeriodInvalid("give --month YYYY-MM, or --from and --to")
+            export = books_export(
+                period=period,
+                created_by=options["by"],
+                include_self_payments=options["include_self_payments"],
+            )
+        except PeriodInvalid as exc:
+            raise CommandError(str(exc)) from exc
+        if options["output"]:
+            Path(options["output"]).write_bytes(export.content)
+        else:
+            self.stdout.write(export.content.decode(), ending="")
+        self.stderr.write(
+            f"books {period.slug}: {export.row_count} rows, sha256 {export.sha256} "
+            f"(export batch {export.batch.pk})"
+        )
