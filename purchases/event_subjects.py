@@ -40,6 +40,7 @@ EXECUTION_RETRIED = "execution_attempt.retried"
 EXECUTION_RECHECKED = "execution_attempt.rechecked"
 RESULT_DELIVERED = "result.delivered"
 RESULT_REDELIVERED = "result.redelivered"
+RESULT_REACCESSED = "result.reaccessed"
 RESULT_RETENTION_EXPIRED = "result.retention_expired"
 RECEIPT_FETCHED = "receipt.fetched"
 RECEIPT_ISSUED = "receipt.issued"
@@ -104,6 +105,10 @@ SUBJECTS: dict[str, str] = {
     ),
     RESULT_DELIVERED: "The result was delivered for the first time (channel, digest).",
     RESULT_REDELIVERED: "The result was fetched again after its first delivery (channel).",
+    RESULT_REACCESSED: (
+        "The payer signed in with its wallet (sign-in-with-x) and was answered with this "
+        "purchase, no payment (address, nonce, chain, resource); the delivery follows."
+    ),
     RESULT_RETENTION_EXPIRED: "The result was asked for after its retention: 410, the receipt.",
     RECEIPT_FETCHED: "The public receipt was fetched (noted at most once an hour).",
     RECEIPT_ISSUED: "The signed receipt was issued: the payment became final after the result.",

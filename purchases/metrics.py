@@ -28,10 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-# The conflicts counter registers itself in the default registry when this is imported.
-import purchases.services.idempotency  # noqa: F401
 from payments.models import PaymentAttempt, Refund
 from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
+
+# The conflicts and sign-in counters register themselves in the default registry when
+# imported.
+from purchases.services import idempotency, x402_sign_in  # noqa: F401
 
 ATTEMPT = PaymentAttempt.State
 SPECS: dict[str, tuple[str, list[str]]] = {

@@ -383,6 +383,20 @@ class DuplicateGuard(models.Model):
         return self.key
 
 
+class WalletSignIn(models.Model):
+    """A sign-in-with-x proof that was honoured: its nonce, used once (the unique index), kept
+    until the challenge expires (then pruned; the purchase's timeline keeps the evidence)."""
+
+    nonce = models.CharField(max_length=64, unique=True)
+    address = models.CharField(max_length=64)
+    purchase = models.ForeignKey(Purchase, on_delete=models.CASCADE, related_name="sign_ins")
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"sign-in {self.nonce} by {self.address}"
+
+
 class Escalation(PreparedTransitionMixin, models.Model):
     """A purchase whose state could not be established safely, with an owner and a deadline."""
 

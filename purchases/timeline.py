@@ -150,6 +150,7 @@ EVENT_LABELS: dict[str, Label] = {
     "execution_attempt.rechecked": Label("Unknown execution checked again"),
     "result.delivered": Label("Result delivered (first time)"),
     "result.redelivered": Label("Result fetched again"),
+    "result.reaccessed": Label("Result re-accessed by wallet sign-in"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),
     "receipt.fetched": Label("Receipt fetched"),
     "offering.upstream_changed": Label(

@@ -422,6 +422,9 @@ SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
 X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
+# A 402's sign-in-with-x challenge is good this long (the extension's default: 5 minutes);
+# 0 declares none, so no one can fetch a result again without paying.
+X402_SIGN_IN_TTL_SECONDS = env.int("X402_SIGN_IN_TTL_SECONDS", default=300)
 
 # --- Signed receipts (fulfillment/receipt_signing.py, docs/receipts.md) ---------------
 # The seller's receipt key (hex private key) signs every paid answer's receipt; its address

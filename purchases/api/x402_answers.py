@@ -22,10 +22,10 @@ from purchases.api.answers import (
     refusal_answer,
     sent_bytes,
 )
-from purchases.models import Purchase
+from purchases.models import Buyer, Purchase
 from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.idempotency import StoredAnswer
-from purchases.services.x402_offers import X402Offer
+from purchases.services.x402_offers import X402Offer, x402_offer, x402_offer_from_query
 from purchases.services.x402_outcomes import (
     PaymentFailed,
     ResultDelivered,
@@ -37,10 +37,12 @@ from purchases.services.x402_outcomes import (
     x402_outcome_for_purchase,
     x402_outcome_for_ref,
 )
+from purchases.services.x402_sign_in import SignInRefused, x402_sign_in
 
 PAY = Purchase.PaymentState
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"
 PAYMENT_RESPONSE = "PAYMENT-RESPONSE"
+_INPUT_ERRORS = (ErrorCode.INVALID_INPUT, ErrorCode.INPUT_TOO_LARGE)
 SEND_INPUT = "Send the input (JSON body, or query parameters for flat inputs) to get a quote."
 
 
@@ -52,10 +54,13 @@ class X402Answer:
     content_type: str | None = None
 
 
-def x402_offer_answer(offer: X402Offer) -> X402Answer:
-    """No payment yet: 402 with PAYMENT-REQUIRED (naming the quote, or price-only)."""
+def x402_offer_answer(offer: X402Offer, refused: SignInRefused | None = None) -> X402Answer:
+    """No payment yet: 402 with PAYMENT-REQUIRED (naming the quote, or price-only).
+    `refused`: the wallet sign-in this request tried, and why it was not honoured."""
     if offer.quote is not None:
         extra: dict[str, Any] = {"quote": offer.quote, "paymentRequired": offer.document}
+        if refused is not None:
+            extra["sign_in"] = {"refused": refused.reason, "detail": refused.detail}
         error = DomainError(ErrorCode.PAYMENT_REQUIRED, extra=extra)
     else:
         extra = {
@@ -97,6 +102,72 @@ def x402_answer(outcome: X402Outcome) -> X402Answer:
         }
     )
     return X402Answer(200, delivery.body, headers, content_type=delivery.content_type)
+
+
+def x402_sign_in_answer(
+    *,
+    offering_slug: str,
+    header: str,
+    raw_input: Any,
+    buyer: Buyer | None,
+    resource_url: str,
+    from_query: bool = False,
+) -> X402Answer:
+    """A SIGN-IN-WITH-X proof: the purchase it signs in to (its result, or pending), with
+    no PAYMENT-RESPONSE (nothing is paid in this exchange). A proof that is not honoured
+    gets the ordinary 402 with a fresh challenge, saying why (`sign_in.refused`), so a
+    client falls back to paying.
+
+    Raises DomainError: offering_not_found, invalid_input, input_too_large, sold_out.
+    """
+    try:
+        outcome = x402_sign_in(
+            offering_slug=offering_slug,
+            header=header,
+            raw_input=raw_input,
+            resource_url=resource_url,
+            from_query=from_query,
+        )
+    except DomainError as invalid:
+        if not from_query or invalid.code not in _INPUT_ERRORS:
+            raise
+        # A query string that is no input: the price-only 402, as a GET without a proof.
+        return x402_offer_answer(
+            _offer_again(offering_slug, raw_input, buyer, resource_url, from_query, None)
+        )
+    except SignInRefused as refused:
+        error = f"sign-in refused: {refused.reason}"
+        offer = _offer_again(offering_slug, raw_input, buyer, resource_url, from_query, error)
+        return x402_offer_answer(offer, refused)
+    answer = x402_answer(outcome)
+    answer.headers.pop(PAYMENT_RESPONSE, None)
+    return answer
+
+
+def _offer_again(
+    offering_slug: str,
+    raw_input: Any,
+    buyer: Buyer | None,
+    resource_url: str,
+    from_query: bool,
+    error: str | None,
+) -> X402Offer:
+    """The 402 this request gets without its proof (by GET: from the query string)."""
+    if from_query:
+        return x402_offer_from_query(
+            offering_slug=offering_slug,
+            params=raw_input,
+            buyer=buyer,
+            resource_url=resource_url,
+            error=error,
+        )
+    return x402_offer(
+        offering_slug=offering_slug,
+        raw_input=raw_input,
+        buyer=buyer,
+        resource_url=resource_url,
+        error=error,
+    )
 
 
 def _payment_response(purchase: Purchase, attempt: PaymentAttempt | None) -> str:

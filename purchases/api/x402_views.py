@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fulfillment.receipt_signing import receipt_keys_document
+from payments.x402.sign_in import SIGN_IN_HEADER
 from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
@@ -24,6 +25,7 @@ from purchases.api.x402_answers import (
     X402Answers,
     x402_capability_answer,
     x402_offer_answer,
+    x402_sign_in_answer,
 )
 from purchases.models import Buyer
 from purchases.services.x402_checkout import x402_pay
@@ -41,6 +43,15 @@ PAYMENT_SIGNATURE = OpenApiParameter(
     required=False,
     description="base64 JSON x402 v2 PaymentPayload. The payment-identifier id is optional: "
     "without one the payment is keyed by (network, payer, nonce).",
+)
+SIGN_IN = OpenApiParameter(
+    SIGN_IN_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="base64 JSON sign-in-with-x proof (CAIP-122 / EIP-4361) answering the 402's "
+    "challenge: the payer of a settled purchase of this input gets it again without paying "
+    "while its result is kept; otherwise the ordinary 402 with `sign_in.refused`.",
 )
 COPY = OpenApiParameter(
     COPY_HEADER,
@@ -94,6 +105,20 @@ class X402PaidApi(APIView):
     permission_classes = [AllowAny]  # an API key is optional: it makes quotes deterministic
     throttle_classes = PAID_THROTTLES
 
+    def _sign_in(
+        self, request: Request, offering: str, header: str, raw_input: Any, from_query: bool
+    ) -> Response | HttpResponse:
+        return _render(
+            x402_sign_in_answer(
+                offering_slug=offering,
+                header=header,
+                raw_input=raw_input,
+                buyer=_buyer(request),
+                resource_url=request.build_absolute_uri(request.path),
+                from_query=from_query,
+            )
+        )
+
     def _pay(self, request: Request, offering: str, header: str) -> Response | HttpResponse:
         return _render(
             x402_pay(
@@ -107,7 +132,7 @@ class X402PaidApi(APIView):
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,
-        parameters=[PAYMENT_SIGNATURE, COPY],
+        parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY],
         responses=POST_RESPONSES,
         summary="x402 paid endpoint: 402 with PAYMENT-REQUIRED, then pay with PAYMENT-SIGNATURE",
     )
@@ -115,6 +140,9 @@ class X402PaidApi(APIView):
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
             return self._pay(request, offering, header)
+        sign_in = request.headers.get(SIGN_IN_HEADER)
+        if sign_in:
+            return self._sign_in(request, offering, sign_in, request.data, from_query=False)
         offer = x402_offer(
             offering_slug=offering,
             raw_input=request.data,
@@ -124,7 +152,7 @@ class X402PaidApi(APIView):
         return _render(x402_offer_answer(offer))
 
     @extend_schema(
-        parameters=[PAYMENT_SIGNATURE, COPY],
+        parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY],
         responses=PAID_RESPONSES,
         summary="x402 paid endpoint by GET: the query string is the input (flat inputs only)",
     )
@@ -132,6 +160,10 @@ class X402PaidApi(APIView):
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
             return self._pay(request, offering, header)
+        sign_in = request.headers.get(SIGN_IN_HEADER)
+        if sign_in:
+            params = request.query_params.dict()
+            return self._sign_in(request, offering, sign_in, params, from_query=True)
         offer = x402_offer_from_query(
             offering_slug=offering,
             params=request.query_params.dict(),

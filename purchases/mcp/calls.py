@@ -107,6 +107,8 @@ def _answer(call: ToolCall) -> types.CallToolResult:
         raw_input=call.arguments,
         buyer=None,
         resource_url=call.endpoint_url,
+        # Wallet sign-in is an HTTP header: the MCP door takes no proofs, so offers none.
+        sign_in=False,
     )
     return payment_required_result(offer.document)
 

@@ -28,6 +28,7 @@ from purchases.services.duplicates import duplicate_guards_prune
 from purchases.services.idempotency import payment_id_hash
 from purchases.services.job_runs import job_run
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
+from purchases.services.x402_sign_in import wallet_sign_ins_prune
 
 logger = logging.getLogger(__name__)
 # Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.
@@ -73,7 +74,8 @@ def _expire_one(quote: Quote, now: datetime, stats: Counter[str], failed: list[i
 
 
 def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> Counter[str]:
-    """Delete quotes that expired unpaid longer than QUOTE_PURGE_AFTER ago, batch by batch."""
+    """Delete quotes that expired unpaid longer than QUOTE_PURGE_AFTER ago, batch by batch;
+    with them the duplicate guards and the used sign-in nonces no longer needed."""
     now = now_or(now)
     with job_run("purge_quotes", now) as stats:
         while True:
@@ -85,6 +87,7 @@ def purge_expired_quotes(*, now: datetime | None = None, batch: int = 1000) -> C
             if quotes < batch:
                 break
         stats["guards_pruned"] = duplicate_guards_prune(before=now - _guard_keep())
+        stats["sign_ins_pruned"] = wallet_sign_ins_prune(now=now)
     return stats
 
 

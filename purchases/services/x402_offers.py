@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
@@ -26,6 +27,7 @@ from core.prepared import PreparedQuery
 from fulfillment.models import Upstream
 from payments.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
 from payments.x402.networks import UnknownNetwork, network_config
+from payments.x402.sign_in import SignInChallenge, sign_in_declaration
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
@@ -34,8 +36,9 @@ from purchases.services.mcp_offers import mcp_discovery_items
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
 from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
 
-# The largest bazaar description a 402 carries (JSON characters): echoed in base64 it leaves
-# an honest payment (about 2 KB) well inside MAX_PAYMENT_SIGNATURE_CHARS (16 KB).
+# The largest bazaar description a 402 carries (JSON characters): echoed in base64 beside the
+# sign-in challenge (about 1.3 KB of JSON) it leaves an honest payment (about 2 KB) well
+# inside MAX_PAYMENT_SIGNATURE_CHARS (16 KB).
 BAZAAR_402_MAX_CHARS = 6_000
 # JSON-schema scalar types a query-string value can be read as (GET buys).
 _QUERY_SCALARS = {"string", "integer", "boolean"}
@@ -153,8 +156,12 @@ def x402_offer(
     buyer: Buyer | None,
     resource_url: str,
     now: datetime | None = None,
+    error: str | None = None,
+    sign_in: bool = True,
 ) -> X402Offer:
-    """No payment yet: the offer naming the quote it created (or reopened).
+    """No payment yet: the offer naming the quote it created (or reopened), with a fresh
+    sign-in challenge for this input unless `sign_in` is False (a door that takes no
+    proofs: MCP). `error`: the PaymentRequired's `error` (why a sign-in was refused).
 
     Raises DomainError: offering_not_found, invalid_input, sold_out.
     """
@@ -166,14 +173,49 @@ def x402_offer(
         ).quote
     else:
         quote = _quote_anonymous(route.offering, raw_input, now)
+    challenge = (
+        x402_sign_in_declaration(
+            offering=route.offering,
+            input_hash=quote.input_hash,
+            resource_url=resource_url,
+            now=now,
+        )
+        if sign_in
+        else {}
+    )
     header, document = payment_required_header(
         requirements=x402_requirements(quote=quote),
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,
-        extensions=_bazaar_for_402(route.offering),
+        error=error,
+        extensions={**_bazaar_for_402(route.offering), **challenge},
     )
     return X402Offer(header, document, quote.public_id)
+
+
+def sign_in_binding(*, offering: Offering, input_hash: str) -> str:
+    """What a sign-in challenge is issued for: this offering, this canonical input."""
+    return f"{offering.slug}|{input_hash}"
+
+
+def x402_sign_in_declaration(
+    *, offering: Offering, input_hash: str, resource_url: str, now: datetime
+) -> dict[str, Any]:
+    """A quoted 402's sign-in-with-x entry (purchases.services.x402_sign_in): a challenge
+    for this input at this URL; empty when sign-in is switched off."""
+    ttl = settings.X402_SIGN_IN_TTL_SECONDS
+    if ttl <= 0:
+        return {}
+    challenge = SignInChallenge(
+        domain=urlsplit(resource_url).netloc,
+        uri=resource_url,
+        chain_id=offering.network,
+        issued_at=now,
+        expires_at=now + timedelta(seconds=ttl),
+    )
+    binding = sign_in_binding(offering=offering, input_hash=input_hash)
+    return sign_in_declaration(challenge=challenge, binding=binding)
 
 
 def x402_offer_price_only(
@@ -201,13 +243,14 @@ def x402_offer_from_query(
     buyer: Buyer | None,
     resource_url: str,
     now: datetime | None = None,
+    error: str | None = None,
 ) -> X402Offer:
     """An unpaid GET: a quoted offer when the query string is a valid input, else price-only.
 
     Raises DomainError: offering_not_found, sold_out.
     """
     route = x402_route(offering_slug=offering_slug)
-    raw_input = _input_from_query(route.offering, params)
+    raw_input = input_from_query(route.offering, params)
     try:
         quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
     except DomainError as invalid:
@@ -222,10 +265,11 @@ def x402_offer_from_query(
         buyer=buyer,
         resource_url=resource_url,
         now=now,
+        error=error,
     )
 
 
-def _input_from_query(offering: Offering, params: Mapping[str, str]) -> dict[str, Any]:
+def input_from_query(offering: Offering, params: Mapping[str, str]) -> dict[str, Any]:
     """Query values are strings; read integers and booleans where the schema declares them.
 
     Anything the schema does not type as a scalar stays a string and fails validation, so
@@ -261,7 +305,7 @@ def _bazaar_for_402(offering: Offering) -> dict[str, Any]:
 
 
 def _is_flat(schema: dict[str, Any]) -> bool:
-    """Every property can be read from a query string (_input_from_query)."""
+    """Every property can be read from a query string (input_from_query)."""
     properties = schema.get("properties") or {}
     return all(_is_query_scalar(p or {}) for p in properties.values())
 

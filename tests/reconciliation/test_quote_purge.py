@@ -56,15 +56,18 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
     stats = housekeeping.purge_expired_quotes(now=start + timedelta(hours=26), batch=1)
 
     # The paid purchase's duplicate guard is a day old by then: pruned too.
-    assert stats == {"purged": 2, "events_purged": 4, "guards_pruned": 1}
+    assert stats == {"purged": 2, "events_purged": 4, "guards_pruned": 1, "sign_ins_pruned": 0}
     assert set(Quote.objects.values_list("pk", flat=True)) == {recent.pk, paid.pk, open_quote.pk}
     assert not PurchaseEvent.objects.filter(quote_id__in=[stale.pk, anonymous.pk]).exists()
     assert list(purchase.events.values_list("pk", flat=True)) == timeline
     assert list(paid.events.values_list("pk", flat=True)) == paid_quote_events
     run = JobRun.objects.get(job="purge_quotes")
-    assert (run.stats, run.error) == ({"purged": 2, "events_purged": 4, "guards_pruned": 1}, "")
+    assert (run.stats, run.error) == (
+        {"purged": 2, "events_purged": 4, "guards_pruned": 1, "sign_ins_pruned": 0},
+        "",
+    )
     again = housekeeping.purge_expired_quotes(now=start + timedelta(hours=26))
-    assert again == {"purged": 0, "events_purged": 0, "guards_pruned": 0}
+    assert again == {"purged": 0, "events_purged": 0, "guards_pruned": 0, "sign_ins_pruned": 0}
     if db_is_postgres:  # a purchase's timeline is still append-only in the database
         with pytest.raises(DatabaseError), transaction.atomic():
             PurchaseEvent.objects.filter(purchase=purchase).delete()
