@@ -50,8 +50,9 @@ _CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 def _count(fn):
     # What runs after the commit (the outbox's relayed mark) is part of the request: the test's
     # transaction never commits, so its on_commit callbacks run here, inside the count.
-    with CaptureQueriesContext(connection) as captured, TestCase.captureOnCommitCallbacks(
-        execute=True
+    with (
+        CaptureQueriesContext(connection) as captured,
+        TestCase.captureOnCommitCallbacks(execute=True),
     ):
         result = fn()
     sql = [q["sql"] for q in captured.captured_queries]

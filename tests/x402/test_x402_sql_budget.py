@@ -35,8 +35,9 @@ def test_paid_x402_request_statement_budget(x402_world):
     client = APIClient()
     payment = sign_payment(ask(client, x402_world)["PAYMENT-REQUIRED"], x402_world.payers[0], None)
     # The test's transaction never commits: its on_commit callbacks run here, inside the count.
-    with CaptureQueriesContext(connection) as captured, TestCase.captureOnCommitCallbacks(
-        execute=True
+    with (
+        CaptureQueriesContext(connection) as captured,
+        TestCase.captureOnCommitCallbacks(execute=True),
     ):
         paid = ask(client, x402_world, payment=payment)
     assert paid.status_code == 202, paid.content
