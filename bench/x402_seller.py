@@ -44,7 +44,7 @@ from x402.http.clients.requests import wrapRequestsWithPayment
 from x402.mechanisms.evm.exact import ExactEvmClientScheme
 
 from bench.common import Figure, Scale
-from devtools.anvil import AnvilNode
+from devtools.anvil import AnvilNode, block_time_from_env, confirmation_timeout_for
 from payments.chain.token import (
     transfer_authorization_typed_data,
     transfer_with_authorization_calldata,
@@ -68,13 +68,6 @@ class Plan:
     serial_calls: int  # 0: no serial measurement (at block time one call takes a block)
     levels: tuple[int, ...]
     block_time: float | None = None  # None: automine (a block per transaction)
-
-
-def block_time_from_env() -> float | None:
-    """DEMO_CHAIN_BLOCK_TIME, as `make demo` reads it: anvil mines every N seconds."""
-    value = os.environ.get("DEMO_CHAIN_BLOCK_TIME", "").strip()
-    seconds = float(value) if value else 0.0
-    return seconds if seconds > 0 else None
 
 
 def plan_for(scale: Scale) -> Plan:
@@ -260,15 +253,9 @@ def tollbooth_env(
             "X402_LOCAL_RELAYER_KEY": chain.relayer_keys[index],
         }
         if chain.block_time is not None:
-            timeout = confirmation_timeout(chain.block_time)
+            timeout = str(confirmation_timeout_for(chain.block_time))
             env.setdefault("X402_LOCAL_CONFIRMATION_TIMEOUT", timeout)
     return env
-
-
-def confirmation_timeout(block_time: float) -> str:
-    """How long a paid request waits for its receipt on a chain that mines every
-    `block_time` seconds: as base-sepolia's default (30 s) at 2-second blocks, 15 blocks."""
-    return str(max(30.0, 15 * block_time))
 
 
 _SEED = """
