@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -20,6 +21,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, Streami
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from core.actors import Actor
 from core.admin import CappedCountPaginator, ReadOnlyModelAdmin, amount_human
@@ -221,6 +225,17 @@ class RefundAdmin(ReadOnlyModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
         return ledger_reference_of_refunds(super().get_queryset(request))
+
+    def action_checkbox(self, obj: Refund) -> SafeString:
+        # Django's own markup, written without a widget template per row: the 100 widget
+        # renders were 40% of the list's time at a million refunds (bench/scale.py).
+        label = format_html(gettext("Select this object for an action - {}"), str(obj))
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME,
+            obj.pk,
+            label,
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Refund], search_term: str
