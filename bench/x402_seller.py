@@ -1,17 +1,25 @@
-"""The paid x402 call: Tollbooth as production serves it against the `x402` SDK's own seller.
+"""The paid x402 call: Tollbooth as production serves it against the `x402` SDK's own seller
+and against the chain's own ceiling (a bare broadcaster).
 
-One anvil (automine), one test USDC, one funded wallet per agent. Tollbooth runs as `make
-serve` runs it (gunicorn per config/gunicorn.py and a Celery worker, production settings,
-PostgreSQL and Redis, direct settlement by its relayer); the anchor is bench/sdk_seller.py
-(the SDK's FastAPI middleware with an in-process facilitator) under uvicorn, settling on the
-same anvil. Both sell the same report. The agents are the official x402 Python client exactly
-as docs/examples/x402_buy.py uses it, one thread and one wallet each, every call a new input
-(so no call is a duplicate of another). A call counts when the caller gets the 200 result.
+Every window (one side, one agent count, one repeat) runs on a fresh anvil: automine, or a
+block every DEMO_CHAIN_BLOCK_TIME seconds; one test USDC (the same address on every chain),
+one funded wallet per agent. Tollbooth runs as `make serve` runs it (gunicorn per
+config/gunicorn.py and a Celery worker, production settings, PostgreSQL and Redis, direct
+settlement by its relayer: a new relayer key per chain); the anchor is bench/sdk_seller.py
+(the SDK's FastAPI middleware with its synchronous facilitator on a 32-thread pool) under
+uvicorn; the bare broadcaster (`BareSender`) signs and sends transferWithAuthorization and
+waits for the receipt, nothing else. Both sellers sell the same report. The agents are the
+official x402 Python client exactly as docs/examples/x402_buy.py uses it, one thread and
+one wallet each, every call a new input (so no call is a duplicate of another). A call
+counts when the caller gets the 200 result (the broadcaster: a successful receipt).
 
-Figures: throughput and p50 latency ratios at 8 and 16 agents (ours / the SDK's), and
-Tollbooth's settlements per second with 16 agents against one agent calling serially.
+Figures: throughput and p50 latency ratios per agent count (ours / the SDK's, ours / the
+bare broadcaster's); on automine also Tollbooth's settlements per second with the most
+agents against one agent calling serially. Automine: 8 and 16 agents; on a block time: 32
+(BENCH_X402_AGENTS overrides).
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... python -m bench.x402_seller [smoke|full]
+    DEMO_CHAIN_BLOCK_TIME=2 BENCH_X402_AGENTS=32,64 python -m bench.x402_seller full
 
 It creates (and drops) a database of its own beside DATABASE_URL's.
 """
