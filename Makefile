@@ -55,6 +55,7 @@ serve: install
 # One table of every benchmark figure, each a ratio against an anchor measured in the same
 # run (docs/benchmarks.md). Needs DATABASE_URL (PostgreSQL: its server gets a tollbooth_bench
 # database) and REDIS_URL. BENCH_SCALE=smoke: tiny and once, as CI runs it.
+# DEMO_CHAIN_BLOCK_TIME=2: the x402 figures on a chain mining every 2 seconds (as `make demo`).
 BENCH_SCALE ?= full
 bench: install
 	$(BIN)/python bench/run.py --scale $(BENCH_SCALE) $(BENCH_ARGS)

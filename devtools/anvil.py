@@ -33,6 +33,25 @@ _LISTENING = re.compile(r"Listening on ([0-9.]+):(\d+)")
 _NODE_PLATFORMS = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
+def block_time_from_env(name: str = "DEMO_CHAIN_BLOCK_TIME") -> float | None:
+    """The chain's clock for `make demo` and `make bench`: anvil mines every N seconds (Base
+    mines every 2, Ethereum every 12); unset, empty or 0: a block per transaction (automine)."""
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value) if value else 0.0
+    except ValueError:
+        raise AnvilError(f"{name}={value!r}: a number of seconds, e.g. 2") from None
+    if seconds < 0:
+        raise AnvilError(f"{name}={value!r}: a number of seconds, e.g. 2")
+    return seconds or None
+
+
+def confirmation_timeout_for(block_time: float) -> float:
+    """How long a paid request waits for its receipt on a chain mining every `block_time`
+    seconds: base-sepolia's default (30 s) at 2-second blocks, 15 blocks beyond that."""
+    return max(30.0, 15 * block_time)
+
+
 class AnvilError(RuntimeError):
     """anvil could not be found, did not start, or answered an RPC call with an error."""
 

@@ -706,3 +706,34 @@ def purchase_search_ids(*, term: str, kinds: Iterable[str] = SEARCH_KINDS) -> li
     first, *rest = arms
     # UNION (not OR over joins): each arm keeps its own index; no DISTINCT over the table.
     return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])
+
+
+# What a refund search can look at, named as the refund admin's search fields (role-scoped).
+REFUND_SEARCH_KINDS = ("purchase__ref", "payer", "transaction", "paid_reference")
+
+
+def refund_search_ids(*, term: str, kinds: Iterable[str] = REFUND_SEARCH_KINDS) -> list[int]:
+    """The refunds an exact search names: its purchase's ref (as typed, refs are
+    case-sensitive), the wallet owed, the transfer refunded (hex, matched lower-case as
+    stored), or the pay-back's reference (matched lower-case, as finance typed it). One
+    query, a UNION whose arms are each an index look-up; an OR of them across the join
+    read every refund (9 s at a million)."""
+    term, kinds = term.strip(), set(kinds)
+    if not term or not kinds:
+        return []
+    lowered = term.lower()
+    hex_term = lowered if _HEX.fullmatch(lowered) else None
+    arms = []
+    if "purchase__ref" in kinds:
+        arms.append(Refund.objects.filter(purchase__ref=term).values("pk"))
+    if hex_term is not None and "payer" in kinds:
+        arms.append(Refund.objects.filter(payer=hex_term).values("pk"))
+    if hex_term is not None and "transaction" in kinds:
+        arms.append(Refund.objects.filter(transaction=hex_term).values("pk"))
+    if "paid_reference" in kinds:
+        paid_back = Refund.objects.alias(reference_lower=Lower("paid_reference"))
+        arms.append(paid_back.filter(reference_lower=lowered).values("pk"))
+    if not arms:
+        return []
+    first, *rest = arms
+    return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])

@@ -39,6 +39,8 @@ JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
 CHAIN_PORT = int(os.environ.get("DEMO_CHAIN_PORT", "0"))
 MCP_PORT = int(os.environ.get("DEMO_MCP_PORT", "8001"))
 UPSTREAM_PORT = int(os.environ.get("DEMO_UPSTREAM_PORT", "8766"))
+# Seconds between blocks (a real chain's clock: Base 2, Ethereum 12); unset: automine.
+CHAIN_BLOCK_TIME_VAR = "DEMO_CHAIN_BLOCK_TIME"
 VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
@@ -65,10 +67,10 @@ def manage(*args: str, capture: bool = False) -> str:
 
 def start_chain() -> tuple[Any, dict[str, Any]]:
     """A fresh anvil with the test USDC deployed and two funded buyer wallets."""
-    from devtools.anvil import AnvilNode
+    from devtools.anvil import AnvilNode, block_time_from_env
     from devtools.test_token import deploy_test_usdc, mint
 
-    node = AnvilNode(port=CHAIN_PORT)
+    node = AnvilNode(port=CHAIN_PORT, block_time=block_time_from_env(CHAIN_BLOCK_TIME_VAR))
     w3 = node.w3()
     deployer, relayer, seller, alice, bob = node.accounts[:5]
     token = deploy_test_usdc(w3, deployer)
@@ -77,6 +79,7 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
     chain = {
         "rpc_url": node.rpc_url,
         "chain_id": node.chain_id,
+        "block_time": block_time_from_env(CHAIN_BLOCK_TIME_VAR),
         "network": NETWORK,
         "token": token,
         "token_domain": {"name": "USDC", "version": "2"},
@@ -111,6 +114,12 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     for agent in seed["agents"]:
         print(f"    {agent['name']:<18} {agent['api_key']}")
     print(f"  Local chain    {chain['rpc_url']}  ({chain['network']}), test USDC {chain['token']}")
+    clock = chain["block_time"]
+    print(
+        f"                 a block every {clock:g} s ({CHAIN_BLOCK_TIME_VAR})"
+        if clock
+        else f"                 a block per transaction ({CHAIN_BLOCK_TIME_VAR}=2: Base's clock)"
+    )
     settle = (
         f"facilitator {chain['facilitator_url']}"
         if chain["facilitator_url"]
@@ -167,6 +176,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main() -> int:
+    from devtools.anvil import confirmation_timeout_for
+
     # Named, not defaulted: wsgi.py and celery_app.py default to production.
     os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings.local"
     (VAR / "logs").mkdir(parents=True, exist_ok=True)
@@ -189,6 +200,10 @@ def main() -> int:
             "X402_LOCAL_RELAYER_KEY": chain["relayer_key"],
         }
     )
+    if chain["block_time"]:  # a paid request waits for its block: as long as a testnet's
+        env.setdefault(
+            "X402_LOCAL_CONFIRMATION_TIMEOUT", str(confirmation_timeout_for(chain["block_time"]))
+        )
     wallets = {buyer["agent"]: buyer["address"] for buyer in chain["buyers"]}
     seed = json.loads(
         manage(

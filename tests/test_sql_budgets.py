@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
 
 from purchases.models import Purchase
@@ -16,8 +17,11 @@ from tests.conftest import CSV_INPUT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 # Ceilings as measured after each step of the redesign (issue 9): lower them as statements
-# go, never raise them. The issue's targets: end to end 25, pay 12, replay 3.
-CEILING = {"end_to_end": 24, "pay": 10, "replay": 2}
+# go, never raise them. The issue's targets: end to end 25, pay 12, replay 3. Since issue 22
+# the count includes what runs after the commit (the outbox's relayed mark, one UPDATE after
+# the broker publish): it always ran, and the test did not count it (pay 10 -> 11, end to
+# end 24 -> 25).
+CEILING = {"end_to_end": 25, "pay": 11, "replay": 2}
 KEY = "budget-key-000000000001"
 
 
@@ -44,7 +48,12 @@ _CONTROL = ("SAVEPOINT", "RELEASE SAVEPOINT", "ROLLBACK TO SAVEPOINT")
 
 
 def _count(fn):
-    with CaptureQueriesContext(connection) as captured:
+    # What runs after the commit (the outbox's relayed mark) is part of the request: the test's
+    # transaction never commits, so its on_commit callbacks run here, inside the count.
+    with (
+        CaptureQueriesContext(connection) as captured,
+        TestCase.captureOnCommitCallbacks(execute=True),
+    ):
         result = fn()
     sql = [q["sql"] for q in captured.captured_queries]
     return result, [q for q in sql if not q.startswith(_CONTROL)], sql

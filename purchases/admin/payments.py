@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -20,9 +21,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, Streami
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
 
 from core.actors import Actor
-from core.admin import ReadOnlyModelAdmin, amount_human
+from core.admin import CappedCountPaginator, ReadOnlyModelAdmin, amount_human
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from payments.services import (
     LedgerReferenceConflict,
@@ -37,6 +41,7 @@ from purchases.admin.finance import (
     with_asset_units,
 )
 from purchases.models import Buyer, Offering
+from purchases.selectors import refund_search_ids
 from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
@@ -103,6 +108,43 @@ class RefundStateFilter(admin.SimpleListFilter):
             }
 
 
+class RefundNetworkFilter(admin.SimpleListFilter):
+    """The networks offerings sell on: a refund's is its purchase's. Django's field filter
+    would read every refund for its distinct values (0.5 s at a million)."""
+
+    title = "network"
+    parameter_name = "network"
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        networks = Offering.objects.order_by("network").values_list("network", flat=True)
+        return [(network, network) for network in dict.fromkeys(networks)]
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(network=value) if value else queryset
+
+
+class RefundReasonFilter(admin.SimpleListFilter):
+    """The reason codes of the latest REASON_WINDOW refunds (a bounded read of the primary
+    key), and the one chosen: reading every refund for its distinct codes took 0.5 s at a
+    million. An older code still filters by its URL (`?reason_code=...`)."""
+
+    title = "reason code"
+    parameter_name = "reason_code"
+    REASON_WINDOW = 5_000
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        latest = Refund.objects.order_by("-pk").values_list("reason_code", flat=True)
+        codes = set(latest[: self.REASON_WINDOW])
+        if self.value():
+            codes.add(str(self.value()))
+        return [(code, code) for code in sorted(codes)]
+
+    def queryset(self, request: Any, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(reason_code=value) if value else queryset
+
+
 class MarkPaidForm(forms.Form):
     """One reference per refund: each pay-back is its own transfer (or ledger credit)."""
 
@@ -148,9 +190,13 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "paid_reference",
         "ledger_reference",
     )
-    list_filter = (RefundStateFilter, "method", "network", "reason_code")
+    list_filter = (RefundStateFilter, "method", RefundNetworkFilter, RefundReasonFilter)
     list_select_related = ("purchase", "purchase__offering")
+    # At a million refunds: exact look-ups run as one UNION of index look-ups
+    # (get_search_results), a bounded count, no full count, no filter reading every row.
     search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
+    show_full_result_count = False
+    paginator = CappedCountPaginator
     readonly_fields = ("amount_human", "asset_symbol", "ledger_reference")
     fields = (
         "purchase",
@@ -179,6 +225,25 @@ class RefundAdmin(ReadOnlyModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
         return ledger_reference_of_refunds(super().get_queryset(request))
+
+    def action_checkbox(self, obj: Refund) -> SafeString:
+        # Django's own markup, written without a widget template per row: the 100 widget
+        # renders were 40% of the list's time at a million refunds (bench/scale.py).
+        label = format_html(gettext("Select this object for an action - {}"), str(obj))
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            helpers.ACTION_CHECKBOX_NAME,
+            obj.pk,
+            label,
+        )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Refund], search_term: str
+    ) -> tuple[QuerySet[Refund], bool]:
+        if not search_term.strip():
+            return queryset, False
+        kinds = [name.lstrip("=^@") for name in self.get_search_fields(request)]
+        return queryset.filter(pk__in=refund_search_ids(term=search_term, kinds=kinds)), False
 
     @admin.display(description="amount", ordering="amount")
     def amount_human(self, obj: Refund) -> str:
