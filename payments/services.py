@@ -221,6 +221,7 @@ def refund_mark_paid(
 ) -> tuple[Refund, Change | None]:
     """Close a refund with the reference of the money sent back.
 
+    Ledger credits only: a chain refund closes on chain evidence (payments.paybacks).
     Idempotent for the same reference (no change the second time); raises ValueError for an
     empty reference or one that differs from the reference the refund was closed with, and
     RefundReferenceInvalid (a ValueError) for a reference that does not fit the refund's rail
@@ -239,6 +240,9 @@ def refund_mark_paid(
         problem = refund_reference_problem(refund=refund, reference=reference)
         if problem:
             raise RefundReferenceInvalid(problem)
+        if refund.method == Refund.Method.PAY_BACK:
+            # A hash proves nothing by its shape: the chain judges it (payments.paybacks).
+            raise RefundReferenceInvalid("A chain refund is closed on chain evidence only.")
         refund.mark_paid(reference=reference, by=by, at=now)
         refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
     change = Change(

@@ -342,6 +342,13 @@ TOLLBOOTH = {
     # it waits for its window to close and support is told. EIP-3009 makes a second
     # settlement of one authorization impossible, so a resubmission can never charge twice.
     "SETTLEMENT_RESUBMIT_LIMIT": env.int("TOLLBOOTH_SETTLEMENT_RESUBMIT_LIMIT", default=5),
+    # Refund paybacks (docs/finance.md): a chain refund closes only on a transfer from one
+    # of the seller's wallets. Those are the offerings' recipients, the relayers, and these
+    # (a treasury or a Safe finance pays from), comma-separated addresses.
+    "SELLER_WALLETS": env.list("TOLLBOOTH_SELLER_WALLETS", default=[]),
+    # A payback named before it is final (or while the node did not answer) is looked at
+    # again this long after; the watch also offers transfers it finds as matches.
+    "PAYBACK_RECHECK": timedelta(seconds=env.int("TOLLBOOTH_PAYBACK_RECHECK_SECONDS", default=60)),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),
@@ -523,6 +530,12 @@ CELERY_BEAT_SCHEDULE = {
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
     # A dropped relayer transaction or a nonce lost in a crash stalls every later one.
     "heal-relayers": {"task": "purchases.tasks.heal_relayers_task", "schedule": 300.0},
+    # Chain paybacks named before they were final are closed once they are; transfers from
+    # the seller's wallets that pay an owed refund back are offered to finance as matches.
+    "watch-refund-paybacks": {
+        "task": "purchases.tasks.refund_paybacks_watch_task",
+        "schedule": 60.0,
+    },
     # Refund-owed alerts that a crashed process never sent.
     "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }
