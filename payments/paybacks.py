@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from eth_account import Account
+from eth_utils import is_address
 
 from core.changes import Change
 from payments.models import Refund, RelayerAccount
@@ -99,6 +100,8 @@ def refund_payback_verify(
         owed = _owed(refund, seller_wallets, used)
     except UnknownNetwork:
         return PaybackVerdict(PaybackCode.NETWORK_UNKNOWN, tx_hash)
+    if not is_address(owed.network.token_address):
+        return PaybackVerdict(PaybackCode.NETWORK_UNKNOWN, tx_hash)  # no token configured
     return payback_judge(tx_hash=tx_hash, owed=owed, reader=reader or ChainReader(owed.network))
 
 

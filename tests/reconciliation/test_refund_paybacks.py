@@ -201,7 +201,11 @@ def test_a_payback_not_final_yet_is_pending_and_the_watch_closes_it_once_final(
     world.node.mine(1)
     assert refund_paybacks_watch(now=later + timedelta(seconds=61))["closed"] == 1
     refund.refresh_from_db()
-    assert (refund.state, refund.paid_reference, refund.paid_by) == ("paid", payback, "payback_watch")
+    assert (refund.state, refund.paid_reference, refund.paid_by) == (
+        "paid",
+        payback,
+        "payback_watch",
+    )
     assert refund.payback_next_check_at is None
 
 
@@ -285,7 +289,9 @@ def test_the_admin_form_names_the_failed_check_and_closes_the_right_payback(
 
     wrong = send_transfer(world, world.seller, payer.address, PRICE - 5)
     page = mark(wrong).content.decode()
-    assert "payback_wrong_amount: The transfer to the destination is not of the amount owed." in page
+    assert (
+        "payback_wrong_amount: The transfer to the destination is not of the amount owed." in page
+    )
     assert "Not every refund could be closed" in page
     refund.refresh_from_db()
     assert refund.state == "owed"
