@@ -40,8 +40,8 @@ from purchases.roles import roles_ensure
 from purchases.services.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
 from tests.conftest import CSV_INPUT
-from tests.fixtures.anvil import closed_port_url
 from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
+from tests.fixtures.anvil import closed_port_url
 
 pytestmark = pytest.mark.django_db
 
