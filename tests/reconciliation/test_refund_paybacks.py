@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -19,12 +19,9 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from eth_account.signers.local import LocalAccount
-from web3 import Web3
-from web3.types import TxParams
 
 from core.actors import Actor
 from devtools.test_token import deploy_test_usdc, mint
-from payments.chain.token import token_contract
 from payments.models import Refund
 from payments.paybacks import RefundPaybackRefused
 from purchases.models import PurchaseEvent
@@ -35,6 +32,7 @@ from purchases.services.paybacks import (
     refund_paybacks_watch,
 )
 from tests.factories import PaymentAttemptFactory, PurchaseFactory, RefundFactory
+from tests.fixtures.anvil import erc20_transfer
 from tests.x402.e2e import NETWORK, PRICE, X402World
 
 pytestmark = [pytest.mark.postgres]
@@ -52,22 +50,7 @@ def send_transfer(
     gas: int | None = None,
     wait: bool = True,
 ) -> str:
-    """A plain ERC-20 transfer, signed by `sender`. A fixed `gas` skips estimation, so a
-    transfer that must revert is still mined."""
-    w3 = world.w3
-    params: dict[str, Any] = {"from": sender.address, "chainId": w3.eth.chain_id}
-    if gas is not None:
-        params["gas"] = gas
-    call = token_contract(w3, token or world.token).functions.transfer(
-        Web3.to_checksum_address(to), amount
-    )
-    tx = call.build_transaction(cast(TxParams, params))
-    tx["nonce"] = w3.eth.get_transaction_count(sender.address, "pending")
-    signed = sender.sign_transaction(cast(dict[str, Any], tx))
-    tx_hash = w3.eth.send_raw_transaction(signed.raw_transaction).to_0x_hex()
-    if wait:
-        w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30)
-    return tx_hash
+    return erc20_transfer(world.w3, token or world.token, sender, to, amount, gas=gas, wait=wait)
 
 
 def owed_refund(world: X402World, payer: LocalAccount, amount: int = PRICE) -> Refund:
