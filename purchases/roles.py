@@ -77,7 +77,7 @@ _ATTEMPT_EVIDENCE = (
 _REFUND = (
     "pk purchase purchase__ref payment_attempt method amount amount_human asset_symbol asset "
     "network payer transaction reason_code state created_at paid_reference paid_by paid_at "
-    "ledger_reference note proposed_by decided_by decided_at payback payback_short payback_tx_hash "
+    "ledger_reference note proposed_by decided_by decided_at paid_back payback payback_tx_hash "
     "payback_log_index payback_block_number payback_code payback_evidence payback_checked_at "
     "payback_next_check_at match_tx_hash match_log_index match_block_number match_found_at"
 )

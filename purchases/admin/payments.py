@@ -175,9 +175,8 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "reason_code",
         "state",
         "created_at",
-        "paid_reference",
+        "paid_back",
         "ledger_reference",
-        "payback_short",
     )
     list_filter = (RefundStateFilter, "method", "network", "reason_code")
     list_select_related = ("purchase", "purchase__offering")
@@ -240,15 +239,16 @@ class RefundAdmin(ReadOnlyModelAdmin):
     def payback(self, obj: Refund) -> str:
         return payback_status(obj)
 
-    @admin.display(description="payback on chain")
-    def payback_short(self, obj: Refund) -> str:
-        # The list's cell (the page fits 1366 px): the refund's page says it in full.
-        if obj.state == Refund.State.PAID and obj.payback_log_index is not None:
-            return f"closed on chain (log {obj.payback_log_index})"
+    @admin.display(description="paid reference", ordering="paid_reference")
+    def paid_back(self, obj: Refund) -> str:
+        # One cell for what paid it back, or what the chain offers (the page fits 1366 px):
+        # the reference, a pending payback and its next check, or a match to confirm.
+        if obj.state == Refund.State.PAID:
+            return obj.paid_reference
         if obj.payback_tx_hash and obj.payback_next_check_at:
             return f"pending: {obj.payback_code}, next check {_utc(obj.payback_next_check_at)}"
         if obj.match_tx_hash:
-            return f"match found: {obj.match_tx_hash[:10]}…, confirm it"
+            return f"match found: {obj.match_tx_hash}, confirm it"
         return "-"
 
     def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:

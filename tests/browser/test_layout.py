@@ -175,6 +175,7 @@ STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdm
 DOWNLOADS = {
     "export_csv": "a CSV file, not a page",
     "assign_to_me": "applied at once, back to the list (its message is the list's)",
+    "confirm_payback_match": "applied at once, back to the list (its message is the list's)",
 }
 
 
