@@ -271,8 +271,18 @@ class Refund(PreparedTransitionMixin, models.Model):
 
     class Meta:
         constraints = [
+            # What the system records (late or duplicate money, a failed execution) is owed
+            # once per payment and reason; staff may propose several partial refunds, one
+            # open proposal per kind at a time (a double submit is the same proposal).
             models.UniqueConstraint(
-                fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"
+                fields=["payment_attempt", "reason_code"],
+                condition=Q(proposed_by=""),
+                name="one_refund_per_payment_reason",
+            ),
+            models.UniqueConstraint(
+                fields=["payment_attempt", "reason_code"],
+                condition=Q(state="proposed"),
+                name="one_open_proposal_per_payment_reason",
             ),
             # One ledger credit pays back one prepaid refund, however many people close them.
             models.UniqueConstraint(

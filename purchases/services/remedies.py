@@ -143,9 +143,24 @@ def purchase_remedy_after_failure(
         )
         return
     if purchase.offering.refund_policy == Offering.RefundPolicy.REFUND:
-        purchase_refund_create(
-            purchase=purchase, attempt=attempt, reason_code="execution_failed", now=now, actor=actor
-        )
+        try:
+            purchase_refund_create(
+                purchase=purchase,
+                attempt=attempt,
+                reason_code="execution_failed",
+                now=now,
+                actor=actor,
+            )
+        except payment_services.RefundExceedsSettled:
+            # Staff refunded it in full already: nothing more is owed, and support says so.
+            escalation_open(
+                purchase=purchase,
+                owner=Escalation.OwnerRole.SUPPORT,
+                reason_code="execution_failed",
+                now=now,
+                actor=actor,
+                details={"execution_reason": reason_code, "refund": "refunded in full already"},
+            )
     else:
         escalation_open(
             purchase=purchase,

@@ -570,7 +570,7 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
 
 
-def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
+def test_a_declined_proposal_moves_nothing_and_partial_ones_never_exceed_the_payment(
     cases: Cases, support: Client, finance: Client
 ) -> None:
     purchase = cases.done
@@ -585,12 +585,14 @@ def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
     refund.refresh_from_db()
     assert (refund.state, refund.decided_by) == ("declined", "fay-finance")
     assert LedgerBalance.objects.get(buyer=purchase.buyer).amount == balance
-    assert support.post(propose, {"kind": "refund", "note": "Again."}).status_code == 403
-    again = support.post(propose, {"kind": "compensation", "amount": "0.05", "note": "Goodwill."})
-    assert again.status_code == 302
-    assert (
-        Refund.objects.get(purchase=purchase, reason_code="support_compensation").amount == 50_000
-    )
+    # The declined refund returned nothing: a new proposal may return it all, once.
+    assert support.post(propose, {"kind": "refund", "note": "Again."}).status_code == 302
+    proposed = Refund.objects.get(purchase=purchase, reason_code="support_refund", state="proposed")
+    assert proposed.amount == purchase.amount
+    assert support.post(propose, {"kind": "refund", "note": "Twice."}).status_code == 403
+    more = support.post(propose, {"kind": "compensation", "amount": "0.05", "note": "More."})
+    assert more.status_code == 403
+    assert not Refund.objects.filter(purchase=purchase, reason_code="support_compensation")
 
 
 def test_the_now_box_shows_the_next_automatic_check_and_finance_the_owed_refund(
