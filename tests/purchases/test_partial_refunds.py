@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from payments.models import PaymentAttempt, Refund
@@ -78,16 +79,30 @@ def test_the_systems_refund_owes_what_staff_refunds_left() -> None:
     assert refund.amount == 750_000
 
 
+def _waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_proposals_racing_cannot_both_take_the_same_room() -> None:
-    """Two staff propose 60% each at the same moment, from two connections: one is refused."""
+    """Two staff propose 60% each at the same moment, from two connections: one is refused.
+
+    The test holds the payment's row while both start, so both reach the check together:
+    with the service's lock they queue on the row and the second sees the first's refund;
+    without it both would read 100% refundable and both be proposed."""
     attempt = _settled()
-    barrier = threading.Barrier(2)
     outcomes: dict[str, str] = {}
+    connected = threading.Barrier(3)  # both threads connected, and the row held
 
     def propose(reason: str) -> None:
         try:
-            barrier.wait(timeout=10)
+            connection.ensure_connection()
+            connected.wait(timeout=60)
             _propose(attempt, 600_000, reason)
             outcomes[reason] = "proposed"
         except RefundExceedsSettled:
@@ -101,8 +116,16 @@ def test_two_proposals_racing_cannot_both_take_the_same_room() -> None:
     ]
     for thread in threads:
         thread.start()
+    with transaction.atomic():
+        PaymentAttempt.objects.select_for_update().get(pk=attempt.pk)
+        connected.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _waiting_on_locks() < 2 and len(outcomes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling the database for both to queue, not timing them
+        queued = _waiting_on_locks()
     for thread in threads:
         thread.join(timeout=30)
+    assert queued == 2  # both reached the check while the row was held
     assert sorted(outcomes.values()) == ["proposed", "refused"]
     assert Refund.objects.filter(payment_attempt=attempt).count() == 1
     assert refund_refundable(attempt_id=attempt.pk) == (SETTLED, 400_000)
