@@ -19,6 +19,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 from eth_account.signers.local import LocalAccount
+from eth_typing import HexStr
 
 from core.actors import Actor
 from devtools.test_token import deploy_test_usdc, mint
@@ -101,7 +102,7 @@ def test_a_payback_that_fails_a_check_is_refused_by_that_checks_code(
     assert refused_code(refund, not_seller) == "payback_not_from_seller"
     # More than the seller holds: mined (fixed gas, no estimate) and reverted.
     reverted = send_transfer(world, seller, payer.address, 1000 * PRICE, gas=120_000)
-    assert world.w3.eth.get_transaction_receipt(reverted)["status"] == 0
+    assert world.w3.eth.get_transaction_receipt(HexStr(reverted))["status"] == 0
     assert refused_code(refund, reverted) == "payback_reverted"
     assert refused_code(refund, "0x" + secrets.token_hex(32)) == "payback_not_found"
     assert refused_code(refund, "0xdead") == "payback_reference_malformed"
