@@ -286,3 +286,35 @@ def test_the_admin_form_names_the_failed_check_and_closes_the_right_payback(
     assert (refund.state, refund.paid_reference) == ("paid", right)
     detail = finance.get(reverse("admin:payments_refund_change", args=[refund.pk]))
     assert f"closed on chain by {right} (log 0)" in detail.content.decode()
+
+
+@pytest.mark.django_db
+def test_a_pending_payback_a_reorg_undoes_is_dropped_and_the_refund_stays_owed(
+    x402_paused_world: X402World,
+) -> None:
+    world = x402_paused_world
+    world.network_settings["finality_depth"] = 3
+    payer = world.payers[0]
+    world.node.set_automine(True)
+    fund_seller(world)
+    refund = owed_refund(world, payer)
+    snapshot = world.node.rpc("evm_snapshot")
+    payback = send_transfer(world, world.seller, payer.address, PRICE)
+    now = timezone.now()
+    purchase_refund_payback_close(refund_id=refund.pk, tx_hash=payback, now=now, actor=FINANCE)
+    refund.refresh_from_db()
+    assert (refund.payback_code, refund.payback_tx_hash) == ("payback_awaiting_finality", payback)
+    world.node.rpc("evm_revert", [snapshot])  # the block holding the payback is gone
+    world.node.rpc("anvil_dropAllTransactions")
+    stats = refund_paybacks_watch(now=now + timedelta(seconds=61))
+    assert (stats["dropped"], stats["closed"]) == (1, 0)
+    refund.refresh_from_db()
+    assert (refund.state, refund.payback_tx_hash, refund.payback_next_check_at) == (
+        "owed",
+        "",
+        None,
+    )
+    assert refund.payback_code == "payback_not_found"
+    event = PurchaseEvent.objects.filter(subject="refund").order_by("pk").last()
+    assert event is not None
+    assert (event.reason_code, event.evidence["tx_hash"]) == ("payback_not_found", payback)
