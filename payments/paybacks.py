@@ -249,6 +249,8 @@ def refund_payback_find(
     transfer per refund, oldest refund first. Network I/O: no transaction may be open.
     Raises ChainUnavailable and UnknownNetwork."""
     config = network_config(network)
+    if not is_address(config.token_address):
+        raise UnknownNetwork(f"{network} has no token configured")
     reader = ChainReader(config)
     by_destination: dict[tuple[str, int], list[Transfer]] = {}
     found: dict[int, Transfer] = {}

@@ -318,3 +318,22 @@ def test_a_pending_payback_a_reorg_undoes_is_dropped_and_the_refund_stays_owed(
     event = PurchaseEvent.objects.filter(subject="refund").order_by("pk").last()
     assert event is not None
     assert (event.reason_code, event.evidence["tx_hash"]) == ("payback_not_found", payback)
+
+
+@pytest.mark.django_db
+def test_the_watch_skips_a_network_it_cannot_search_and_matches_the_others(
+    x402_world: X402World, settings: Any
+) -> None:
+    world = x402_world
+    payer = world.payers[0]
+    fund_seller(world)
+    refund = owed_refund(world, payer)
+    elsewhere = owed_refund(world, world.payers[1])
+    Refund.objects.filter(pk=elsewhere.pk).update(network="eip155:84532")
+    sepolia = dict(settings.X402_NETWORKS["eip155:84532"], token_address="")
+    settings.X402_NETWORKS = {**settings.X402_NETWORKS, "eip155:84532": sepolia}
+    send_transfer(world, world.seller, payer.address, PRICE)
+    stats = refund_paybacks_watch()
+    assert (stats["matched"], stats["unavailable"]) == (1, 1)
+    refund.refresh_from_db()
+    assert refund.match_tx_hash.startswith("0x")
