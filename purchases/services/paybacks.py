@@ -8,6 +8,7 @@ recorded: closed, pending (looked at again), or refused with the failed check's 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from datetime import datetime
 
 from django.db import transaction
@@ -21,6 +22,7 @@ from payments.x402.chain import ChainUnavailable
 from payments.x402.networks import UnknownNetwork
 from purchases.events import event_record_change
 from purchases.models import Offering, Purchase
+from purchases.services.job_runs import job_run
 
 logger = logging.getLogger(__name__)
 
@@ -72,9 +74,18 @@ def purchase_refund_match_confirm(
 
 def refund_paybacks_watch(*, now: datetime | None = None) -> dict[str, int]:
     """The beat's look at the chain: pending paybacks due are judged again (closed once
-    final), and owed chain refunds get a match offered when a transfer pays them back."""
+    final), and owed chain refunds get a match offered when a transfer pays them back.
+    Recorded as the job `refund_paybacks` (its lag is on /metrics with the others)."""
     now = now_or(now)
-    stats = {"closed": 0, "pending": 0, "dropped": 0, "matched": 0, "unavailable": 0}
+    with job_run("refund_paybacks", now) as stats:
+        for key in ("closed", "pending", "dropped", "matched", "unavailable"):
+            stats[key] = 0
+        _recheck_due(now, stats)
+        _offer_matches(now, stats)
+    return dict(stats)
+
+
+def _recheck_due(now: datetime, stats: Counter[str]) -> None:
     system = Actor.system("payback_watch")
     for refund_id in paybacks.refunds_payback_due(now=now):
         tx_hash = Refund.objects.values_list("payback_tx_hash", flat=True).get(pk=refund_id)
@@ -86,6 +97,10 @@ def refund_paybacks_watch(*, now: datetime | None = None) -> dict[str, int]:
             stats["dropped"] += 1
             continue
         stats["closed" if recorded.verdict.closes else "pending"] += 1
+
+
+def _offer_matches(now: datetime, stats: Counter[str]) -> None:
+    system = Actor.system("payback_watch")
     grouped = paybacks.unmatched_networks(paybacks.refunds_unmatched())
     for network, refunds in grouped.items():
         try:
@@ -100,7 +115,6 @@ def refund_paybacks_watch(*, now: datetime | None = None) -> dict[str, int]:
         for refund in refunds:
             if refund.pk in found:
                 stats["matched"] += _match_record(refund, found[refund.pk], now, system)
-    return stats
 
 
 def _match_record(refund: Refund, transfer: paybacks.Transfer, now: datetime, actor: Actor) -> int:

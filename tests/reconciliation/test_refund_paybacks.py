@@ -9,12 +9,14 @@ payback nobody named is found by the watch and offered to finance as a match.
 
 from __future__ import annotations
 
+import io
 import secrets
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -25,7 +27,7 @@ from core.actors import Actor
 from devtools.test_token import deploy_test_usdc, mint
 from payments.models import Refund
 from payments.paybacks import RefundPaybackRefused
-from purchases.models import PurchaseEvent
+from purchases.models import JobRun, PurchaseEvent
 from purchases.roles import roles_ensure
 from purchases.services.paybacks import (
     purchase_refund_match_confirm,
@@ -233,6 +235,8 @@ def test_a_payback_seen_on_chain_is_offered_as_a_match_and_confirmed_in_one_step
     assert untouched.match_tx_hash == ""
     assert PurchaseEvent.objects.filter(reason_code="payback_match_found").count() == 1
     assert refund_paybacks_watch()["matched"] == 0  # offered once
+    runs = JobRun.objects.filter(job="refund_paybacks").order_by("pk")
+    assert [run.stats["matched"] for run in runs] == [1, 0]  # each run on record (/metrics)
 
     recorded = purchase_refund_match_confirm(refund_id=refund.pk, now=None, actor=FINANCE)
     refund.refresh_from_db()
@@ -337,3 +341,24 @@ def test_the_watch_skips_a_network_it_cannot_search_and_matches_the_others(
     assert (stats["matched"], stats["unavailable"]) == (1, 1)
     refund.refresh_from_db()
     assert refund.match_tx_hash.startswith("0x")
+
+
+@pytest.mark.django_db
+def test_the_command_names_the_failed_check_and_closes_the_right_payback(
+    x402_world: X402World,
+) -> None:
+    world = x402_world
+    payer = world.payers[0]
+    fund_seller(world)
+    refund = owed_refund(world, payer)
+    wrong = send_transfer(world, world.seller, world.payers[1].address, PRICE)
+    with pytest.raises(CommandError, match="refused: payback_wrong_destination"):
+        call_command("refund_payback", str(refund.pk), wrong, "--by", "fay-finance")
+    right = send_transfer(world, world.seller, payer.address, PRICE)
+    out = io.StringIO()
+    call_command("refund_payback", str(refund.pk), right, "--by", "fay-finance", stdout=out)
+    assert out.getvalue().strip() == (
+        f"refund {refund.pk} paid back: closed on chain by {right} (log 0)"
+    )
+    refund.refresh_from_db()
+    assert (refund.state, refund.paid_by) == ("paid", "fay-finance")
