@@ -154,7 +154,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchaseevent": _scope(_TIMELINE),
         "payments.paymentattempt": _scope(_ATTEMPT_MONEY),
         "payments.refund": _scope(
-            _REFUND, actions="mark_paid_back confirm_payback_match export_csv"
+            _REFUND, actions="mark_paid_back confirm_payback_match export_safe_batch export_csv"
         ),
         "payments.ledgerentry": _scope(_LEDGER, actions="top_up"),
         "payments.ledgerbalance": _scope(_BALANCE),

@@ -346,6 +346,9 @@ TOLLBOOTH = {
     # of the seller's wallets. Those are the offerings' recipients, the relayers, and these
     # (a treasury or a Safe finance pays from), comma-separated addresses.
     "SELLER_WALLETS": env.list("TOLLBOOTH_SELLER_WALLETS", default=[]),
+    # The Safe multisig finance pays refunds from, named in the Safe Transaction Builder
+    # batches the refund list exports (list it in TOLLBOOTH_SELLER_WALLETS too).
+    "REFUND_SAFE": env.str("TOLLBOOTH_REFUND_SAFE", default=""),
     # A payback named before it is final (or while the node did not answer) is looked at
     # again this long after; the watch also offers transfers it finds as matches.
     "PAYBACK_RECHECK": timedelta(seconds=env.int("TOLLBOOTH_PAYBACK_RECHECK_SECONDS", default=60)),

@@ -36,6 +36,7 @@ from purchases.admin.finance import (
     human_amount_of,
     ledger_reference_of_refunds,
     refund_csv_response,
+    refund_safe_batch,
     with_asset_units,
 )
 from purchases.models import Buyer, Offering
@@ -217,7 +218,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "match_block_number",
         "match_found_at",
     )
-    actions = ("mark_paid_back", "confirm_payback_match", "export_csv")
+    actions = ("mark_paid_back", "confirm_payback_match", "export_safe_batch", "export_csv")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
         return ledger_reference_of_refunds(super().get_queryset(request))
@@ -356,6 +357,30 @@ class RefundAdmin(ReadOnlyModelAdmin):
             self.message_user(
                 request, f"Confirmed {closed} payback(s): refund(s) paid back.", messages.SUCCESS
             )
+
+    @admin.action(
+        description="Export Safe Transaction Builder batch (JSON, recorded)", permissions=["export"]
+    )
+    def export_safe_batch(
+        self, request: HttpRequest, queryset: QuerySet[Refund]
+    ) -> HttpResponse | None:
+        """The ticked chain refunds still owed, as one Safe batch of token transfers (one
+        network per file); the payback watch then finds each transfer (docs/finance.md)."""
+        owed = list(
+            queryset.filter(state=Refund.State.OWED, method=Refund.Method.PAY_BACK).order_by("pk")
+        )
+        networks = {refund.network for refund in owed}
+        if len(networks) != 1:
+            self.message_user(
+                request,
+                "Tick owed chain refunds of one network: a Safe batch runs on one chain.",
+                messages.ERROR,
+            )
+            return None
+        body = refund_safe_batch(refunds=owed, created_by=request.user.get_username())
+        response = HttpResponse(body, content_type="application/json")
+        response["Content-Disposition"] = 'attachment; filename="refunds-safe-batch.json"'
+        return response
 
     @admin.action(description="Export CSV (recorded as a batch)", permissions=["export"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:

@@ -174,6 +174,7 @@ PURCHASE_LABEL = "purchases.purchase"
 STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdmin's own
 DOWNLOADS = {
     "export_csv": "a CSV file, not a page",
+    "export_safe_batch": "a JSON file, not a page",
     "assign_to_me": "applied at once, back to the list (its message is the list's)",
     "confirm_payback_match": "applied at once, back to the list (its message is the list's)",
 }
