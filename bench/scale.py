@@ -157,10 +157,12 @@ def _seed(count: int) -> None:
            FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO payments_refund (id, method, amount, asset, network, payer,
              reason_code, transaction, paid_reference, paid_by, created_at, state,
-             payment_attempt_id, purchase_id, note, proposed_by, decided_by)
+             payment_attempt_id, purchase_id, note, proposed_by, decided_by,
+             payback_tx_hash, payback_code, payback_evidence, match_tx_hash)
            SELECT i, 'pay_back', 250000, %(asset)s, %(network)s,
              '0x' || lpad(to_hex(i %% 50000), 40, '0'), 'late_settlement',
-             '0x' || lpad(to_hex(i), 64, '0'), '', '', now(), 'owed', i, i, '', '', ''
+             '0x' || lpad(to_hex(i), 64, '0'), '', '', now(), 'owed', i, i, '', '', '',
+             '', '', '{}', ''
            FROM generate_series(%(lo)s, %(hi)s) i""",
     ]
     with connection.cursor() as cursor:

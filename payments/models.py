@@ -282,19 +282,58 @@ class Refund(PreparedTransitionMixin, models.Model):
     # it); a claim older than the alert lease is a crashed sender's, and is sent again.
     alert_claimed_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)
+    # A chain payback, as the chain showed it (payments.paybacks): the transaction and its
+    # Transfer log that pays this refund, once finance named it or confirmed a match. While
+    # it is not final (or the node did not answer) the refund stays owed, the claim pending:
+    # `payback_code` says why, `payback_next_check_at` when it is looked at again.
+    payback_tx_hash = models.CharField(max_length=80, blank=True)
+    payback_log_index = models.PositiveIntegerField(null=True, blank=True)
+    payback_block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    payback_code = models.CharField(max_length=40, blank=True)
+    payback_evidence = models.JSONField(default=dict, blank=True)
+    payback_checked_at = models.DateTimeField(null=True, blank=True)
+    payback_next_check_at = models.DateTimeField(null=True, blank=True)
+    # A transfer seen on chain that would pay this refund back (the payback watch found it):
+    # offered to finance, who confirms it with one click; it closes nothing by itself.
+    match_tx_hash = models.CharField(max_length=80, blank=True)
+    match_log_index = models.PositiveIntegerField(null=True, blank=True)
+    match_block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    match_found_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     state = FSMField(default=State.OWED, choices=State.choices, protected=True)
 
     class Meta:
         constraints = [
+            # What the system records (late or duplicate money, a failed execution) is owed
+            # once per payment and reason; staff may propose several partial refunds, one
+            # open proposal per kind at a time (a double submit is the same proposal).
             models.UniqueConstraint(
-                fields=["payment_attempt", "reason_code"], name="one_refund_per_payment_reason"
+                fields=["payment_attempt", "reason_code"],
+                condition=Q(proposed_by=""),
+                name="one_refund_per_payment_reason",
+            ),
+            models.UniqueConstraint(
+                fields=["payment_attempt", "reason_code"],
+                condition=Q(state="proposed"),
+                name="one_open_proposal_per_payment_reason",
             ),
             # One ledger credit pays back one prepaid refund, however many people close them.
             models.UniqueConstraint(
                 fields=["paid_reference"],
                 condition=Q(method="ledger_credit") & ~Q(paid_reference=""),
                 name="one_refund_per_ledger_credit",
+            ),
+            # One Transfer log pays back one refund (claimed or closed), and is offered as a
+            # match to one refund: a batch transaction may pay several, one log each.
+            models.UniqueConstraint(
+                fields=["network", "payback_tx_hash", "payback_log_index"],
+                condition=Q(payback_log_index__isnull=False),
+                name="one_refund_per_payback_log",
+            ),
+            models.UniqueConstraint(
+                fields=["network", "match_tx_hash", "match_log_index"],
+                condition=Q(match_log_index__isnull=False),
+                name="one_refund_per_payback_match",
             ),
         ]
         indexes = [
@@ -307,6 +346,12 @@ class Refund(PreparedTransitionMixin, models.Model):
             models.Index(fields=["transaction"], name="refund_transaction_scale"),
             models.Index(Lower("paid_reference"), name="refund_paid_reference_lower"),
             models.Index(fields=["payer"], name="refund_payer_scale"),
+            # The payback watch reads the claims due for another look: a few among millions.
+            models.Index(
+                fields=["payback_next_check_at"],
+                condition=Q(payback_next_check_at__isnull=False),
+                name="refund_payback_due",
+            ),
         ]
 
     @transition(field=state, source=State.PROPOSED, target=State.OWED)
@@ -324,6 +369,13 @@ class Refund(PreparedTransitionMixin, models.Model):
         self.paid_reference = reference
         self.paid_by = by
         self.paid_at = at
+
+    @transition(field=state, source=State.OWED, target=State.PAID)
+    def close_on_chain(self, *, tx_hash: str, log_index: int, block: int, by: str, at: Any) -> None:
+        """Paid back by a final Transfer log the chain showed (payments.paybacks)."""
+        self.paid_reference, self.paid_by, self.paid_at = tx_hash, by, at
+        self.payback_tx_hash, self.payback_log_index = tx_hash, log_index
+        self.payback_block_number, self.payback_next_check_at = block, None
 
     def __str__(self) -> str:
         return f"refund {self.pk} {self.amount} ({self.state})"

@@ -188,20 +188,62 @@ def payment_attempt_live(*, purchase_id: int) -> PaymentAttempt | None:
     )
 
 
+class RefundExceedsSettled(ValueError):
+    """The refunds of a payment (proposed, owed or paid) would add up to more than it
+    settled."""
+
+
+# Declined proposals return nothing; every other refund counts against the payment.
+_COUNTED_REFUND_STATES = (Refund.State.PROPOSED, Refund.State.OWED, Refund.State.PAID)
+
+
+def refund_refundable(*, attempt_id: int) -> tuple[int, int]:
+    """(settled, still refundable) of a payment, in atomic units: what it settled less its
+    refunds proposed, owed or paid. Exact only under the payment's row lock (refund_propose,
+    refund_record take it)."""
+    settled = PaymentAttempt.objects.values_list("amount", flat=True).get(pk=attempt_id)
+    counted = Refund.objects.filter(
+        payment_attempt_id=attempt_id, state__in=_COUNTED_REFUND_STATES
+    ).aggregate(total=Sum("amount"))["total"]
+    return int(settled), int(settled) - int(counted or 0)
+
+
+def _lock_payment(attempt: PaymentAttempt) -> None:
+    # The payment's row serializes its refunds: two proposals racing cannot both read the
+    # same room left (core.locks' order: the purchase, then its attempts).
+    lock_rows(PaymentAttempt.objects.filter(pk=attempt.pk))
+
+
 def refund_record(
     *, attempt: PaymentAttempt, method: str, reason_code: str, tx_hash: str | None = None
 ) -> tuple[Refund, list[Change]]:
     """A refund linked to the purchase and the payment it returns; the rail decides how the
     money goes back (payments.rails). Idempotent per (payment, reason): a second call
-    returns the first refund and no changes."""
-    existing = Refund.objects.filter(payment_attempt=attempt, reason_code=reason_code).first()
+    returns the first refund and no changes. It returns what is still refundable (all of it
+    unless staff refunds came first).
+
+    Raises RefundExceedsSettled when the payment was refunded in full already."""
+    existing = Refund.objects.filter(
+        payment_attempt=attempt, reason_code=reason_code, proposed_by=""
+    ).first()
     if existing:
         return existing, []
+    with transaction.atomic():
+        _lock_payment(attempt)
+        _settled, refundable = refund_refundable(attempt_id=attempt.pk)
+        if refundable <= 0:
+            raise RefundExceedsSettled(f"payment {attempt.pk} was refunded in full already")
+        return _refund_record_locked(attempt, method, reason_code, tx_hash, refundable)
+
+
+def _refund_record_locked(
+    attempt: PaymentAttempt, method: str, reason_code: str, tx_hash: str | None, amount: int
+) -> tuple[Refund, list[Change]]:
     refund = Refund.objects.create(
         purchase_id=attempt.purchase_id,
         payment_attempt=attempt,
         method=method,
-        amount=attempt.amount,
+        amount=amount,
         asset=attempt.asset,
         network=attempt.network,
         payer=attempt.payer,
@@ -222,6 +264,7 @@ def refund_mark_paid(
 ) -> tuple[Refund, Change | None]:
     """Close a refund with the reference of the money sent back.
 
+    Ledger credits only: a chain refund closes on chain evidence (payments.paybacks).
     Idempotent for the same reference (no change the second time); raises ValueError for an
     empty reference or one that differs from the reference the refund was closed with, and
     RefundReferenceInvalid (a ValueError) for a reference that does not fit the refund's rail
@@ -240,6 +283,9 @@ def refund_mark_paid(
         problem = refund_reference_problem(refund=refund, reference=reference)
         if problem:
             raise RefundReferenceInvalid(problem)
+        if refund.method == Refund.Method.PAY_BACK:
+            # A hash proves nothing by its shape: the chain judges it (payments.paybacks).
+            raise RefundReferenceInvalid("A chain refund is closed on chain evidence only.")
         refund.mark_paid(reference=reference, by=by, at=now)
         refund.save(update_fields=["state", "paid_reference", "paid_by", "paid_at"])
     change = Change(
@@ -259,17 +305,35 @@ def refund_propose(
     proposed_by: str,
     note: str,
 ) -> tuple[Refund, Change | None]:
-    """A staff proposal to return money (the whole payment, or a compensation up to it).
+    """A staff proposal to return money (all that is left of the payment, or part of it).
+    Several may be made against one payment, never adding up (with its other refunds
+    proposed, owed or paid) to more than it settled: checked under the payment's row lock.
 
-    Nothing is owed and nothing is credited until finance approves (`refund_approve`).
-    Idempotent per (payment, reason): a second proposal returns the first and no change.
-    Raises ValueError for an amount outside 1..the payment's amount.
+    Nothing is owed and nothing is credited until finance approves (`refund_decide`).
+    Idempotent per (payment, reason) while a proposal is open: a second proposal returns
+    it and no change. Raises ValueError for an amount below 1, RefundExceedsSettled (a
+    ValueError) for one above what is still refundable.
     """
-    if not 0 < amount <= attempt.amount:
-        raise ValueError(f"the amount must be between 1 and {attempt.amount} atomic units")
-    existing = Refund.objects.filter(payment_attempt=attempt, reason_code=reason_code).first()
-    if existing:
-        return existing, None
+    if amount <= 0:
+        raise ValueError("the amount must be at least 1 atomic unit")
+    with transaction.atomic():
+        _lock_payment(attempt)
+        existing = Refund.objects.filter(
+            payment_attempt=attempt, reason_code=reason_code, state=Refund.State.PROPOSED
+        ).first()
+        if existing:
+            return existing, None
+        settled, refundable = refund_refundable(attempt_id=attempt.pk)
+        if amount > refundable:
+            raise RefundExceedsSettled(
+                f"only {refundable} of the {settled} atomic units settled are still refundable"
+            )
+        return _refund_propose_locked(attempt, amount, reason_code, proposed_by, note)
+
+
+def _refund_propose_locked(
+    attempt: PaymentAttempt, amount: int, reason_code: str, proposed_by: str, note: str
+) -> tuple[Refund, Change | None]:
     refund = Refund.objects.create(
         purchase_id=attempt.purchase_id,
         payment_attempt=attempt,

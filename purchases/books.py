@@ -151,11 +151,11 @@ def _address_of(key: str) -> str:
 
 def seller_wallets() -> set[str]:
     """The seller's own wallets, lower-case: every offering's recipient, the relayers, and
-    any listed in settings.SELLER_WALLETS."""
+    any listed in TOLLBOOTH_SELLER_WALLETS (the same list refund paybacks trust)."""
     wallets = {w.lower() for w in Offering.objects.values_list("pay_to", flat=True)}
     for addresses in relayer_addresses().values():
         wallets |= addresses
-    return wallets | {str(w).lower() for w in settings.SELLER_WALLETS}
+    return wallets | {str(w).lower() for w in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if w}
 
 
 # One time column per row ("at"): decoding a timestamp with its zone is the dearest part of

@@ -78,7 +78,9 @@ _ATTEMPT_EVIDENCE = (
 _REFUND = (
     "pk purchase purchase__ref payment_attempt method amount amount_human asset_symbol asset "
     "network payer transaction reason_code state created_at paid_reference paid_by paid_at "
-    "ledger_reference note proposed_by decided_by decided_at"
+    "ledger_reference note proposed_by decided_by decided_at paid_back payback payback_tx_hash "
+    "payback_log_index payback_block_number payback_code payback_evidence payback_checked_at "
+    "payback_next_check_at match_tx_hash match_log_index match_block_number match_found_at"
 )
 _LEDGER = (
     "pk reference buyer buyer__ref kind amount amount_human asset purchase purchase__ref memo "
@@ -152,7 +154,9 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         ),
         "purchases.purchaseevent": _scope(_TIMELINE),
         "payments.paymentattempt": _scope(_ATTEMPT_MONEY),
-        "payments.refund": _scope(_REFUND, actions="mark_paid_back export_csv"),
+        "payments.refund": _scope(
+            _REFUND, actions="mark_paid_back confirm_payback_match export_safe_batch export_csv"
+        ),
         "payments.ledgerentry": _scope(_LEDGER, actions="top_up"),
         "payments.ledgerbalance": _scope(_BALANCE),
         "payments.exportbatch": _scope(

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import finality, housekeeping, outbox, reconcile
+from purchases.services import finality, housekeeping, outbox, paybacks, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.execution_recheck import (
@@ -113,6 +113,12 @@ def send_pending_alerts_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def heal_relayers_task() -> dict[str, int]:
     return dict(reconcile.heal_relayers())
+
+
+# A run reads the chain with bounded RPC timeouts; a lost run is the next tick's work.
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
+def refund_paybacks_watch_task() -> dict[str, int]:
+    return paybacks.refund_paybacks_watch()
 
 
 # --- the outbox (see OUTBOX_JOBS for the jobs it carries) --------------------------------

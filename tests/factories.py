@@ -229,3 +229,12 @@ class EscalationFactory(factory.django.DjangoModelFactory[Escalation]):
             resolution="Resolved by hand.",
             resolved_at=factory.LazyFunction(timezone.now),
         )
+
+
+def refund_paid_back(refund: Refund, reference: str, *, by: str = "fay-finance") -> None:
+    """A refund finance already closed, for tests of what pages show afterwards. Closing a
+    chain refund needs the chain's proof (tests/reconciliation/test_refund_paybacks.py);
+    these rows stand for one that passed, as the `paid` trait does."""
+    Refund.objects.filter(pk=refund.pk).update(
+        state=Refund.State.PAID, paid_reference=reference, paid_by=by, paid_at=timezone.now()
+    )

@@ -67,3 +67,12 @@ def test_runbook_shows_every_situation_and_its_screenshot() -> None:
         assert (ROOT / "docs/screenshots" / f"{name}.png").is_file(), name
     for shot in (ROOT / "docs/screenshots").glob("*.png"):
         assert f"(screenshots/{shot.name})" in text, f"{shot.name} is not shown in the runbook"
+
+
+def test_finance_guide_names_every_payback_code() -> None:
+    from payments.x402.payback import PaybackCode
+
+    guide = (ROOT / "docs/finance.md").read_text()
+    missing = [code.value for code in PaybackCode if f"`{code.value}`" not in guide]
+    # `payback_closes` is the timeline's reason for a close, named in the text.
+    assert missing == []

@@ -352,6 +352,17 @@ TOLLBOOTH = {
     # it waits for its window to close and support is told. EIP-3009 makes a second
     # settlement of one authorization impossible, so a resubmission can never charge twice.
     "SETTLEMENT_RESUBMIT_LIMIT": env.int("TOLLBOOTH_SETTLEMENT_RESUBMIT_LIMIT", default=5),
+    # Refund paybacks (docs/finance.md): a chain refund closes only on a transfer from one
+    # of the seller's wallets. Those are the offerings' recipients, the relayers, and these
+    # (a treasury or a Safe finance pays from), comma-separated addresses; the books flag
+    # a payment from any of them and keep it out of revenue.
+    "SELLER_WALLETS": env.list("TOLLBOOTH_SELLER_WALLETS", default=[]),
+    # The Safe multisig finance pays refunds from, named in the Safe Transaction Builder
+    # batches the refund list exports (list it in TOLLBOOTH_SELLER_WALLETS too).
+    "REFUND_SAFE": env.str("TOLLBOOTH_REFUND_SAFE", default=""),
+    # A payback named before it is final (or while the node did not answer) is looked at
+    # again this long after; the watch also offers transfers it finds as matches.
+    "PAYBACK_RECHECK": timedelta(seconds=env.int("TOLLBOOTH_PAYBACK_RECHECK_SECONDS", default=60)),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),
@@ -415,9 +426,6 @@ X402_NETWORKS = {
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
-# The seller's own wallets beyond the offerings' recipients and the relayers (a treasury, a
-# refund wallet): a payment from one of them is flagged in the books and kept out of revenue.
-SELLER_WALLETS = env.list("TOLLBOOTH_SELLER_WALLETS", default=[])
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # After settlement the request waits this long for a fast job, then answers 202.
@@ -554,6 +562,12 @@ CELERY_BEAT_SCHEDULE = {
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
     # A dropped relayer transaction or a nonce lost in a crash stalls every later one.
     "heal-relayers": {"task": "purchases.tasks.heal_relayers_task", "schedule": 300.0},
+    # Chain paybacks named before they were final are closed once they are; transfers from
+    # the seller's wallets that pay an owed refund back are offered to finance as matches.
+    "watch-refund-paybacks": {
+        "task": "purchases.tasks.refund_paybacks_watch_task",
+        "schedule": 60.0,
+    },
     # Refund-owed alerts that a crashed process never sent.
     "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }

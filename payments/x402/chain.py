@@ -272,6 +272,22 @@ class ChainReader:
         # A log flagged `removed` belongs to a block that was reorganised away.
         return [_log_dict(log) for log in logs if not log.get("removed", False)]
 
+    def transfer_logs_to(
+        self, recipient: str, *, token: str | None = None, from_block: int = 0
+    ) -> list[dict[str, Any]]:
+        """Transfer(*, recipient, value) events of `token` (ours by default), oldest first.
+
+        The recipient is indexed, so the node filters; the sender and value are judged by the
+        caller. A node that caps the range raises ChainUnavailable."""
+        params: FilterParams = {
+            "address": Web3.to_checksum_address(token or self.token),
+            "fromBlock": BlockNumber(from_block),
+            "toBlock": "latest",
+            "topics": [TRANSFER_TOPIC, None, address_topic(recipient)],
+        }
+        logs = self._call(lambda: self.w3.eth.get_logs(params))
+        return [_log_dict(log) for log in logs if not log.get("removed", False)]
+
     # --- account nonces (for a relayer) --------------------------------------------------
 
     def pending_nonce(self, address: str) -> int:

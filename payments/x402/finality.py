@@ -93,14 +93,21 @@ def settlement_finality(
 def _judge(
     network: NetworkConfig, reader: ChainReader, head: int, tx_hash: str, block: int
 ) -> FinalityCheck:
+    is_final, evidence = block_finality(network=network, reader=reader, head=head, block=block)
+    finality = Finality.FINAL if is_final else Finality.WATCHING
+    return FinalityCheck(finality, tx_hash.lower(), block, evidence=evidence)
+
+
+def block_finality(
+    *, network: NetworkConfig, reader: ChainReader, head: int, block: int
+) -> tuple[bool, dict[str, Any]]:
+    """Whether `block` is final under the network's policy, and the evidence for it (policy,
+    depth, the finalized block). Raises ChainUnavailable when the node cannot say."""
     depth = head - block + 1
     evidence: dict[str, Any] = {"policy": network.finality, "block_number": block, "depth": depth}
     finalized = reader.finalized_block_number() if network.finality == "finalized" else None
     if finalized is not None:
         evidence["finalized_block"] = finalized
-        is_final = block <= finalized
-    else:
-        evidence["finality_depth"] = network.finality_depth
-        is_final = depth >= network.finality_depth
-    finality = Finality.FINAL if is_final else Finality.WATCHING
-    return FinalityCheck(finality, tx_hash.lower(), block, evidence=evidence)
+        return block <= finalized, evidence
+    evidence["finality_depth"] = network.finality_depth
+    return depth >= network.finality_depth, evidence

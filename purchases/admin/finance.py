@@ -3,12 +3,15 @@ export batches, and each buyer's prepaid balance in asset units."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -20,8 +23,10 @@ from django.utils import timezone
 
 from core.admin import ReadOnlyModelAdmin, RoleScoping, amount_human
 from core.exports import StreamSummary, csv_stream
+from payments.chain.safe_batch import SafeTransfer, safe_transfer_batch
 from payments.models import ExportBatch, LedgerBalance, LedgerEntry, Refund
 from payments.services import export_batch_record
+from payments.x402.networks import network_config
 from purchases.books import Period, PeriodInvalid
 from purchases.models import Offering
 from purchases.services.books import books_export
@@ -204,6 +209,36 @@ def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
         "form": form,
     }
     return TemplateResponse(request, "admin/payments/exportbatch/books.html", context)
+
+
+# --- a Safe Transaction Builder batch of the owed chain refunds ---------------------------
+def refund_safe_batch(*, refunds: list[Refund], created_by: str) -> bytes:
+    """The refunds (owed, one network) as a Safe Transaction Builder file, recorded as an
+    export batch with its SHA-256. The Safe is TOLLBOOTH_REFUND_SAFE (list it in
+    TOLLBOOTH_SELLER_WALLETS too, so its transfers count as the seller's)."""
+    started_at = timezone.now()
+    network = network_config(refunds[0].network)
+    batch = safe_transfer_batch(
+        chain_id=network.chain_id,
+        token=network.token_address,
+        transfers=[SafeTransfer(refund.payer, refund.amount) for refund in refunds],
+        safe_address=settings.TOLLBOOTH.get("REFUND_SAFE", ""),
+        name=f"Tollbooth refunds {started_at:%Y-%m-%d %H:%M} UTC",
+        description="Refunds " + ", ".join(str(refund.pk) for refund in refunds),
+        created_at_ms=int(started_at.timestamp() * 1000),
+    )
+    body = json.dumps(batch, indent=2).encode()
+    export_batch_record(
+        kind="safe_batch",
+        created_by=created_by,
+        filters={"refunds": [refund.pk for refund in refunds], "network": network.caip2},
+        row_count=len(refunds),
+        sha256=hashlib.sha256(body).hexdigest(),
+        started_at=started_at,
+        first_created_at=min(refund.created_at for refund in refunds),
+        last_created_at=max(refund.created_at for refund in refunds),
+    )
+    return body
 
 
 @admin.register(ExportBatch)

@@ -28,20 +28,24 @@ from django.utils.translation import gettext
 from core.actors import Actor
 from core.admin import CappedCountPaginator, ReadOnlyModelAdmin, amount_human
 from payments.models import LedgerEntry, PaymentAttempt, Refund
+from payments.paybacks import RefundPaybackRefused
 from payments.services import (
     LedgerReferenceConflict,
     ledger_credit,
     refund_reference_problem,
 )
+from payments.x402.payback import MESSAGES, PaybackCode
 from purchases.admin.case_file import attempt_transfer_note
 from purchases.admin.finance import (
     human_amount_of,
     ledger_reference_of_refunds,
     refund_csv_response,
+    refund_safe_batch,
     with_asset_units,
 )
 from purchases.models import Buyer, Offering
 from purchases.selectors import refund_search_ids
+from purchases.services.paybacks import purchase_refund_match_confirm
 from purchases.services.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
@@ -172,6 +176,33 @@ class MarkPaidForm(forms.Form):
         return data
 
 
+def _utc(value: Any) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value else "-"
+
+
+def payback_status(refund: Refund) -> str:
+    """What the chain said of this refund's payback, in finance's words, with its code:
+    closed by, pending (why, and when it is looked at again), a match to confirm, or none."""
+    if refund.state == Refund.State.PAID and refund.payback_log_index is not None:
+        return f"closed on chain by {refund.payback_tx_hash} (log {refund.payback_log_index})"
+    if refund.payback_tx_hash and refund.payback_next_check_at:
+        code = PaybackCode(refund.payback_code)
+        evidence = refund.payback_evidence or {}
+        depth = ""
+        if "depth" in evidence and "finality_depth" in evidence:
+            depth = f" (depth {evidence['depth']} of {evidence['finality_depth']})"
+        return (
+            f"{code.value}: {MESSAGES[code]}{depth} {refund.payback_tx_hash}; "
+            f"checked again at {_utc(refund.payback_next_check_at)}"
+        )
+    if refund.match_tx_hash:
+        return (
+            f"match on chain: {refund.match_tx_hash} (block {refund.match_block_number}); "
+            "confirm it with “Confirm payback found on chain”"
+        )
+    return "-"
+
+
 @admin.register(Refund)
 class RefundAdmin(ReadOnlyModelAdmin):
     # Fits 1366 px beside the navigation and the filters (templates/admin/payments/refund/
@@ -187,7 +218,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "reason_code",
         "state",
         "created_at",
-        "paid_reference",
+        "paid_back",
         "ledger_reference",
     )
     list_filter = (RefundStateFilter, "method", RefundNetworkFilter, RefundReasonFilter)
@@ -197,7 +228,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
     search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
     show_full_result_count = False
     paginator = CappedCountPaginator
-    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference")
+    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference", "payback")
     fields = (
         "purchase",
         "payment_attempt",
@@ -220,8 +251,20 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "ledger_reference",
         "paid_by",
         "paid_at",
+        "payback",
+        "payback_tx_hash",
+        "payback_log_index",
+        "payback_block_number",
+        "payback_code",
+        "payback_evidence",
+        "payback_checked_at",
+        "payback_next_check_at",
+        "match_tx_hash",
+        "match_log_index",
+        "match_block_number",
+        "match_found_at",
     )
-    actions = ("mark_paid_back", "export_csv")
+    actions = ("mark_paid_back", "confirm_payback_match", "export_safe_batch", "export_csv")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
         return ledger_reference_of_refunds(super().get_queryset(request))
@@ -258,6 +301,22 @@ class RefundAdmin(ReadOnlyModelAdmin):
     def ledger_reference(self, obj: Refund) -> str:
         return getattr(obj, "ledger_reference", None) or "-"
 
+    @admin.display(description="payback on chain")
+    def payback(self, obj: Refund) -> str:
+        return payback_status(obj)
+
+    @admin.display(description="paid reference", ordering="paid_reference")
+    def paid_back(self, obj: Refund) -> str:
+        # One cell for what paid it back, or what the chain offers (the page fits 1366 px):
+        # the reference, a pending payback and its next check, or a match to confirm.
+        if obj.state == Refund.State.PAID:
+            return obj.paid_reference
+        if obj.payback_tx_hash and obj.payback_next_check_at:
+            return f"pending: {obj.payback_code}, next check {_utc(obj.payback_next_check_at)}"
+        if obj.match_tx_hash:
+            return f"match found: {obj.match_tx_hash}, confirm it"
+        return "-"
+
     def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.role_allows_action(request, "mark_paid_back")
 
@@ -278,13 +337,11 @@ class RefundAdmin(ReadOnlyModelAdmin):
         submitted = "apply" in request.POST
         form = MarkPaidForm(request.POST if submitted else None, refunds=owed)
         if submitted:
-            if form.is_valid():
-                count = self._mark_all(request, owed, form.cleaned_data)
-                self.message_user(request, f"Marked {count} refund(s) paid back.", messages.SUCCESS)
+            if form.is_valid() and self._mark_all(request, owed, form):
                 return None
             self.message_user(
                 request,
-                "Every refund needs a valid payment reference; nothing was changed.",
+                "Not every refund could be closed: see the reason by each reference.",
                 messages.ERROR,
             )
         context = {
@@ -296,23 +353,99 @@ class RefundAdmin(ReadOnlyModelAdmin):
         }
         return TemplateResponse(request, "admin/payments/refund/mark_paid.html", context)
 
-    def _mark_all(self, request: HttpRequest, refunds: list[Refund], data: dict[str, Any]) -> int:
-        username = request.user.get_username()
-        marked = 0
+    def _mark_all(self, request: HttpRequest, refunds: list[Refund], form: MarkPaidForm) -> bool:
+        """Close each refund by its reference; False when one was refused (its field says
+        why, by the failed check's code). A payback not final yet is reported pending."""
+        username, marked, refused = request.user.get_username(), 0, False
         for refund in refunds:
             now = timezone.now()
+            field = f"reference_{refund.pk}"
             try:
                 locked = purchase_refund_mark_paid(
                     refund_id=refund.pk,
-                    reference=data[f"reference_{refund.pk}"],
+                    reference=form.cleaned_data[field],
                     now=now,
                     actor=Actor.staff(username),
                 )
+            except RefundPaybackRefused as exc:
+                form.add_error(field, str(exc))
+                refused = True
+                continue
             except ValueError:
                 continue  # paid back by someone else, under another reference
+            if locked.state == Refund.State.OWED:
+                self._say_pending(request, locked)
             # Paid by someone else between the list and the lock: not ours to count.
             marked += locked.paid_at == now
-        return marked
+        if marked:
+            self.message_user(request, f"Marked {marked} refund(s) paid back.", messages.SUCCESS)
+        return not refused
+
+    def _say_pending(self, request: HttpRequest, refund: Refund) -> None:
+        self.message_user(
+            request,
+            f"Refund {refund.pk} ({refund.purchase.ref}) stays owed, its payback pending: "
+            f"{payback_status(refund)}.",
+            messages.WARNING,
+        )
+
+    @admin.action(description="Confirm payback found on chain", permissions=["mark_paid"])
+    def confirm_payback_match(self, request: HttpRequest, queryset: QuerySet[Refund]) -> None:
+        """One click per match the payback watch offered: judged on chain as a pasted hash."""
+        if not self.has_mark_paid_permission(request):
+            raise PermissionDenied
+        matched = list(
+            queryset.filter(state=Refund.State.OWED)
+            .exclude(match_tx_hash="")
+            .select_related("purchase")
+            .order_by("pk")
+        )
+        if not matched:
+            self.message_user(request, "No payback found on chain for these.", messages.WARNING)
+            return
+        actor, closed = Actor.staff(request.user.get_username()), 0
+        for refund in matched:
+            try:
+                recorded = purchase_refund_match_confirm(refund_id=refund.pk, now=None, actor=actor)
+            except RefundPaybackRefused as exc:
+                self.message_user(
+                    request, f"Refund {refund.pk} ({refund.purchase.ref}): {exc}", messages.ERROR
+                )
+                continue
+            except ValueError:
+                continue
+            if recorded.verdict.closes:
+                closed += 1
+            else:
+                self._say_pending(request, recorded.refund)
+        if closed:
+            self.message_user(
+                request, f"Confirmed {closed} payback(s): refund(s) paid back.", messages.SUCCESS
+            )
+
+    @admin.action(
+        description="Export Safe Transaction Builder batch (JSON, recorded)", permissions=["export"]
+    )
+    def export_safe_batch(
+        self, request: HttpRequest, queryset: QuerySet[Refund]
+    ) -> HttpResponse | None:
+        """The ticked chain refunds still owed, as one Safe batch of token transfers (one
+        network per file); the payback watch then finds each transfer (docs/finance.md)."""
+        owed = list(
+            queryset.filter(state=Refund.State.OWED, method=Refund.Method.PAY_BACK).order_by("pk")
+        )
+        networks = {refund.network for refund in owed}
+        if len(networks) != 1:
+            self.message_user(
+                request,
+                "Tick owed chain refunds of one network: a Safe batch runs on one chain.",
+                messages.ERROR,
+            )
+            return None
+        body = refund_safe_batch(refunds=owed, created_by=request.user.get_username())
+        response = HttpResponse(body, content_type="application/json")
+        response["Content-Disposition"] = 'attachment; filename="refunds-safe-batch.json"'
+        return response
 
     @admin.action(description="Export CSV (recorded as a batch)", permissions=["export"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet[Refund]) -> StreamingHttpResponse:

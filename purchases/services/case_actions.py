@@ -241,8 +241,9 @@ def case_refund_propose(
     amount: int | None = None,
     now: datetime | None = None,
 ) -> ActionDone:
-    """Propose returning the payment (`refund`, the whole amount) or part of it
-    (`compensation`). Nothing is owed until finance approves. Raises ActionNotSafe."""
+    """Propose returning the payment (`refund`, all that is left of it) or part of it
+    (`compensation`); several may be proposed, never more in all than it settled. Nothing is
+    owed until finance approves. Raises ActionNotSafe."""
     now = now_or(now)
     if kind not in REFUND_REASONS:
         raise ActionNotSafe(f"unknown kind {kind!r}")
@@ -253,9 +254,11 @@ def case_refund_propose(
         if attempt is None:
             raise ActionNotSafe("no settled payment to return")
         try:
+            _settled, refundable = payment_services.refund_refundable(attempt_id=attempt.pk)
             refund, change = payment_services.refund_propose(
                 attempt=attempt,
-                amount=attempt.amount if kind == "refund" else (amount or 0),
+                # A refund returns what is left after earlier partial refunds.
+                amount=refundable if kind == "refund" else (amount or 0),
                 reason_code=REFUND_REASONS[kind],
                 proposed_by=staff,
                 note=note,
@@ -263,8 +266,8 @@ def case_refund_propose(
         except ValueError as exc:
             raise ActionNotSafe(str(exc)) from exc
         if change is None:
-            # One proposal per payment and kind (a database constraint): a decided one stays.
-            raise ActionNotSafe(f"a {kind} was already proposed here ({refund.state})")
+            # One open proposal per payment and kind (a database constraint).
+            raise ActionNotSafe(f"a {kind} is already proposed here, awaiting finance")
         event_record_change(purchase=purchase, actor=Actor.staff(staff), change=change)
     return ActionDone(f"Proposed {kind} of {refund.amount}; finance approves it.", {})
 

@@ -15,6 +15,7 @@ from payments.rails import rail_for
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
 from purchases.services.outbox import outbox_stage
+from purchases.services.paybacks import purchase_refund_payback_close
 
 
 def escalation_open(
@@ -142,9 +143,24 @@ def purchase_remedy_after_failure(
         )
         return
     if purchase.offering.refund_policy == Offering.RefundPolicy.REFUND:
-        purchase_refund_create(
-            purchase=purchase, attempt=attempt, reason_code="execution_failed", now=now, actor=actor
-        )
+        try:
+            purchase_refund_create(
+                purchase=purchase,
+                attempt=attempt,
+                reason_code="execution_failed",
+                now=now,
+                actor=actor,
+            )
+        except payment_services.RefundExceedsSettled:
+            # Staff refunded it in full already: nothing more is owed, and support says so.
+            escalation_open(
+                purchase=purchase,
+                owner=Escalation.OwnerRole.SUPPORT,
+                reason_code="execution_failed",
+                now=now,
+                actor=actor,
+                details={"execution_reason": reason_code, "refund": "refunded in full already"},
+            )
     else:
         escalation_open(
             purchase=purchase,
@@ -185,10 +201,17 @@ def purchase_refund_mark_paid(
     *, refund_id: int, reference: str, now: datetime, actor: Actor
 ) -> Refund:
     """Finance paid a refund back: close it with the payment's reference, on the timeline.
+    A chain refund's reference is its payback's transaction, judged on chain first
+    (purchases.services.paybacks): it may come back still owed, its payback pending.
 
-    Raises ValueError for an empty reference or one that differs from an earlier close.
+    Raises ValueError for an empty reference or one that differs from an earlier close, and
+    RefundPaybackRefused (a ValueError) naming the failed check of a chain payback.
     """
-    purchase_id = Refund.objects.values_list("purchase_id", flat=True).get(pk=refund_id)
+    purchase_id, method = Refund.objects.values_list("purchase_id", "method").get(pk=refund_id)
+    if method == Refund.Method.PAY_BACK:
+        return purchase_refund_payback_close(
+            refund_id=refund_id, tx_hash=reference, now=now, actor=actor
+        ).refund
     with transaction.atomic():
         purchase = Purchase.objects.select_for_update().get(pk=purchase_id)
         refund, change = payment_services.refund_mark_paid(

@@ -41,6 +41,7 @@ from purchases.services.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
+from tests.fixtures.anvil import closed_port_url
 
 pytestmark = pytest.mark.django_db
 
@@ -400,7 +401,9 @@ def test_refund_list_defaults_to_owed_with_human_amounts(world: World, finance: 
     assert world.prepaid.ref in every
 
 
-def test_mark_paid_needs_a_reference_and_writes_an_event(world: World, finance: Client) -> None:
+def test_mark_paid_needs_a_reference_and_an_unanswered_chain_leaves_it_pending(
+    world: World, finance: Client, settings: Any
+) -> None:
     refund = world.owed
     field = f"reference_{refund.pk}"
     ask = _action(finance, Refund, "mark_paid_back", [refund.pk])
@@ -408,30 +411,34 @@ def test_mark_paid_needs_a_reference_and_writes_an_event(world: World, finance: 
 
     empty = _action(finance, Refund, "mark_paid_back", [refund.pk], apply="1", **{field: " "})
     assert empty.status_code == 200
-    assert "nothing was changed" in empty.content.decode()
+    assert "Not every refund could be closed" in empty.content.decode()
     refund.refresh_from_db()
     assert (refund.state, refund.paid_reference) == ("owed", "")
 
+    # The node cannot be asked: the payback is pending (checked again), never paid nor failed.
+    network = dict(
+        settings.X402_NETWORKS["eip155:31337"], rpc_url=closed_port_url(), token_address=USDC_LOCAL
+    )
+    settings.X402_NETWORKS = {**settings.X402_NETWORKS, "eip155:31337": network}
     payback = "0x" + "9d" * 32
     done = _action(finance, Refund, "mark_paid_back", [refund.pk], apply="1", **{field: payback})
     assert done.status_code == 302
-    assert _messages(done) == ["Marked 1 refund(s) paid back."]
+    (said,) = _messages(done)
+    assert said.startswith(f"Refund {refund.pk} ({refund.purchase.ref}) stays owed, its payback ")
+    assert "payback_chain_unavailable: Pending: the node could not be asked." in said
     refund.refresh_from_db()
-    assert (refund.state, refund.paid_reference, refund.paid_by) == (
-        "paid",
-        payback,
-        "fay-finance",
-    )
-    assert refund.paid_at is not None
+    assert (refund.state, refund.paid_reference, refund.payback_tx_hash) == ("owed", "", payback)
+    assert refund.payback_next_check_at is not None
+    assert f"checked again at {refund.payback_next_check_at:%Y-%m-%d %H:%M:%S} UTC" in said
     event = refund.purchase.events.filter(subject="refund").order_by("pk").last()
     assert event is not None
     assert (event.from_state, event.to_state, event.actor_type, event.actor) == (
         "owed",
-        "paid",
+        "owed",
         "staff",
         "fay-finance",
     )
-    assert event.evidence == {"refund": refund.pk, "reference": payback}
+    assert (event.reason_code, event.evidence["tx_hash"]) == ("payback_chain_unavailable", payback)
 
 
 def test_support_cannot_mark_refunds_paid(world: World, support: Client) -> None:

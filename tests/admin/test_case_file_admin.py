@@ -30,7 +30,7 @@ from purchases.models import (
     Quote,
 )
 from purchases.services.late_payments import settlement_unexpected
-from purchases.services.remedies import escalation_open, purchase_refund_mark_paid
+from purchases.services.remedies import escalation_open
 from tests.admin.test_admin import _change, _changelist, _messages, _paid_prepaid_purchase, _staff
 from tests.admin.test_admin_scale import PURCHASE_PAGE_MAX_QUERIES
 from tests.factories import (
@@ -43,6 +43,7 @@ from tests.factories import (
     PurchaseFactory,
     RefundFactory,
     fund,
+    refund_paid_back,
 )
 
 pytestmark = pytest.mark.django_db
@@ -240,10 +241,7 @@ def test_a_late_transfer_says_what_can_still_change(cases: Cases, support: Clien
     assert _attr(page, "case-finality", "data-finality") == "final"
     assert _attr(page, "case-finality", "data-refund-open") == "true"
     assert _attr(page, "case-owner", "data-owner") == "finance"
-    purchase_refund_mark_paid(
-        refund_id=late.refunds.get().pk, reference="0x" + "ab" * 32, now=timezone.now(),
-        actor=Actor.staff("fay-finance"),
-    )  # fmt: skip
+    refund_paid_back(late.refunds.get(), "0x" + "ab" * 32)
     page = support.get(_change(late)).content.decode()
     assert _state(page) == "final"
     assert _attr(page, "case-owner", "data-owner") == "none"  # the buyer can no longer pay
@@ -261,10 +259,7 @@ def test_a_settled_purchase_with_a_refund_owed_is_final_with_the_refund_open(
     # The purchase is settled (final); the page says its remedy is still open.
     assert _state(page) == "final, refund open"
     assert _attr(page, "case-finality", "data-finality") == "final"
-    purchase_refund_mark_paid(
-        refund_id=refund.pk, reference="0x" + "cd" * 32, now=timezone.now(),
-        actor=Actor.staff("fay-finance"),
-    )  # fmt: skip
+    refund_paid_back(refund, "0x" + "cd" * 32)
     page = support.get(_change(purchase)).content.decode()
     assert _state(page) == "final"
     assert _attr(page, "case-finality", "data-refund-open") == "false"
@@ -575,7 +570,7 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
 
 
-def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
+def test_a_declined_proposal_moves_nothing_and_partial_ones_never_exceed_the_payment(
     cases: Cases, support: Client, finance: Client
 ) -> None:
     purchase = cases.done
@@ -590,12 +585,14 @@ def test_a_declined_proposal_moves_nothing_and_is_not_proposed_twice(
     refund.refresh_from_db()
     assert (refund.state, refund.decided_by) == ("declined", "fay-finance")
     assert LedgerBalance.objects.get(buyer=purchase.buyer).amount == balance
-    assert support.post(propose, {"kind": "refund", "note": "Again."}).status_code == 403
-    again = support.post(propose, {"kind": "compensation", "amount": "0.05", "note": "Goodwill."})
-    assert again.status_code == 302
-    assert (
-        Refund.objects.get(purchase=purchase, reason_code="support_compensation").amount == 50_000
-    )
+    # The declined refund returned nothing: a new proposal may return it all, once.
+    assert support.post(propose, {"kind": "refund", "note": "Again."}).status_code == 302
+    proposed = Refund.objects.get(purchase=purchase, reason_code="support_refund", state="proposed")
+    assert proposed.amount == purchase.amount
+    assert support.post(propose, {"kind": "refund", "note": "Twice."}).status_code == 403
+    more = support.post(propose, {"kind": "compensation", "amount": "0.05", "note": "More."})
+    assert more.status_code == 403
+    assert not Refund.objects.filter(purchase=purchase, reason_code="support_compensation")
 
 
 def test_the_now_box_shows_the_next_automatic_check_and_finance_the_owed_refund(

@@ -23,9 +23,9 @@ from core.actors import Actor
 from payments.models import Refund
 from purchases.models import Escalation, Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
-from purchases.services.remedies import escalation_open, purchase_refund_mark_paid
+from purchases.services.remedies import escalation_open
 from tests.admin.test_admin import _messages, _staff
-from tests.factories import PAYER, PaymentAttemptFactory, PurchaseFactory
+from tests.factories import PAYER, PaymentAttemptFactory, PurchaseFactory, refund_paid_back
 
 pytestmark = pytest.mark.django_db
 LATE_TX = "0x" + "1a" * 32  # the late transfer: only its refund names it
@@ -60,9 +60,7 @@ def complaints(offering: Offering) -> Complaints:
         purchase=late, payer=PAYER, failed=True, tx_hash=None, reason_code="facilitator_rejected:x"
     )
     refund = _unexpected(late, refused.pk, LATE_TX)
-    purchase_refund_mark_paid(
-        refund_id=refund.pk, reference=PAYBACK_TX, now=timezone.now(), actor=Actor.staff("fay")
-    )
+    refund_paid_back(refund, PAYBACK_TX, by="fay")
     duplicate = PurchaseFactory.create(quote__offering=offering, paid=True, payer=PAYER)
     PaymentAttemptFactory.create(purchase=duplicate, payer=PAYER, succeeded=True)
     second = PaymentAttemptFactory.create(

@@ -16,18 +16,16 @@ import pytest
 from django.contrib import admin
 from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, reverse
-from django.utils import timezone
 
-from core.actors import Actor
 from devtools.situations import transfer_after_failure, two_authorizations_for_one_quote
 from payments.models import Refund
 from purchases.admin.case_actions import FORMS
 from purchases.models import Purchase
 from purchases.roles import FINANCE, ROLE_TABLE, SUPPORT
-from purchases.services.remedies import purchase_refund_mark_paid
 from tests.browser.admin_pages import CASE_ACTION, PAGES, AdminPage
 from tests.browser.admin_rows import layout_world_build
 from tests.browser.conftest import BrowserWorld, app_served, staff_context
+from tests.factories import refund_paid_back
 
 LAPTOP = {"width": 1366, "height": 768}
 PAYBACK_TX = "0x" + "ab" * 32
@@ -67,9 +65,7 @@ def test_refund_list_and_purchase_page_fit_1366_pixels(
     duplicate = two_authorizations_for_one_quote(browser_world.stage)
     # One refund paid back, so the list also shows a 66-character pay-back reference.
     paid = Refund.objects.get(purchase__ref=late.purchase_ref)
-    purchase_refund_mark_paid(
-        refund_id=paid.pk, reference=PAYBACK_TX, now=timezone.now(), actor=Actor.staff("finance")
-    )
+    refund_paid_back(paid, PAYBACK_TX, by="finance")
     pages = {
         "refunds owed": reverse("admin:payments_refund_changelist"),
         "all refunds": reverse("admin:payments_refund_changelist") + "?state=all",
@@ -178,7 +174,9 @@ PURCHASE_LABEL = "purchases.purchase"
 STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdmin's own
 DOWNLOADS = {
     "export_csv": "a CSV file, not a page",
+    "export_safe_batch": "a JSON file, not a page",
     "assign_to_me": "applied at once, back to the list (its message is the list's)",
+    "confirm_payback_match": "applied at once, back to the list (its message is the list's)",
 }
 
 

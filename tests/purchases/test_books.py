@@ -57,7 +57,7 @@ def _sale(offering: Any, *, payer: str, block_at: datetime, sent_by: str, **fiel
 
 @pytest.fixture
 def november(settings: Any) -> dict[str, Any]:
-    settings.SELLER_WALLETS = [TREASURY]
+    settings.TOLLBOOTH = {**settings.TOLLBOOTH, "SELLER_WALLETS": [TREASURY]}
     RelayerAccount.objects.create(network=NETWORK, address=RELAYER)
     report = OfferingFactory.create(slug="report", price=250_000)
     lookup = OfferingFactory.create(slug="lookup", price=1_000_000)
@@ -211,7 +211,7 @@ def _staff(username: str) -> Client:
 
 def test_the_dashboard_charts_revenue_refunds_and_gas_per_day(settings):
     RelayerAccount.objects.create(network=NETWORK, address=RELAYER)
-    settings.SELLER_WALLETS = [TREASURY]
+    settings.TOLLBOOTH = {**settings.TOLLBOOTH, "SELLER_WALLETS": [TREASURY]}
     offering = OfferingFactory.create(slug="report", price=250_000)
     yesterday = timezone.now() - timedelta(days=1)
     paid = _sale(offering, payer="0x" + "b1" * 20, block_at=yesterday, sent_by=RELAYER)

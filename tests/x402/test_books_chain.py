@@ -81,7 +81,10 @@ def _rows(content: bytes) -> list[dict[str, str]]:
 def test_the_period_export_adds_up_to_the_chains_own_transfers(x402_world, settings):
     world, client = x402_world, APIClient()
     buyer_1, buyer_2, treasury = world.payers[:3]
-    settings.SELLER_WALLETS = [treasury.address]  # the seller's own wallet, paying itself
+    settings.TOLLBOOTH = {
+        **settings.TOLLBOOTH,
+        "SELLER_WALLETS": [treasury.address],
+    }  # the seller's own wallet, paying itself
     since = timezone.now() - timedelta(minutes=1)
     first_block = world.w3.eth.block_number + 1
     relayer_eth_before = world.w3.eth.get_balance(world.relayer.address)

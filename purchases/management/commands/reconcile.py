@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import housekeeping, outbox, reconcile
+from purchases.services import housekeeping, outbox, paybacks, reconcile
 from purchases.services.sweeper import purchases_sweep_stalled
 
 
@@ -78,6 +78,7 @@ class Command(BaseCommand):
                 ("compact_payment_ids", housekeeping.compact_payment_ids),
                 ("alerts", housekeeping.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),
+                ("refund_paybacks", lambda: Counter(paybacks.refund_paybacks_watch())),
                 ("executions", purchases_sweep_stalled),
                 ("outbox_relay", outbox.outbox_relay_due),
                 ("prune_outbox", outbox.outbox_prune),
