@@ -17,13 +17,15 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from web3 import Web3
 
+from core.actors import Actor
 from payments.chain.token import token_contract
 from payments.models import PaymentAttempt
-from payments.services import refund_mark_paid, refund_record
+from payments.services import refund_record
 from payments.x402.chain import TRANSFER_TOPIC
 from purchases.books import Period
 from purchases.services.books import books_export
 from purchases.services.finality import watch_unfinal_settlements
+from purchases.services.paybacks import purchase_refund_payback_close
 from tests.x402.e2e import sign_payment
 
 pytestmark = [pytest.mark.postgres]
@@ -98,7 +100,11 @@ def test_the_period_export_adds_up_to_the_chains_own_transfers(x402_world, setti
         assert attempt.sent_by == world.relayer.address.lower()
     refund, _ = refund_record(attempt=sold[0], method="pay_back", reason_code="goodwill")
     payback = _pay_back(world, sold[0])
-    refund_mark_paid(refund_id=refund.pk, reference=payback, by="finance", now=timezone.now())
+    # Closed on the chain's proof of the payback, as finance closes it.
+    closed = purchase_refund_payback_close(
+        refund_id=refund.pk, tx_hash=payback, now=timezone.now(), actor=Actor.staff("finance")
+    )
+    assert closed.verdict.closes, closed.verdict
 
     period, now = _period_to_now(world, since)
     first = books_export(period=period, created_by="finance", now=now).content
