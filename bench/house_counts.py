@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 APPS = ("purchases", "payments", "fulfillment", "core", "config")  # the product, not its tools
 STATEMENT = re.compile(
-    r"\bSELECT\b.*\bFROM\b|\bSELECT\s+(1|pg_)|\bINSERT\s+INTO\b|\bUPDATE\b.*\bSET\b|"
-    r"\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s*\(|\bLISTEN\b|\bON CONFLICT\b",
+    r"\bSELECT\b.*\bFROM\b|\bSELECT\s+(1|pg_)|\bINSERT\s+INTO\b|\bUPDATE\b[^\n]*\bSET\b|"
+    r"\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s*\(|\bLISTEN\s+[\w{]|\bON CONFLICT\b",
     re.DOTALL,
 )
 VENDOR = re.compile(r"\bvendor\s*[!=]=")

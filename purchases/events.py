@@ -7,13 +7,12 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
-from core.bulk import bulk_insert_rows, insert_after
+from core.bulk import bulk_insert_rows
 from core.changes import Change
-from core.prepared.inserts import insert_statement_of
 from purchases.models import Purchase, PurchaseEvent, Quote
 
 # The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
@@ -101,76 +100,17 @@ def event_record(
     return event
 
 
+def events_pending() -> list[PurchaseEvent] | None:
+    """The events batched so far and not yet written (None outside `events_batched`): a
+    statement of ours that writes them itself (purchases.sql.events_flush_with) clears it."""
+    return _batch.get()
+
+
 def event_note(**event: Any) -> PurchaseEvent:
     """Append one event about something observed outside any flow (a fetch, a refused
     request, an alert): in its own short transaction, or the caller's if one is open."""
     with transaction.atomic():
         return event_record(**event)
-
-
-def event_table_sql() -> tuple[str, str]:
-    """The timeline's table and its insert columns, quoted, for statements that fold an
-    event INSERT into another one (a data-modifying CTE): `(table, "col, col, ...")`, the
-    columns in the order purchase_id, quote_id, subject, from_state, to_state, actor_type,
-    actor, reason_code, evidence, created_at."""
-    table = connection.ops.quote_name(PurchaseEvent._meta.db_table)
-    return table, ", ".join(db_column(PurchaseEvent, name) for name in _INSERT_FIELDS)
-
-
-def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[Any]] | None:
-    """`event` as the INSERT that follows the INSERT of the row it is about, in one statement
-    (core.bulk.insert_unless_conflict's `also`): the new row's id goes into the event's
-    `about` field ("quote" or "purchase"). None where there is no data-modifying CTE
-    (SQLite): record the event after the row, as usual."""
-    if connection.vendor != "postgresql":
-        return None
-    return insert_after(event, new_id_into=about)
-
-
-def events_flush_with(
-    sql: str, params: list[Any], *, returning: bool = False
-) -> list[tuple[Any, ...]]:
-    """Run `sql` (one write of the flow) with the events batched so far, in one statement (a
-    data-modifying CTE): the batch is written now, not at the block's end (events recorded
-    later still are). Inside `events_batched`, on PostgreSQL; elsewhere `sql` runs alone and
-    the batch waits for the block's end as usual. `returning`: `sql` has a RETURNING clause;
-    its rows are returned."""
-    batch = _batch.get()
-    with connection.cursor() as cursor:
-        if not batch or connection.vendor != "postgresql":
-            cursor.execute(sql, params)
-            return list(cursor.fetchall()) if returning else []
-        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
-        insert_sql, insert_params = insert_statement_of(batch)
-        result = "SELECT * FROM step" if returning else "SELECT 1"
-        cursor.execute(
-            f"WITH step AS ({sql}), noted AS ({insert_sql}) {result}",
-            [*params, *insert_params],
-        )
-        written = list(cursor.fetchall()) if returning else []
-    batch.clear()
-    return written
-
-
-def db_column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted for raw SQL."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
-
-
-_INSERT_FIELDS = (
-    "purchase",
-    "quote",
-    "subject",
-    "from_state",
-    "to_state",
-    "actor_type",
-    "actor",
-    "reason_code",
-    "evidence",
-    "created_at",
-)
 
 
 def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:

@@ -19,9 +19,10 @@ from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
 from core.refs import new_ref
 from payments.rails import QuoteTerms
-from purchases.events import event_after_insert, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.offerings import offering_stock_release, offering_stock_take
+from purchases.sql import event_after_insert
 
 
 @dataclass(frozen=True)
