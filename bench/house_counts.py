@@ -3,12 +3,13 @@
 - modules outside `core/` that write SQL text by hand (a string literal holding a
   statement: SELECT ... FROM, INSERT INTO, UPDATE ... SET, DELETE FROM, a CTE, LISTEN,
   pg_notify), the `sql.py` modules named apart;
-- database-vendor branches (`vendor ==` / `vendor !=`) outside the `sql.py` modules;
+- database-vendor branches (`vendor ==` / `vendor !=`, `on_postgresql()`) outside the `sql.py`
+  modules;
 - files over 400 lines.
 
 Migrations are left out (a migration's SQL is its own). Run from the repository:
 
-    .venv/bin/python bench/house_counts.py
+    .venv/bin/python bench/house_counts.py [TREE]   # TREE: another checkout (default: this one)
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ import sys
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
 APPS = ("purchases", "payments", "fulfillment", "core", "config")  # the product, not its tools
 STATEMENT = re.compile(
     r"\bSELECT\b.*\bFROM\b|\bSELECT\s+(1|pg_)|\bINSERT\s+INTO\b|\bUPDATE\b[^\n]*\bSET\b|"
     r"\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s*\(|\bLISTEN\s+[\w{]|\bON CONFLICT\b",
     re.DOTALL,
 )
-VENDOR = re.compile(r"\bvendor\s*[!=]=")
+VENDOR = re.compile(r"\bvendor\s*[!=]=|\bon_postgresql\(\)")
 
 
 def modules() -> list[Path]:
@@ -39,20 +40,28 @@ def modules() -> list[Path]:
 
 
 def writes_sql(path: Path) -> bool:
-    """Whether a string literal (adjacent literals joined, as Python joins them) holds a
-    statement."""
+    """Whether a string literal (adjacent literals joined, as Python joins them; docstrings
+    left out) holds a statement."""
     joined: list[str] = []
+    previous = tokenize.NEWLINE  # the last token before the literals: a docstring's is this
+    starts = (tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING)
+    before = previous
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
     for token in tokens:
         if token.type == tokenize.STRING:
+            if not joined:
+                before = previous
             joined.append(token.string)
+        elif token.type in (tokenize.NL, tokenize.COMMENT) and joined:
             continue
-        if token.type in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT) and joined:
-            continue
-        if joined and STATEMENT.search(" ".join(joined)):
-            return True
-        joined = []
-    return bool(joined) and bool(STATEMENT.search(" ".join(joined)))
+        else:
+            docstring = before in starts and token.type == tokenize.NEWLINE
+            if joined and not docstring and STATEMENT.search(" ".join(joined)):
+                return True
+            joined = []
+        if token.type not in (tokenize.NL, tokenize.COMMENT):
+            previous = token.type
+    return False
 
 
 def main() -> int:

@@ -16,15 +16,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransition
 
-from core.bulk import insert_after, insert_unless_conflict
 from core.changes import Change
 from core.refs import new_ref
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
+from fulfillment.sql import result_insert_with_receipt
 
 
 class LeaseLost(Exception):
@@ -296,12 +296,8 @@ def _result_store(
         body_sha256=digest,
         delivered_at=now,
     )
-    # The receipt goes in the result's statement where the database can (PostgreSQL).
-    also = insert_after(receipt) if connection.vendor == "postgresql" else None
-    if not insert_unless_conflict(result, conflict="(purchase_id)", also=also):
+    if not result_insert_with_receipt(result=result, receipt=receipt):
         raise RuntimeError(f"purchase {purchase_id} already has a result")  # one lease, one run
-    if also is None:
-        receipt.save(force_insert=True)
     return result
 
 
