@@ -410,12 +410,17 @@ def _outbox_insert_sql(vendor: str, rows: int) -> str:
 
 
 def outbox_insert(rows: Sequence[Sequence[Any]], *, with_events: bool = False) -> list[int]:
-    """Insert new messages, each row (job, kwargs, dedup_key, created_at, available_at) as
-    the database takes them, skipping a dedup key already waiting (ON CONFLICT DO NOTHING,
+    """Insert new messages, each row (job, kwargs, dedup_key, created_at, available_at),
+    skipping a dedup key already waiting (ON CONFLICT DO NOTHING,
     never a failing INSERT): the ids written. `with_events`: the flow's events so far go in
     the same statement (events_flush_with)."""
     sql = _outbox_insert_sql(connection.vendor, len(rows))
-    params = [value for row in rows for value in row]
+    fields = [OutboxMessage._meta.get_field(name) for name in _OUTBOX_FIELDS[:5]]
+    params = [
+        field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
+        for row in rows
+        for field, value in zip(fields, row, strict=True)
+    ]
     if with_events:
         return [int(row[0]) for row in events_flush_with(sql, params, returning=True)]
     with connection.cursor() as cursor:

@@ -41,3 +41,20 @@ CELERY_TASK_DEFAULT_QUEUE = env.str(
 )
 # Each test process counts its own throttle hits, so runs sharing a Redis never meet.
 CACHES = {"default": {**CACHES["default"], "KEY_PREFIX": f"tollbooth-tests-{os.getpid()}"}}
+
+# A second database, SQLite in a file, beside PostgreSQL: the SQLite twins of the statements
+# each app's sql.py writes by hand run there, on the same rows as their PostgreSQL form
+# (tests/test_sql_twins.py). Only tests that name it create it.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["twin"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(VAR_DIR / "tollbooth-twin.sqlite3"),  # noqa: F405
+        "ATOMIC_REQUESTS": False,
+        "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        # Tables from the models as they are (the data migrations' ORM reads would reach
+        # the default database, not this one).
+        "TEST": {
+            "NAME": str(VAR_DIR / f"test-twin-{os.getpid()}.sqlite3"),  # noqa: F405
+            "MIGRATE": False,
+        },
+    }

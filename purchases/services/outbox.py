@@ -37,8 +37,8 @@ from typing import Any
 
 from celery import Celery, current_app
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Field, QuerySet
+from django.db import transaction
+from django.db.models import F, QuerySet
 
 from core.clock import now_or
 from core.prepared import PreparedUpdate
@@ -100,10 +100,10 @@ def outbox_stage(
     now = now_or(now)
     row = [
         job,
-        _db_value("kwargs", kwargs),
+        kwargs,
         dedup_key,
-        _db_value("created_at", now),
-        _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"]),
+        now,
+        now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"],
     ]
     # A duplicate is the normal case, not an error: skipped, never a failing INSERT. The
     # flow's timeline events so far are written in the same statement.
@@ -216,23 +216,12 @@ def outbox_stage_many(
     if job not in settings.OUTBOX_JOBS:
         raise ValueError(f"unknown outbox job {job!r}")
     now = now_or(now)
-    created = _db_value("created_at", now)
-    available = _db_value("available_at", now)
     staged: list[int] = []
     for start in range(0, len(messages), RELAY_BATCH):
         chunk = messages[start : start + RELAY_BATCH]
-        rows = [
-            [job, _db_value("kwargs", kwargs), dedup_key, created, available]
-            for kwargs, dedup_key in chunk
-        ]
+        rows = [[job, kwargs, dedup_key, now, now] for kwargs, dedup_key in chunk]
         staged += sql.outbox_insert(rows)
     return staged
-
-
-def _db_value(name: str, value: Any) -> Any:
-    field = OutboxMessage._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field.get_db_prep_save(value, connection)
 
 
 def _celery() -> Celery:
