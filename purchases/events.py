@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
@@ -128,6 +129,69 @@ def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | No
     )
 
 
+@dataclass(frozen=True)
+class PurchaseMove:
+    """One FSM move of a Purchase, made in memory (`purchase_move`) and not yet on the
+    timeline: the field it moved and the fields to save with it."""
+
+    field: str
+    from_state: str
+    to_state: str
+    fields: list[str]
+
+
+def purchase_move(
+    *,
+    purchase: Purchase,
+    transition: Callable[..., None],
+    arguments: dict[str, Any] | None = None,
+    update_fields: Sequence[str] = (),
+) -> PurchaseMove:
+    """The transition recipe's first half: check `can_proceed` and transition (with
+    `arguments`), in memory. The caller saves `fields` and then writes the move on the
+    timeline with `purchase_move_record` (purchase_transition does both at once; a flow that
+    writes a new purchase in one INSERT makes its moves first). Raises
+    TransitionNotAllowed."""
+    field = transition._django_fsm.field  # type: ignore[attr-defined]
+    if not can_proceed(transition):
+        raise TransitionNotAllowed(
+            f"{purchase.ref}: {transition.__name__} not allowed from "
+            f"{getattr(purchase, field.name)}"
+        )
+    previous = getattr(purchase, field.name)
+    before = {name: getattr(purchase, name) for name in _TRANSITION_FIELDS}
+    transition(**(arguments or {}))
+    # Whatever the transition assigned is saved, asked for or not: a reason code set (or
+    # cleared) in memory and not written would leave the old state's reason on the row.
+    changed = [name for name in _TRANSITION_FIELDS if getattr(purchase, name) != before[name]]
+    return PurchaseMove(
+        field=field.name,
+        from_state=previous,
+        to_state=getattr(purchase, field.name),
+        fields=list(dict.fromkeys([field.name, *update_fields, *changed])),
+    )
+
+
+def purchase_move_record(
+    *,
+    purchase: Purchase,
+    move: PurchaseMove,
+    actor: Actor,
+    evidence: dict[str, Any] | None = None,
+) -> None:
+    """The recipe's second half: the move on the timeline (with the purchase's reason code
+    when the move set one), in the caller's transaction, after its row is written."""
+    event_record(
+        subject=PURCHASE_TRANSITION_SUBJECTS[move.field],
+        purchase=purchase,
+        actor=actor,
+        from_state=move.from_state,
+        to_state=move.to_state,
+        reason_code=purchase.reason_code if "reason_code" in move.fields else "",
+        evidence=evidence,
+    )
+
+
 def purchase_transition(
     *,
     purchase: Purchase,
@@ -143,29 +207,10 @@ def purchase_transition(
     (with the purchase's reason code when the transition sets one). Caller holds the lock
     on the purchase inside its transaction. Returns the fields it moved; with `save=False`
     the caller saves them (several moves, one UPDATE). Raises TransitionNotAllowed."""
-    field = transition._django_fsm.field  # type: ignore[attr-defined]
-    if not can_proceed(transition):
-        raise TransitionNotAllowed(
-            f"{purchase.ref}: {transition.__name__} not allowed from "
-            f"{getattr(purchase, field.name)}"
-        )
-    previous = getattr(purchase, field.name)
-    before = {name: getattr(purchase, name) for name in _TRANSITION_FIELDS}
-    transition(**(arguments or {}))
-    # Whatever the transition assigned is saved, asked for or not: a reason code set (or
-    # cleared) in memory and not written would leave the old state's reason on the row.
-    changed = [name for name in _TRANSITION_FIELDS if getattr(purchase, name) != before[name]]
-    fields = dict.fromkeys([field.name, *update_fields, *changed])
-    moved = list(fields)
-    if save:
-        purchase.save(update_fields=[*moved, "updated_at"])
-    event_record(
-        subject=PURCHASE_TRANSITION_SUBJECTS[field.name],
-        purchase=purchase,
-        actor=actor,
-        from_state=previous,
-        to_state=getattr(purchase, field.name),
-        reason_code=purchase.reason_code if "reason_code" in fields else "",
-        evidence=evidence,
+    move = purchase_move(
+        purchase=purchase, transition=transition, arguments=arguments, update_fields=update_fields
     )
-    return moved
+    if save:
+        purchase.save(update_fields=[*move.fields, "updated_at"])
+    purchase_move_record(purchase=purchase, move=move, actor=actor, evidence=evidence)
+    return move.fields

@@ -35,7 +35,14 @@ from payments.models import PaymentAttempt
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
 from payments.selectors import payment_attempt_for_key
 from purchases import event_subjects as subjects
-from purchases.events import event_note, event_record, event_record_change, events_batched
+from purchases.events import (
+    event_note,
+    event_record,
+    event_record_change,
+    events_batched,
+    purchase_move,
+    purchase_move_record,
+)
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
 from purchases.services.buyers import buyer_spend_cap_check
@@ -372,13 +379,15 @@ def _record_once(
             )
         purchase = _purchase_for_payment(request, quote, duplicate_key)
         is_new = purchase.pk is None
-        previous_pay, previous_run = purchase.payment_state, purchase.fulfillment_state
-        # The moves are made before the row is written: a new purchase is one INSERT.
+        # The moves are made before the row is written (a new purchase is one INSERT) and
+        # put on the timeline after the attempt they name.
         if rail.settles_when_recorded:
-            purchase.payment_complete(paid_at=now)
-            purchase.fulfillment_queue()
+            pay = purchase_move(
+                purchase=purchase, transition=purchase.payment_complete, arguments={"paid_at": now}
+            )
+            run = purchase_move(purchase=purchase, transition=purchase.fulfillment_queue)
         else:
-            purchase.payment_begin()
+            pay, run = purchase_move(purchase=purchase, transition=purchase.payment_begin), None
         if is_new:
             was = _quote_accept(quote)  # before the purchase: the quote's row is the lock
             purchase.save()
@@ -404,24 +413,16 @@ def _record_once(
             )
         )
         event_record_change(purchase=purchase, actor=actor, change=change)
-        event_record(
-            subject="purchase.payment",
+        purchase_move_record(
             purchase=purchase,
+            move=pay,
             actor=actor,
-            from_state=previous_pay,
-            to_state=purchase.payment_state,
             evidence={"rail": purchase.rail, "attempt": attempt.pk},
         )
-        if not rail.settles_when_recorded:
+        if run is None:
             payment_id_mark_recorded(claim=claim, purchase=purchase)
             return purchase, attempt, None
-        event_record(
-            subject="purchase.fulfillment",
-            purchase=purchase,
-            actor=actor,
-            from_state=previous_run,
-            to_state=purchase.fulfillment_state,
-        )
+        purchase_move_record(purchase=purchase, move=run, actor=actor)
         stored = checkout.answers.recorded(purchase=purchase, attempt=attempt)
         payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
         purchase_execution_stage(purchase_id=purchase.pk, now=now)
