@@ -261,11 +261,19 @@ def execution_succeed(
         attempt.save(update_fields=["state", "finished_at", "job_ref"])
     except ConcurrentTransition as lost:
         raise LeaseLost(claim.attempt_id) from lost
-    result = _result_store(purchase_id, attempt, output, payment, retention, now)
+    result = _result_store(
+        purchase_id=purchase_id,
+        attempt=attempt,
+        output=output,
+        payment=payment,
+        retention=retention,
+        now=now,
+    )
     return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
 
 
 def _result_store(
+    *,
     purchase_id: int,
     attempt: ExecutionAttempt,
     output: JobOutput,
@@ -412,7 +420,14 @@ def execution_recheck_succeed(
     attempt.checks += 1
     attempt.succeed_on_recheck(job_ref=job_ref, at=now)
     attempt.save(update_fields=["state", "job_ref", "finished_at", "next_check_at", "checks"])
-    _result_store(purchase_id, attempt, output, payment, retention, now)
+    _result_store(
+        purchase_id=purchase_id,
+        attempt=attempt,
+        output=output,
+        payment=payment,
+        retention=retention,
+        now=now,
+    )
     digest = hashlib.sha256(output.content).hexdigest()
     return _recheck_change(
         attempt, "succeeded", "", sha256=digest, size=len(output.content), previous="unknown"

@@ -39,8 +39,9 @@ SELF_TRANSFER_GAS = 21_000  # a plain value transfer to an EOA costs exactly thi
 # A nonce handed out this recently may belong to a settlement that is still on its way to
 # recording and sending its transaction: filling it would make that broadcast fail.
 UNSENT_GRACE = timedelta(seconds=60)
-# Send errors meaning "a transaction already holds this nonce" (spellings differ by node).
-_NONCE_OCCUPIED = (
+# Send errors meaning "this transaction reached the node before" (spellings differ by node).
+# "nonce too low" also covers a re-send after it was mined: the receipt wait tells which.
+ALREADY_SENT = (
     "already known",
     "already imported",
     "known transaction",
@@ -48,8 +49,10 @@ _NONCE_OCCUPIED = (
     "nonce too low",
     "nonce is too low",
     "oldnonce",
-    "replacement transaction",
 )
+# Send errors meaning "a transaction already holds this nonce": the same, or another one
+# there first.
+_NONCE_OCCUPIED = (*ALREADY_SENT, "replacement transaction")
 
 # Nonces closed inside one settlement at most: a longer gap (a node that lost its whole pool,
 # a chain reset under a kept database) is left to `relayer_heal`, off the buyer's request.

@@ -183,7 +183,14 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         return _answer_duplicate(checkout, duplicate, quote, claim)
     search_from = rail.verify_funds(presentation=request.presentation, terms=terms)
     try:
-        purchase, attempt, _ = _record(checkout, quote, terms, duplicate_key, claim, search_from)
+        purchase, attempt, _ = _record(
+            checkout=checkout,
+            quote=quote,
+            terms=terms,
+            duplicate_key=duplicate_key,
+            claim=claim,
+            search_from=search_from,
+        )
     except _Duplicate as found:
         return _answer_duplicate(checkout, found.purchase, quote, claim)
     return _settle_and_answer(
@@ -201,7 +208,12 @@ def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
         checkout.rail.verify(presentation=request.presentation, terms=terms, now=request.now)
         try:
             _, _, stored = _record(
-                checkout, quote, terms, _duplicate_key(request, quote), claim, None
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=_duplicate_key(request, quote),
+                claim=claim,
+                search_from=None,
             )
         except _Duplicate as found:
             duplicate = found.purchase
@@ -312,6 +324,7 @@ def _may_pay(quote: Quote, request: PaymentRequest) -> bool:
 
 
 def _record(
+    *,
     checkout: _Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
@@ -328,12 +341,25 @@ def _record(
     """
     try:
         try:
-            return _record_once(checkout, quote, terms, duplicate_key, claim, search_from)
+            return _record_once(
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=duplicate_key,
+                claim=claim,
+                search_from=search_from,
+            )
         except ConcurrentTransition:
             # The quote moved since it was read (another payment, expiry): nothing was
             # written; again under its lock, which says what happened to it.
             return _record_once(
-                checkout, quote, terms, duplicate_key, claim, search_from, lock_quote=True
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=duplicate_key,
+                claim=claim,
+                search_from=search_from,
+                lock_quote=True,
             )
     except IntegrityError:
         # Two presentations of one payment raced past verification: the database lets
@@ -343,13 +369,13 @@ def _record(
 
 
 def _record_once(
+    *,
     checkout: _Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
     duplicate_key: str,
     claim: KeyClaim,
     search_from: int | None,
-    *,
     lock_quote: bool = False,
 ) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
     """`lock_quote`: read the quote again under its lock first. Without it, a quote read

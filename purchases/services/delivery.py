@@ -101,7 +101,9 @@ def purchase_result_deliver(
         raise DomainError(
             ErrorCode.RESULT_EXPIRED, purchase=purchase.ref, extra={"receipt": receipt_url}
         )
-    _delivery_record(purchase, result, str(public_id), channel, now)
+    _delivery_record(
+        purchase=purchase, result=result, receipt_public_id=str(public_id), channel=channel, now=now
+    )
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url)
 
@@ -118,7 +120,7 @@ def _result_and_receipt(purchase: Purchase) -> tuple[Result | None, str | None]:
 
 
 def _delivery_record(
-    purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
+    *, purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
 ) -> None:
     first = result.first_delivered_at
     evidence = {

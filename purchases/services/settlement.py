@@ -143,7 +143,16 @@ def settlement_record_outcome(
     if known is not None:
         try:
             with transaction.atomic(), events_batched():
-                return _outcome_apply(*known, outcome, is_first_broadcast, answers, now, actor)
+                purchase, attempt = known
+                return _outcome_apply(
+                    purchase=purchase,
+                    attempt=attempt,
+                    outcome=outcome,
+                    is_first_broadcast=is_first_broadcast,
+                    answers=answers,
+                    now=now,
+                    actor=actor,
+                )
         except ConcurrentTransition:
             logger.info("attempt %s moved since it was recorded; reading it locked", attempt_id)
     with transaction.atomic(), events_batched():
@@ -153,10 +162,19 @@ def settlement_record_outcome(
             .get(pk=purchase_id)
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
-        return _outcome_apply(purchase, attempt, outcome, is_first_broadcast, answers, now, actor)
+        return _outcome_apply(
+            purchase=purchase,
+            attempt=attempt,
+            outcome=outcome,
+            is_first_broadcast=is_first_broadcast,
+            answers=answers,
+            now=now,
+            actor=actor,
+        )
 
 
 def _outcome_apply(
+    *,
     purchase: Purchase,
     attempt: PaymentAttempt,
     outcome: SettlementOutcome,
@@ -167,7 +185,9 @@ def _outcome_apply(
 ) -> tuple[Purchase, PaymentAttempt]:
     attempt.purchase = purchase
     if is_first_broadcast:
-        _first_broadcast_record(purchase, attempt, outcome, answers, actor)
+        _first_broadcast_record(
+            purchase=purchase, attempt=attempt, outcome=outcome, answers=answers, actor=actor
+        )
     if (
         attempt.state == PaymentAttempt.State.FAILED
         and outcome.status == SettlementStatus.CONFIRMED
@@ -341,6 +361,7 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
 
 
 def _first_broadcast_record(
+    *,
     purchase: Purchase,
     attempt: PaymentAttempt,
     outcome: SettlementOutcome,
