@@ -2,9 +2,11 @@
 may not grow it more than 10%).
 
 Each round runs tests/x402/profile_paid_request.py (the suite's fixtures, a real anvil,
-PostgreSQL; the median CPU of this process per request, after its warm-up) in tree A, then
-in tree B, the order swapped every round so the shared machine's load falls on both sides.
-The figure is the median of the per-round ratios B/A, with both sides' medians:
+PostgreSQL; the median CPU of this process per request, after its warm-up) in both trees at
+the same time, so a shared machine's load falls on both sides alike (`--sequential`: one
+after the other, the order swapped every round; on a machine others load unevenly that
+favoured whichever side ran in the quieter minutes). The figure is the median of the
+per-round ratios after/before, with both sides' medians:
 
     DATABASE_URL=postgres://.../db REDIS_URL=redis://... .venv/bin/python bench/cpu_pairs.py \\
         --before /path/to/base/worktree --after . --rounds 9 --requests 20
@@ -25,10 +27,10 @@ from pathlib import Path
 PLAIN = re.compile(r"plain\s+n=\d+\s+median ([\d.]+)")
 
 
-def measure(tree: Path, database_url: str, requests: int) -> float:
+def start(tree: Path, database_url: str, requests: int) -> subprocess.Popen[str]:
     env = {**os.environ, "DATABASE_URL": database_url, "PROFILE_REQUESTS": str(requests)}
     env["PROFILE_TOP"] = "0"
-    done = subprocess.run(
+    return subprocess.Popen(
         [
             str(tree / ".venv/bin/python"),
             "-m",
@@ -41,13 +43,17 @@ def measure(tree: Path, database_url: str, requests: int) -> float:
         ],
         cwd=tree,
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
     )
-    found = PLAIN.search(done.stdout)
-    if done.returncode or not found:
-        sys.exit(f"{tree}: the profile failed\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def result(tree: Path, running: subprocess.Popen[str]) -> float:
+    stdout, stderr = running.communicate()
+    found = PLAIN.search(stdout)
+    if running.returncode or not found:
+        sys.exit(f"{tree}: the profile failed\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return float(found.group(1))
 
 
@@ -57,6 +63,7 @@ def main() -> int:
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--sequential", action="store_true")
     args = parser.parse_args()
     url = os.environ["DATABASE_URL"]
     trees = {
@@ -66,8 +73,14 @@ def main() -> int:
     figures: dict[str, list[float]] = {"before": [], "after": []}
     for n in range(args.rounds):
         order = ("before", "after") if n % 2 == 0 else ("after", "before")
-        for side in order:
-            figures[side].append(measure(*trees[side], args.requests))
+        if args.sequential:
+            for side in order:
+                tree, url = trees[side]
+                figures[side].append(result(tree, start(tree, url, args.requests)))
+        else:
+            running = {side: start(*trees[side], args.requests) for side in order}
+            for side in order:
+                figures[side].append(result(trees[side][0], running[side]))
         before, after = figures["before"][-1], figures["after"][-1]
         print(f"round {n + 1}: before {before:.2f} ms, after {after:.2f} ms", flush=True)
     ratios = [a / b for a, b in zip(figures["after"], figures["before"], strict=True)]
