@@ -6,14 +6,13 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from django_fsm import FSMField, transition
+from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin, FSMField, transition
 
-from core.prepared import PreparedTransitionMixin
 from core.refs import new_ref
 from fulfillment.upstreams import upstream_validate
 
 
-class ExecutionAttempt(PreparedTransitionMixin, models.Model):
+class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
     """One try to run the paid work, owned by one worker through a lease."""
 
     class State(models.TextChoices):
@@ -80,13 +79,31 @@ class ExecutionAttempt(PreparedTransitionMixin, models.Model):
             pk=attempt_id, lease_token=lease_token, job_ref=job_ref, state=cls.State.RUNNING
         )
         attempt._state.adding = False
-        attempt._lease_guard = True
+        attempt._held_lease = lease_token
         return attempt
 
-    def _save_guard(self) -> dict[str, Any]:
-        if getattr(self, "_lease_guard", False):
-            return {"lease_token": self.lease_token}
-        return {}
+    # The lease a `held` attempt was made under; None for one read from the database.
+    _held_lease: str | None = None
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """A `held` attempt writes the fields named only while the row is still running under
+        its lease: one conditional UPDATE (the public update(), not a private save hook), and
+        ConcurrentTransition when the row no longer holds them. Any other save is Django's."""
+        if self._held_lease is None:
+            super().save(*args, **kwargs)
+            return
+        fields = [self._meta.get_field(name) for name in kwargs["update_fields"]]
+        written = (
+            type(self)
+            ._default_manager.filter(
+                pk=self.pk, state=self.State.RUNNING, lease_token=self._held_lease
+            )
+            .update(**{field.attname: field.pre_save(self, False) for field in fields})  # type: ignore[union-attr]
+        )
+        if not written:
+            raise ConcurrentTransition(
+                f"execution attempt {self.pk} is no longer running under this lease"
+            )
 
     @transition(field=state, source=State.RUNNING, target=State.SUCCEEDED)
     def succeed(self, *, at: Any) -> None:

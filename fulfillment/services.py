@@ -16,16 +16,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransition
 
-from core.bulk import insert_after, insert_unless_conflict
 from core.changes import Change
 from core.refs import new_ref
 from fulfillment import receipt_signing
 from fulfillment.executors import JobOutput
 from fulfillment.models import ExecutionAttempt, Receipt, Result
+from fulfillment.sql import result_insert_with_receipt
 
 
 class LeaseLost(Exception):
@@ -304,11 +304,19 @@ def execution_succeed(
         attempt.save(update_fields=["state", "finished_at", "job_ref"])
     except ConcurrentTransition as lost:
         raise LeaseLost(claim.attempt_id) from lost
-    result = _result_store(purchase_id, attempt, output, payment, retention, now)
+    result = _result_store(
+        purchase_id=purchase_id,
+        attempt=attempt,
+        output=output,
+        payment=payment,
+        retention=retention,
+        now=now,
+    )
     return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
 
 
 def _result_store(
+    *,
     purchase_id: int,
     attempt: ExecutionAttempt,
     output: JobOutput,
@@ -341,12 +349,8 @@ def _result_store(
     )
     if payment.receipt is not None:
         receipt_sign_into(receipt=receipt, facts=payment.receipt, now=now)
-    # The receipt goes in the result's statement where the database can (PostgreSQL).
-    also = insert_after(receipt) if connection.vendor == "postgresql" else None
-    if not insert_unless_conflict(result, conflict="(purchase_id)", also=also):
+    if not result_insert_with_receipt(result=result, receipt=receipt):
         raise RuntimeError(f"purchase {purchase_id} already has a result")  # one lease, one run
-    if also is None:
-        receipt.save(force_insert=True)
     return result
 
 
@@ -505,7 +509,14 @@ def execution_recheck_succeed(
     attempt.checks += 1
     attempt.succeed_on_recheck(job_ref=job_ref, at=now)
     attempt.save(update_fields=["state", "job_ref", "finished_at", "next_check_at", "checks"])
-    _result_store(purchase_id, attempt, output, payment, retention, now)
+    _result_store(
+        purchase_id=purchase_id,
+        attempt=attempt,
+        output=output,
+        payment=payment,
+        retention=retention,
+        now=now,
+    )
     digest = hashlib.sha256(output.content).hexdigest()
     return _recheck_change(
         attempt, "succeeded", "", sha256=digest, size=len(output.content), previous="unknown"

@@ -7,9 +7,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
-from django_fsm import FSMField, transition
-
-from core.prepared import PreparedTransitionMixin
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
 # Money not yet proven moved or not: what settlement and reconciliation look after.
@@ -23,7 +21,7 @@ class Rail(models.TextChoices):
     X402 = "x402"
 
 
-class PaymentAttempt(PreparedTransitionMixin, models.Model):
+class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     """One try to pay a purchase, under one payment id (its key, which holds the id)."""
 
     class State(models.TextChoices):
@@ -241,7 +239,7 @@ class LedgerEntry(models.Model):
         return f"{self.reference}: {self.amount}"
 
 
-class Refund(PreparedTransitionMixin, models.Model):
+class Refund(ConcurrentTransitionMixin, models.Model):
     """A remedy linked to the original purchase and payment; the original is never rewritten."""
 
     class Method(models.TextChoices):

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import F, Model, Sum
+from django.db import transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
-from core.bulk import insert_returning_pk
 from core.changes import Change
 from core.clock import now_or
 from core.locks import lock_rows
+from payments import sql
 from payments.models import (
     LIVE_ATTEMPT_STATES,
     ExportBatch,
@@ -57,19 +57,6 @@ def _balance_add(*, buyer_id: int, asset: str, amount: int) -> None:
 
 # The debit and its entry in one statement: the entry is written only if the conditional
 # UPDATE of the running balance (which locks, checks and debits at once) moved it.
-_DEBIT_SQL = """
-WITH debited AS (
-    UPDATE {balances} SET {amount} = {amount} - %(amount)s
-    WHERE {buyer} = %(buyer)s AND {asset} = %(asset)s AND {amount} >= %(amount)s
-    RETURNING 1
-)
-INSERT INTO {entries} ({columns})
-SELECT %(buyer)s, %(asset)s, -%(amount)s, %(kind)s, %(reference)s, %(purchase)s, '', %(now)s
-FROM debited
-RETURNING {entry_pk}
-"""
-
-
 def ledger_debit(
     *, buyer_id: int, asset: str, amount: int, reference: str, purchase_id: int
 ) -> LedgerEntry | None:
@@ -86,39 +73,7 @@ def ledger_debit(
         purchase_id=purchase_id,
         created_at=timezone.now(),
     )
-    if connection.vendor != "postgresql":
-        debited = LedgerBalance.objects.filter(
-            buyer_id=buyer_id, asset=asset, amount__gte=amount
-        ).update(amount=F("amount") - amount)
-        if not debited:
-            return None
-        entry.save(force_insert=True)
-        return entry
-    quote = connection.ops.quote_name
-
-    def column(model: type[Model], name: str) -> str:
-        return quote(str(model._meta.get_field(name).column))  # type: ignore[union-attr]
-
-    fields = ("buyer", "asset", "amount", "kind", "reference", "purchase", "memo", "created_at")
-    sql = _DEBIT_SQL.format(
-        balances=quote(LedgerBalance._meta.db_table),
-        amount=column(LedgerBalance, "amount"),
-        buyer=column(LedgerBalance, "buyer"),
-        asset=column(LedgerBalance, "asset"),
-        entries=quote(LedgerEntry._meta.db_table),
-        columns=", ".join(column(LedgerEntry, name) for name in fields),
-        entry_pk=column(LedgerEntry, "id"),
-    )
-    params: dict[str, Any] = {
-        "amount": amount,
-        "buyer": buyer_id,
-        "asset": asset,
-        "kind": entry.kind,
-        "reference": reference,
-        "purchase": purchase_id,
-        "now": entry.created_at,
-    }
-    return entry if insert_returning_pk(entry, sql, params) else None
+    return entry if sql.ledger_debit_post(entry=entry, amount=amount) else None
 
 
 class LedgerReferenceConflict(ValueError):

@@ -5,15 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import transaction
 from django_fsm import TransitionNotAllowed, can_proceed
 
 from core.actors import Actor
-from core.bulk import bulk_insert_rows, insert_after
+from core.bulk import bulk_insert_rows
 from core.changes import Change
-from core.prepared.inserts import insert_statement_of
 from purchases.models import Purchase, PurchaseEvent, Quote
 
 # The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
@@ -101,76 +101,17 @@ def event_record(
     return event
 
 
+def events_pending() -> list[PurchaseEvent] | None:
+    """The events batched so far and not yet written (None outside `events_batched`): a
+    statement of ours that writes them itself (purchases.sql.events_flush_with) clears it."""
+    return _batch.get()
+
+
 def event_note(**event: Any) -> PurchaseEvent:
     """Append one event about something observed outside any flow (a fetch, a refused
     request, an alert): in its own short transaction, or the caller's if one is open."""
     with transaction.atomic():
         return event_record(**event)
-
-
-def event_table_sql() -> tuple[str, str]:
-    """The timeline's table and its insert columns, quoted, for statements that fold an
-    event INSERT into another one (a data-modifying CTE): `(table, "col, col, ...")`, the
-    columns in the order purchase_id, quote_id, subject, from_state, to_state, actor_type,
-    actor, reason_code, evidence, created_at."""
-    table = connection.ops.quote_name(PurchaseEvent._meta.db_table)
-    return table, ", ".join(db_column(PurchaseEvent, name) for name in _INSERT_FIELDS)
-
-
-def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[Any]] | None:
-    """`event` as the INSERT that follows the INSERT of the row it is about, in one statement
-    (core.bulk.insert_unless_conflict's `also`): the new row's id goes into the event's
-    `about` field ("quote" or "purchase"). None where there is no data-modifying CTE
-    (SQLite): record the event after the row, as usual."""
-    if connection.vendor != "postgresql":
-        return None
-    return insert_after(event, new_id_into=about)
-
-
-def events_flush_with(
-    sql: str, params: list[Any], *, returning: bool = False
-) -> list[tuple[Any, ...]]:
-    """Run `sql` (one write of the flow) with the events batched so far, in one statement (a
-    data-modifying CTE): the batch is written now, not at the block's end (events recorded
-    later still are). Inside `events_batched`, on PostgreSQL; elsewhere `sql` runs alone and
-    the batch waits for the block's end as usual. `returning`: `sql` has a RETURNING clause;
-    its rows are returned."""
-    batch = _batch.get()
-    with connection.cursor() as cursor:
-        if not batch or connection.vendor != "postgresql":
-            cursor.execute(sql, params)
-            return list(cursor.fetchall()) if returning else []
-        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
-        insert_sql, insert_params = insert_statement_of(batch)
-        result = "SELECT * FROM step" if returning else "SELECT 1"
-        cursor.execute(
-            f"WITH step AS ({sql}), noted AS ({insert_sql}) {result}",
-            [*params, *insert_params],
-        )
-        written = list(cursor.fetchall()) if returning else []
-    batch.clear()
-    return written
-
-
-def db_column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted for raw SQL."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
-
-
-_INSERT_FIELDS = (
-    "purchase",
-    "quote",
-    "subject",
-    "from_state",
-    "to_state",
-    "actor_type",
-    "actor",
-    "reason_code",
-    "evidence",
-    "created_at",
-)
 
 
 def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | None) -> None:
@@ -185,6 +126,69 @@ def event_record_change(*, purchase: Purchase, actor: Actor, change: Change | No
         to_state=change.to_state,
         reason_code=change.reason_code,
         evidence=change.evidence,
+    )
+
+
+@dataclass(frozen=True)
+class PurchaseMove:
+    """One FSM move of a Purchase, made in memory (`purchase_move`) and not yet on the
+    timeline: the field it moved and the fields to save with it."""
+
+    field: str
+    from_state: str
+    to_state: str
+    fields: list[str]
+
+
+def purchase_move(
+    *,
+    purchase: Purchase,
+    transition: Callable[..., None],
+    arguments: dict[str, Any] | None = None,
+    update_fields: Sequence[str] = (),
+) -> PurchaseMove:
+    """The transition recipe's first half: check `can_proceed` and transition (with
+    `arguments`), in memory. The caller saves `fields` and then writes the move on the
+    timeline with `purchase_move_record` (purchase_transition does both at once; a flow that
+    writes a new purchase in one INSERT makes its moves first). Raises
+    TransitionNotAllowed."""
+    field = transition._django_fsm.field  # type: ignore[attr-defined]
+    if not can_proceed(transition):
+        raise TransitionNotAllowed(
+            f"{purchase.ref}: {transition.__name__} not allowed from "
+            f"{getattr(purchase, field.name)}"
+        )
+    previous = getattr(purchase, field.name)
+    before = {name: getattr(purchase, name) for name in _TRANSITION_FIELDS}
+    transition(**(arguments or {}))
+    # Whatever the transition assigned is saved, asked for or not: a reason code set (or
+    # cleared) in memory and not written would leave the old state's reason on the row.
+    changed = [name for name in _TRANSITION_FIELDS if getattr(purchase, name) != before[name]]
+    return PurchaseMove(
+        field=field.name,
+        from_state=previous,
+        to_state=getattr(purchase, field.name),
+        fields=list(dict.fromkeys([field.name, *update_fields, *changed])),
+    )
+
+
+def purchase_move_record(
+    *,
+    purchase: Purchase,
+    move: PurchaseMove,
+    actor: Actor,
+    evidence: dict[str, Any] | None = None,
+) -> None:
+    """The recipe's second half: the move on the timeline (with the purchase's reason code
+    when the move set one), in the caller's transaction, after its row is written."""
+    event_record(
+        subject=PURCHASE_TRANSITION_SUBJECTS[move.field],
+        purchase=purchase,
+        actor=actor,
+        from_state=move.from_state,
+        to_state=move.to_state,
+        reason_code=purchase.reason_code if "reason_code" in move.fields else "",
+        evidence=evidence,
     )
 
 
@@ -203,29 +207,10 @@ def purchase_transition(
     (with the purchase's reason code when the transition sets one). Caller holds the lock
     on the purchase inside its transaction. Returns the fields it moved; with `save=False`
     the caller saves them (several moves, one UPDATE). Raises TransitionNotAllowed."""
-    field = transition._django_fsm.field  # type: ignore[attr-defined]
-    if not can_proceed(transition):
-        raise TransitionNotAllowed(
-            f"{purchase.ref}: {transition.__name__} not allowed from "
-            f"{getattr(purchase, field.name)}"
-        )
-    previous = getattr(purchase, field.name)
-    before = {name: getattr(purchase, name) for name in _TRANSITION_FIELDS}
-    transition(**(arguments or {}))
-    # Whatever the transition assigned is saved, asked for or not: a reason code set (or
-    # cleared) in memory and not written would leave the old state's reason on the row.
-    changed = [name for name in _TRANSITION_FIELDS if getattr(purchase, name) != before[name]]
-    fields = dict.fromkeys([field.name, *update_fields, *changed])
-    moved = list(fields)
-    if save:
-        purchase.save(update_fields=[*moved, "updated_at"])
-    event_record(
-        subject=PURCHASE_TRANSITION_SUBJECTS[field.name],
-        purchase=purchase,
-        actor=actor,
-        from_state=previous,
-        to_state=getattr(purchase, field.name),
-        reason_code=purchase.reason_code if "reason_code" in fields else "",
-        evidence=evidence,
+    move = purchase_move(
+        purchase=purchase, transition=transition, arguments=arguments, update_fields=update_fields
     )
-    return moved
+    if save:
+        purchase.save(update_fields=[*move.fields, "updated_at"])
+    purchase_move_record(purchase=purchase, move=move, actor=actor, evidence=evidence)
+    return move.fields

@@ -8,9 +8,8 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
-from django_fsm import FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
-from core.prepared import PreparedTransitionMixin
 from core.refs import new_ref
 from payments.models import Rail
 
@@ -136,7 +135,7 @@ class BuyerWallet(models.Model):
         return self.address
 
 
-class Quote(PreparedTransitionMixin, models.Model):
+class Quote(ConcurrentTransitionMixin, models.Model):
     class State(models.TextChoices):
         OPEN = "open"
         ACCEPTED = "accepted"
@@ -187,7 +186,7 @@ class Quote(PreparedTransitionMixin, models.Model):
         return self.public_id
 
 
-class Purchase(PreparedTransitionMixin, models.Model):
+class Purchase(ConcurrentTransitionMixin, models.Model):
     """The durable identity of a sale. Payment and fulfilment are tracked separately."""
 
     class PaymentState(models.TextChoices):
@@ -397,7 +396,7 @@ class WalletSignIn(models.Model):
         return f"sign-in {self.nonce} by {self.address}"
 
 
-class Escalation(PreparedTransitionMixin, models.Model):
+class Escalation(ConcurrentTransitionMixin, models.Model):
     """A purchase whose state could not be established safely, with an owner and a deadline."""
 
     class State(models.TextChoices):
@@ -488,7 +487,7 @@ class PurchaseEvent(models.Model):
         return f"{self.subject}: {self.from_state} -> {self.to_state} ({self.reason_code})"
 
 
-class IdempotencyRecord(PreparedTransitionMixin, models.Model):
+class IdempotencyRecord(ConcurrentTransitionMixin, models.Model):
     """One payment id in one scope: who used it, for what request, and the answer given."""
 
     class State(models.TextChoices):

@@ -158,16 +158,6 @@ def test_a_prepared_raw_statement_without_the_primary_key_is_refused():
         without_pk.fetch([])
 
 
-def test_a_prepared_insert_writes_the_row_the_orm_writes():
-    for _ in range(2):  # the first insert compiles its shape, the second reuses it
-        attempt = PaymentAttemptFactory.create(purchase__paid=True, purchase__prepaid=True)
-        purchase = attempt.purchase
-        assert purchase.pk is not None and purchase.created_at is not None  # returned, pre-saved
-        stored = Purchase.objects.get(pk=purchase.pk)
-        assert _fields(stored) == _fields(purchase)
-        assert _fields(type(attempt).objects.get(pk=attempt.pk)) == _fields(attempt)
-
-
 def _events(purchase: Purchase, count: int) -> list[PurchaseEvent]:
     return [
         PurchaseEvent(

@@ -45,3 +45,19 @@ CACHES = {"default": {**CACHES["default"], "KEY_PREFIX": f"tollbooth-tests-{os.g
 # No TOLLBOOTH_RECEIPT_KEY: one generated key per database, shared by every process of a run.
 _receipt_key_name = str(DATABASES["default"]["NAME"]).replace("/", "_")
 RECEIPTS = {**RECEIPTS, "KEY_FILE": VAR_DIR / f"receipt-key-{_receipt_key_name}.hex"}  # noqa: F405
+# A second database, SQLite in a file, beside PostgreSQL: the SQLite twins of the statements
+# each app's sql.py writes by hand run there, on the same rows as their PostgreSQL form
+# (tests/test_sql_twins.py). Only tests that name it create it.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["twin"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(VAR_DIR / "tollbooth-twin.sqlite3"),  # noqa: F405
+        "ATOMIC_REQUESTS": False,
+        "OPTIONS": {"transaction_mode": "IMMEDIATE"},
+        # Tables from the models as they are (the data migrations' ORM reads would reach
+        # the default database, not this one).
+        "TEST": {
+            "NAME": str(VAR_DIR / f"test-twin-{os.getpid()}.sqlite3"),  # noqa: F405
+            "MIGRATE": False,
+        },
+    }

@@ -7,14 +7,14 @@ parameters do; the ORM compiles them anew on every call, which was most of their
 - `reads`: `PreparedQuery`, a queryset compiled once with sentinel parameters, its rows made
   into instances as the ORM makes them;
 - `raw`: `PreparedRaw`, a raw statement of ours whose columns are resolved once;
-- `writes`: `PreparedTransitionMixin` (an FSM model's saves) and `PreparedUpdate` (a
-  queryset's update()), compiled once per shape;
-- `inserts`: new rows' INSERTs, from a save() or written by hand (`insert_rows`), their text
-  written once per shape.
+- `writes`: `PreparedUpdate` (a queryset's update()), compiled once per shape;
+- `inserts`: new rows written by hand (`insert_rows`), their text written once per shape.
+
+A model's save() is Django's own: no private `_do_update` / `_do_insert` is overridden here.
 """
 
 from core.prepared.raw import PreparedRaw
 from core.prepared.reads import PreparedQuery
-from core.prepared.writes import PreparedTransitionMixin, PreparedUpdate
+from core.prepared.writes import PreparedUpdate
 
-__all__ = ["PreparedQuery", "PreparedRaw", "PreparedTransitionMixin", "PreparedUpdate"]
+__all__ = ["PreparedQuery", "PreparedRaw", "PreparedUpdate"]

@@ -1,10 +1,8 @@
-"""New rows' INSERTs, their text written once per shape instead of compiled per call.
+"""New rows written by hand, their INSERT's text written once per model and row count.
 
-- The INSERT a save() of a new row runs (`prepared_insert`, for PreparedTransitionMixin):
-  the ORM's own statement for the fields saved and returned, compiled once.
-- New rows written by hand (`insert_rows`, `insert_statement_of` and their parts
-  `insert_shape`, `insert_sql`, `insert_values`): several in one statement, or inside a
-  statement of ours, the text written once per model and row count.
+`insert_rows`, `insert_statement_of` and their parts `insert_shape`, `insert_sql`,
+`insert_values`: several rows in one statement, or inside a statement of ours (an app's
+`sql.py`). A save() of one new row goes through the ORM.
 
 Values are prepared as the ORM prepares them (`pre_save` for a new row, so `auto_now_add`
 and the like, then `get_db_prep_save`); returned columns are converted as it converts them.
@@ -16,93 +14,15 @@ write it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
-from django.db.models.sql import InsertQuery, Query
-
-from core.prepared.reads import converted
 
 # PostgreSQL's wire protocol counts a statement's parameters in 16 bits (Django sets no
 # limit there: its bulk_create sends one array per column instead).
 _PROTOCOL_MAX_PARAMS = 65_535
-
-
-@dataclass(frozen=True)
-class _SavedInsertShape:
-    sql: str
-    by_hand: bool  # no field with a placeholder of its own
-    returning_params: Any
-    returning_converters: list[tuple[int, list[Callable[..., Any]], Any]]
-
-
-_saved_insert_shapes: dict[tuple[Any, ...], _SavedInsertShape] = {}
-
-
-def prepared_insert(
-    instance: models.Model,
-    alias: str,
-    fields: list[models.Field[Any, Any]],
-    returning_fields: list[models.Field[Any, Any]] | None,
-) -> list[tuple[Any, ...]] | None:
-    """One row's INSERT as the ORM runs it from save(), its SQL compiled once per shape (the
-    fields saved and returned): the row's values, as the ORM prepares them, and the returned
-    columns, converted. None when the ORM must do it (an expression as a value, a field
-    with a placeholder of its own, a database that cannot return the columns)."""
-    connection = connections[alias]
-    if returning_fields and not connection.features.can_return_columns_from_insert:
-        return None
-    key = (
-        type(instance),
-        alias,
-        connection.vendor,
-        tuple(field.attname for field in fields),
-        tuple(field.attname for field in returning_fields or ()),
-    )
-    shape = _saved_insert_shapes.get(key)
-    if shape is None:
-        shape = _saved_insert_shapes[key] = _saved_insert_shape(
-            instance, alias, fields, returning_fields
-        )
-    if not shape.by_hand:
-        return None
-    params = _row_params(instance, fields, connection)
-    if params is None:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(shape.sql, params)
-        if not returning_fields:
-            return []
-        row = connection.ops.fetch_returned_insert_columns(cursor, shape.returning_params)  # type: ignore[attr-defined]
-    return [tuple(converted(row, shape.returning_converters, connection))]
-
-
-def _saved_insert_shape(
-    instance: models.Model,
-    alias: str,
-    fields: list[models.Field[Any, Any]],
-    returning_fields: list[models.Field[Any, Any]] | None,
-) -> _SavedInsertShape:
-    """The ORM's own INSERT for this shape (compiled raw: nothing pre-saved twice)."""
-    model = type(instance)
-    query = InsertQuery(model)
-    query.insert_values(fields, [instance], raw=True)
-    compiler = query.get_compiler(using=alias)
-    compiler.returning_fields = returning_fields  # type: ignore[attr-defined]
-    [(sql, _params)] = compiler.as_sql()  # type: ignore[attr-defined]
-    table = model._meta.db_table
-    connection = connections[alias]
-    columns = [field.get_col(table) for field in returning_fields or ()]
-    selecting = connection.ops.compiler("SQLCompiler")(Query(model), connection, alias)
-    converters = selecting.get_converters(columns)  # type: ignore[arg-type]
-    return _SavedInsertShape(
-        sql=sql,
-        by_hand=not any(hasattr(field, "get_placeholder") for field in fields),
-        returning_params=getattr(compiler, "returning_params", ()),
-        returning_converters=[(pos, convs, expr) for pos, (convs, expr) in converters.items()],
-    )
 
 
 @dataclass(frozen=True)

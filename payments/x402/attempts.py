@@ -6,15 +6,14 @@ puts the returned Change on the purchase's timeline.
 
 from __future__ import annotations
 
-import functools
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, connections
 from django.db.models import QuerySet
 
 from core.changes import Change
 from core.prepared import PreparedUpdate
+from payments import sql
 from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.x402.types import (
     Authorization,
@@ -124,42 +123,12 @@ def x402_attempt_mark_prepared(
         attempt.tx_hash = prepared.tx_hash.lower()
         attempt.raw_transaction = prepared.raw_transaction or ""
         attempt.relayer_nonce = prepared.relayer_nonce
-    signed = bool(prepared.tx_hash)
-    meta = PaymentAttempt._meta
-    values: list[tuple[str, Any]] = [("broadcast_started_at", now), ("updated_at", now)]
-    if signed:
-        values += [
-            ("tx_hash", (prepared.tx_hash or "").lower()),
-            ("raw_transaction", prepared.raw_transaction or ""),
-            ("relayer_nonce", prepared.relayer_nonce),
-        ]
-    params = [meta.get_field(name).get_db_prep_save(value, connection) for name, value in values]  # type: ignore[union-attr]
-    params.append(attempt_id)
-    with connection.cursor() as cursor:
-        cursor.execute(_mark_prepared_sql(connection.alias, connection.vendor, signed), params)
-
-
-@functools.cache
-def _mark_prepared_sql(alias: str, vendor: str, signed: bool) -> str:
-    """x402_attempt_mark_prepared's UPDATE, written once per shape: every broadcast runs it.
-    The first broadcast's time is kept (COALESCE); the signed transaction's fields are
-    written only while none is (the CASE), so a later call never overwrites them."""
-    quote = connections[alias].ops.quote_name
-
-    def column(name: str) -> str:
-        return quote(str(PaymentAttempt._meta.get_field(name).column))  # type: ignore[union-attr]
-
-    started = column("broadcast_started_at")
-    assignments = [f"{started} = COALESCE({started}, %s)", f"{column('updated_at')} = %s"]
-    if signed:
-        tx_hash = column("tx_hash")
-        unsigned = f"({tx_hash} IS NULL OR {tx_hash} = '')"
-        for name in ("tx_hash", "raw_transaction", "relayer_nonce"):
-            assignments.append(
-                f"{column(name)} = CASE WHEN {unsigned} THEN %s ELSE {column(name)} END"
-            )
-    table = quote(PaymentAttempt._meta.db_table)
-    return f"UPDATE {table} SET {', '.join(assignments)} WHERE {column('id')} = %s"  # noqa: S608 - names from the model
+    signed = (
+        ((prepared.tx_hash or "").lower(), prepared.raw_transaction or "", prepared.relayer_nonce)
+        if prepared.tx_hash
+        else None
+    )
+    sql.attempt_mark_prepared(attempt_id=attempt_id, now=now, signed=signed)
 
 
 def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:

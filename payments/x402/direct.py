@@ -23,7 +23,12 @@ from hexbytes import HexBytes
 from payments.chain.token import transfer_with_authorization_calldata
 from payments.x402.chain import is_hash32
 from payments.x402.receipts import receipt_poll_delays
-from payments.x402.relayer import dynamic_fee_fields, relayer_gap_close, relayer_nonce_allocate
+from payments.x402.relayer import (
+    ALREADY_SENT,
+    dynamic_fee_fields,
+    relayer_gap_close,
+    relayer_nonce_allocate,
+)
 from payments.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
@@ -47,17 +52,6 @@ from payments.x402.types import (
 # estimate is only true of one moment's state. transferWithAuthorization uses ~75k gas (~90k
 # when the recipient's balance slot is new); unused gas is refunded, running out is not.
 TRANSFER_WITH_AUTHORIZATION_GAS = 150_000
-# Send errors meaning "this transaction reached the node before" (spellings differ by node).
-# "nonce too low" also covers a re-send after it was mined: the receipt wait tells which.
-_ALREADY_SENT = (
-    "already known",
-    "already imported",
-    "known transaction",
-    "already exists",
-    "nonce too low",
-    "nonce is too low",
-    "oldnonce",
-)
 logger = logging.getLogger(__name__)
 # A node's refusal, or no usable answer at all: either way the chain did not say.
 _NETWORK_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
@@ -268,7 +262,7 @@ def _send(rpc: JsonRpcClient, raw: str) -> str | None:
     try:
         rpc.call("eth_sendRawTransaction", (raw,))
     except RpcError as exc:
-        if any(marker in str(exc).lower() for marker in _ALREADY_SENT):
+        if any(marker in str(exc).lower() for marker in ALREADY_SENT):
             return None  # sent before (a retry, or the first send's answer was lost)
         return str(exc)
     except TRANSPORT_FAULTS as exc:

@@ -17,7 +17,6 @@ from datetime import datetime, timedelta
 from typing import Any, cast
 
 import rlp
-from django.db import connection
 from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -30,6 +29,7 @@ from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCErro
 from web3.types import TxParams
 
 from payments.models import PaymentAttempt, RelayerAccount
+from payments.sql import relayer_nonce_next
 from payments.x402.chain import w3_for
 from payments.x402.types import NetworkConfig
 
@@ -39,8 +39,9 @@ SELF_TRANSFER_GAS = 21_000  # a plain value transfer to an EOA costs exactly thi
 # A nonce handed out this recently may belong to a settlement that is still on its way to
 # recording and sending its transaction: filling it would make that broadcast fail.
 UNSENT_GRACE = timedelta(seconds=60)
-# Send errors meaning "a transaction already holds this nonce" (spellings differ by node).
-_NONCE_OCCUPIED = (
+# Send errors meaning "this transaction reached the node before" (spellings differ by node).
+# "nonce too low" also covers a re-send after it was mined: the receipt wait tells which.
+ALREADY_SENT = (
     "already known",
     "already imported",
     "known transaction",
@@ -48,8 +49,10 @@ _NONCE_OCCUPIED = (
     "nonce too low",
     "nonce is too low",
     "oldnonce",
-    "replacement transaction",
 )
+# Send errors meaning "a transaction already holds this nonce": the same, or another one
+# there first.
+_NONCE_OCCUPIED = (*ALREADY_SENT, "replacement transaction")
 
 # Nonces closed inside one settlement at most: a longer gap (a node that lost its whole pool,
 # a chain reset under a kept database) is left to `relayer_heal`, off the buyer's request.
@@ -76,21 +79,11 @@ def relayer_nonce_allocate(
     out the same nonce of one key (docs/deployment.md).
     """
     address = Web3.to_checksum_address(address)
-    table = RelayerAccount._meta.db_table
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
-    sql = (
-        f"INSERT INTO {table} (network, address, next_nonce, updated_at) "  # noqa: S608
-        "VALUES (%s, %s, %s, %s) "
-        "ON CONFLICT (network, address) DO UPDATE "
-        f"SET next_nonce = {greatest}({table}.next_nonce, excluded.next_nonce - 1) + 1, "
-        "updated_at = excluded.updated_at "
-        "RETURNING next_nonce"
-    )
     # Autocommit: the statement is its own transaction (inside a caller's, it joins that).
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [network.caip2, address, chain_pending_nonce + 1, timezone.now()])
-        (next_nonce,) = cursor.fetchone()
-    return int(next_nonce) - 1
+    next_nonce = relayer_nonce_next(
+        network=network.caip2, address=address, floor=chain_pending_nonce + 1, now=timezone.now()
+    )
+    return next_nonce - 1
 
 
 def relayer_fee_fields(w3: Web3) -> dict[str, int]:

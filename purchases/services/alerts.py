@@ -9,7 +9,7 @@ and taken again if its sender died mid-send (the claim lease ran out).
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -28,10 +28,22 @@ from purchases.notify import (
     AlertReport,
     alert_send_report,
 )
+from purchases.services.outbox import outbox_stage
 
 logger = logging.getLogger(__name__)
 # A sender that claimed an alert and did not finish within this is presumed dead.
 ALERT_CLAIM_LEASE = timedelta(minutes=10)
+
+
+def alert_stage(*, row: Refund | Escalation, now: datetime) -> None:
+    """The one way an alert is asked for: stage its job in the caller's transaction, with
+    the row that calls for it (a refund now owed, an escalation opened); one job per row
+    ever (its dedup key). `send_pending_alerts` sends what a crash left unsent."""
+    if isinstance(row, Refund):
+        job, kwargs = "refund_alert", {"refund_id": row.pk}
+    else:
+        job, kwargs = "escalation_alert", {"escalation_id": row.pk}
+    outbox_stage(job=job, kwargs=kwargs, dedup_key=f"{job}:{row.pk}", now=now)
 
 
 def _unsent() -> Q:

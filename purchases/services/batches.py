@@ -31,11 +31,13 @@ def row_isolated(
         stats["row_errors"] += 1
         stats[f"failed:{kind}:{row_id}"] += 1
         if purchase_id is not None:
-            _escalate_row_failure(purchase_id, job, kind, row_id, exc, now)
+            _escalate_row_failure(
+                purchase_id=purchase_id, job=job, kind=kind, row_id=row_id, exc=exc, now=now
+            )
 
 
 def _escalate_row_failure(
-    purchase_id: int, job: str, kind: str, row_id: int, exc: Exception, now: datetime
+    *, purchase_id: int, job: str, kind: str, row_id: int, exc: Exception, now: datetime
 ) -> None:
     try:
         with transaction.atomic():

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import hmac
 import secrets
 from datetime import datetime
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from core.errors import DomainError, ErrorCode
 from core.locks import lock_one
-from core.prepared import PreparedRaw
 from payments.services import spend_in_window
-from purchases.events import db_column
 from purchases.models import ApiKey, Buyer, BuyerWallet
+from purchases.sql import API_KEY_BUYER
 
 KEY_PREFIX = "tbk"
 
@@ -45,34 +43,13 @@ def api_key_issue(*, buyer: Buyer, label: str = "") -> str:
     return raw_key
 
 
-@functools.cache
-def _key_sql(vendor: str) -> str:
-    """The key's buyer and hash by prefix: one fixed statement, written once per process,
-    because every API request runs it and the ORM would compile it anew each time (about
-    two thirds of its cost, docs/benchmarks.md). Revocation is read on every request."""
-    quote = connection.ops.quote_name
-    buyer_columns = ", ".join(f"b.{db_column(Buyer, f.name)}" for f in Buyer._meta.concrete_fields)
-    keys, buyers = quote(ApiKey._meta.db_table), quote(Buyer._meta.db_table)
-    key_hash, prefix = db_column(ApiKey, "key_hash"), db_column(ApiKey, "prefix")
-    joined = f"b.{db_column(Buyer, 'id')} = k.{db_column(ApiKey, 'buyer')}"
-    return (
-        f"SELECT {buyer_columns}, k.{key_hash} AS api_key_hash "  # noqa: S608 - names come from the models
-        f"FROM {keys} k JOIN {buyers} b ON {joined} "
-        f"WHERE k.{prefix} = %s AND k.{db_column(ApiKey, 'revoked_at')} IS NULL"
-    )
-
-
-# Its rows as Buyers, the column mapping worked out once (raw() redoes it per call).
-_KEY_BUYER = PreparedRaw(Buyer, _key_sql)
-
-
 def api_key_authenticate(*, raw_key: str) -> Buyer | None:
     """The active buyer of an unrevoked key, or None (read from the database every time)."""
     parts = raw_key.split("_", 2)
     if len(parts) != 3 or parts[0] != KEY_PREFIX:
         return None
     # A raw statement: the database's converters apply, without the ORM compiling the SQL.
-    found = _KEY_BUYER.fetch([parts[1]])
+    found = API_KEY_BUYER.fetch([parts[1]])
     if not found or not found[0].is_active:
         return None
     buyer = found[0]

@@ -24,6 +24,7 @@ from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
+from purchases.services.alerts import alert_stage
 from purchases.services.execution_recheck import purchase_execution_recheck
 from purchases.services.finality import settlement_finality_follow
 from purchases.services.remedies import escalation_open, escalation_resolve
@@ -289,6 +290,8 @@ def case_refund_decide(
             raise ActionNotSafe("this refund was already decided")
         for change in changes:
             event_record_change(purchase=purchase, actor=Actor.staff(staff), change=change)
+        if refund.state == Refund.State.OWED:
+            alert_stage(row=refund, now=now)
     return ActionDone(f"Refund {refund.pk} is now {refund.state}.", {})
 
 

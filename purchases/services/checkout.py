@@ -35,7 +35,14 @@ from payments.models import PaymentAttempt
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
 from payments.selectors import payment_attempt_for_key
 from purchases import event_subjects as subjects
-from purchases.events import event_note, event_record, event_record_change, events_batched
+from purchases.events import (
+    event_note,
+    event_record,
+    event_record_change,
+    events_batched,
+    purchase_move,
+    purchase_move_record,
+)
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
 from purchases.services.buyers import buyer_spend_cap_check
@@ -176,7 +183,14 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         return _answer_duplicate(checkout, duplicate, quote, claim)
     search_from = rail.verify_funds(presentation=request.presentation, terms=terms)
     try:
-        purchase, attempt, _ = _record(checkout, quote, terms, duplicate_key, claim, search_from)
+        purchase, attempt, _ = _record(
+            checkout=checkout,
+            quote=quote,
+            terms=terms,
+            duplicate_key=duplicate_key,
+            claim=claim,
+            search_from=search_from,
+        )
     except _Duplicate as found:
         return _answer_duplicate(checkout, found.purchase, quote, claim)
     return _settle_and_answer(
@@ -194,7 +208,12 @@ def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
         checkout.rail.verify(presentation=request.presentation, terms=terms, now=request.now)
         try:
             _, _, stored = _record(
-                checkout, quote, terms, _duplicate_key(request, quote), claim, None
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=_duplicate_key(request, quote),
+                claim=claim,
+                search_from=None,
             )
         except _Duplicate as found:
             duplicate = found.purchase
@@ -305,6 +324,7 @@ def _may_pay(quote: Quote, request: PaymentRequest) -> bool:
 
 
 def _record(
+    *,
     checkout: _Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
@@ -321,12 +341,25 @@ def _record(
     """
     try:
         try:
-            return _record_once(checkout, quote, terms, duplicate_key, claim, search_from)
+            return _record_once(
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=duplicate_key,
+                claim=claim,
+                search_from=search_from,
+            )
         except ConcurrentTransition:
             # The quote moved since it was read (another payment, expiry): nothing was
             # written; again under its lock, which says what happened to it.
             return _record_once(
-                checkout, quote, terms, duplicate_key, claim, search_from, lock_quote=True
+                checkout=checkout,
+                quote=quote,
+                terms=terms,
+                duplicate_key=duplicate_key,
+                claim=claim,
+                search_from=search_from,
+                lock_quote=True,
             )
     except IntegrityError:
         # Two presentations of one payment raced past verification: the database lets
@@ -336,13 +369,13 @@ def _record(
 
 
 def _record_once(
+    *,
     checkout: _Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
     duplicate_key: str,
     claim: KeyClaim,
     search_from: int | None,
-    *,
     lock_quote: bool = False,
 ) -> tuple[Purchase, PaymentAttempt, StoredAnswer | None]:
     """`lock_quote`: read the quote again under its lock first. Without it, a quote read
@@ -372,13 +405,15 @@ def _record_once(
             )
         purchase = _purchase_for_payment(request, quote, duplicate_key)
         is_new = purchase.pk is None
-        previous_pay, previous_run = purchase.payment_state, purchase.fulfillment_state
-        # The moves are made before the row is written: a new purchase is one INSERT.
+        # The moves are made before the row is written (a new purchase is one INSERT) and
+        # put on the timeline after the attempt they name.
         if rail.settles_when_recorded:
-            purchase.payment_complete(paid_at=now)
-            purchase.fulfillment_queue()
+            pay = purchase_move(
+                purchase=purchase, transition=purchase.payment_complete, arguments={"paid_at": now}
+            )
+            run = purchase_move(purchase=purchase, transition=purchase.fulfillment_queue)
         else:
-            purchase.payment_begin()
+            pay, run = purchase_move(purchase=purchase, transition=purchase.payment_begin), None
         if is_new:
             was = _quote_accept(quote)  # before the purchase: the quote's row is the lock
             purchase.save()
@@ -404,24 +439,16 @@ def _record_once(
             )
         )
         event_record_change(purchase=purchase, actor=actor, change=change)
-        event_record(
-            subject="purchase.payment",
+        purchase_move_record(
             purchase=purchase,
+            move=pay,
             actor=actor,
-            from_state=previous_pay,
-            to_state=purchase.payment_state,
             evidence={"rail": purchase.rail, "attempt": attempt.pk},
         )
-        if not rail.settles_when_recorded:
+        if run is None:
             payment_id_mark_recorded(claim=claim, purchase=purchase)
             return purchase, attempt, None
-        event_record(
-            subject="purchase.fulfillment",
-            purchase=purchase,
-            actor=actor,
-            from_state=previous_run,
-            to_state=purchase.fulfillment_state,
-        )
+        purchase_move_record(purchase=purchase, move=run, actor=actor)
         stored = checkout.answers.recorded(purchase=purchase, attempt=attempt)
         payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
         purchase_execution_stage(purchase_id=purchase.pk, now=now)

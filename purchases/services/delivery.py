@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Q
 from django.urls import reverse
 
-from core.actors import AGENT, Actor
+from core.actors import Actor
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import Receipt, Result
 from payments.models import PaymentAttempt, Rail
 from purchases import event_subjects as subjects
-from purchases.events import db_column, event_note, event_table_sql
+from purchases import sql
+from purchases.events import event_note
 from purchases.models import Purchase
 from purchases.selectors import PENDING_RUN_STATES, pending_retry_after, purchase_status
 from purchases.services.receipts import (
@@ -117,7 +115,9 @@ def purchase_result_deliver(
             purchase=purchase.ref,
             extra={"receipt": receipt_url, **signed_receipt_extra(signed)},
         )
-    _delivery_record(purchase, result, str(public_id), channel, now)
+    _delivery_record(
+        purchase=purchase, result=result, receipt_public_id=str(public_id), channel=channel, now=now
+    )
     digest = base64.b64encode(bytes.fromhex(result.sha256)).decode()
     signed = signed or _receipt_if_final(purchase, attempt)
     return Delivery(bytes(result.body), result.content_type, digest, receipt_url, signed)
@@ -148,32 +148,9 @@ def _result_and_receipt(purchase: Purchase) -> tuple[Result | None, str | None, 
     )
 
 
-# One statement per fetch: stamp the result's first delivery if it has none, and put the
-# fetch on the timeline as a first delivery or a redelivery, whichever the stamp says.
-_DELIVERY_SQL = """
-WITH stamped AS (
-    UPDATE {results} SET {first_delivered_at} = %(now)s
-    WHERE {pk} = %(result)s AND {first_delivered_at} IS NULL
-    RETURNING 1
-)
-INSERT INTO {events} ({event_columns})
-SELECT %(purchase)s, NULL,
-    CASE WHEN EXISTS (SELECT 1 FROM stamped) THEN %(first)s ELSE %(again)s END,
-    '', '', %(actor_type)s, %(actor)s, '', %(evidence)s::jsonb, %(now)s
-"""
-
-
 def _delivery_record(
-    purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
+    *, purchase: Purchase, result: Result, receipt_public_id: str, channel: str, now: datetime
 ) -> None:
-    events, event_columns = event_table_sql()
-    sql = _DELIVERY_SQL.format(
-        results=connection.ops.quote_name(Result._meta.db_table),
-        first_delivered_at=db_column(Result, "first_delivered_at"),
-        pk=db_column(Result, "id"),
-        events=events,
-        event_columns=event_columns,
-    )
     first = result.first_delivered_at
     evidence = {
         "result": result.pk,
@@ -183,30 +160,7 @@ def _delivery_record(
         "receipt": receipt_public_id,
         "first_delivered_at": first.isoformat() if first else now.isoformat(),
     }
-    params: dict[str, Any] = {
-        "now": now,
-        "result": result.pk,
-        "purchase": purchase.pk,
-        "first": subjects.RESULT_DELIVERED,
-        "again": subjects.RESULT_REDELIVERED,
-        "actor_type": AGENT,
-        "actor": purchase.payer,
-        "evidence": json.dumps(evidence),
-    }
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no data-modifying CTE: the same in two statements.
-        stamped = Result.objects.filter(pk=result.pk, first_delivered_at__isnull=True).update(
-            first_delivered_at=now
-        )
-        event_note(
-            subject=subjects.RESULT_DELIVERED if stamped else subjects.RESULT_REDELIVERED,
-            purchase=purchase,
-            actor=Actor.agent(purchase.payer),
-            evidence=evidence,
-        )
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    sql.result_delivery_note(result=result, purchase=purchase, evidence=evidence, now=now)
 
 
 # A public receipt fetch goes on the timeline at most once per purchase per window: anyone
@@ -214,22 +168,6 @@ def _delivery_record(
 # without bound (and cost a write per read). An hour still shows support when it was used.
 RECEIPT_FETCH_NOTE_WINDOW = timedelta(hours=1)
 
-# One statement: stamp the receipt if its last noted fetch is a window old (or none), and
-# note the fetch only if it did. Race-safe under READ COMMITTED: a concurrent fetch waits on
-# the row lock, then re-checks the WHERE against the stamped row and matches nothing. (An
-# INSERT ... WHERE NOT EXISTS would not be: each statement's snapshot predates the others'
-# commits, so concurrent fetches would all insert.)
-_RECEIPT_FETCH_SQL = """
-WITH stamped AS (
-    UPDATE {receipts} SET {noted_at} = %(now)s
-    WHERE {pk} = %(receipt)s AND ({noted_at} IS NULL OR {noted_at} <= %(due_from)s)
-    RETURNING 1
-)
-INSERT INTO {events} ({event_columns})
-SELECT %(purchase)s, NULL, %(subject)s, '', '', %(actor_type)s, %(actor)s, '',
-    %(evidence)s::jsonb, %(now)s
-FROM stamped
-"""
 # Receipts are public: the fetch is by whoever holds the link.
 _RECEIPT_FETCHER = Actor.agent("public")
 
@@ -268,47 +206,10 @@ def _receipt_fetch_note(receipt: Receipt, now: datetime) -> None:
         "previous_note_at": previous.isoformat() if previous else None,
         "window_seconds": int(RECEIPT_FETCH_NOTE_WINDOW.total_seconds()),
     }
-    due_from = now - RECEIPT_FETCH_NOTE_WINDOW
-    if connection.vendor != "postgresql":
-        _receipt_fetch_note_in_two_statements(receipt, now, due_from, evidence)
-        return
-    events, event_columns = event_table_sql()
-    sql = _RECEIPT_FETCH_SQL.format(
-        receipts=connection.ops.quote_name(Receipt._meta.db_table),
-        noted_at=db_column(Receipt, "last_fetch_noted_at"),
-        pk=db_column(Receipt, "id"),
-        events=events,
-        event_columns=event_columns,
+    sql.receipt_fetch_note(
+        receipt=receipt,
+        actor=_RECEIPT_FETCHER,
+        evidence=evidence,
+        now=now,
+        due_from=now - RECEIPT_FETCH_NOTE_WINDOW,
     )
-    params: dict[str, Any] = {
-        "now": now,
-        "receipt": receipt.pk,
-        "due_from": due_from,
-        "purchase": receipt.purchase_id,
-        "subject": subjects.RECEIPT_FETCHED,
-        "actor_type": _RECEIPT_FETCHER.type,
-        "actor": _RECEIPT_FETCHER.name,
-        "evidence": json.dumps(evidence),
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-
-
-def _receipt_fetch_note_in_two_statements(
-    receipt: Receipt, now: datetime, due_from: datetime, evidence: dict[str, Any]
-) -> None:
-    # SQLite (the embedded default) has no data-modifying CTE: the same in two statements in
-    # one transaction, race-safe too (it begins IMMEDIATE: one writer at a time).
-    with transaction.atomic():
-        stamped = (
-            Receipt.objects.filter(pk=receipt.pk)
-            .filter(Q(last_fetch_noted_at__isnull=True) | Q(last_fetch_noted_at__lte=due_from))
-            .update(last_fetch_noted_at=now)
-        )
-        if stamped:
-            event_note(
-                subject=subjects.RECEIPT_FETCHED,
-                purchase=receipt.purchase,
-                actor=_RECEIPT_FETCHER,
-                evidence=evidence,
-            )

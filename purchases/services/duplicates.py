@@ -15,7 +15,6 @@ import re
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
 from django.db.models import CharField, DateTimeField, ExpressionWrapper, OuterRef, Subquery, Value
 from django.db.models.functions import SHA256, Concat
 from django.db.models.lookups import GreaterThan
@@ -26,6 +25,7 @@ from core.errors import DomainError, ErrorCode
 from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
 from purchases.services.quotes import quote_expire
+from purchases.sql import duplicate_guard_upsert
 
 _COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A payment in one of these states is the purchase a retry repeats; a failed one is not.
@@ -131,26 +131,7 @@ def duplicate_guard_lock(*, duplicate_key: str, now: datetime) -> bool:
     since guards were last pruned (never within a duplicate window), so there is nothing
     to look for.
     """
-    table = connection.ops.quote_name(DuplicateGuard._meta.db_table)
-    insert = f"INSERT INTO {table} (key, created_at) VALUES (%s, %s) "  # noqa: S608 - the model's table
-    with connection.cursor() as cursor:
-        if connection.vendor != "postgresql":
-            # SQLite (the embedded default) has one writer at a time: no row lock to take.
-            cursor.execute(
-                insert + "ON CONFLICT (key) DO NOTHING RETURNING 1", [duplicate_key, now]
-            )
-            if cursor.fetchone():
-                return True
-            DuplicateGuard.objects.filter(key=duplicate_key).update(created_at=now)
-            return False
-        # xmax is 0 on a row this statement inserted, the locker's id on one it updated.
-        cursor.execute(
-            insert + "ON CONFLICT (key) DO UPDATE SET created_at = EXCLUDED.created_at "
-            "RETURNING (xmax = 0)",
-            [duplicate_key, now],
-        )
-        row = cursor.fetchone()
-    return bool(row and row[0])
+    return duplicate_guard_upsert(key=duplicate_key, now=now)
 
 
 def purchase_duplicate_record(

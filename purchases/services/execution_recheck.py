@@ -76,7 +76,13 @@ def purchase_execution_recheck(
         fulfillment_services.execution_recheck_stop(purchase_id=purchase_id)
         return RecheckOutcome.OBSERVED
     answer = _ask(purchase, attempt)
-    return _record(purchase_id, attempt.pk, answer, now_or(now), actor or Actor.system("recheck"))
+    return _record(
+        purchase_id=purchase_id,
+        attempt_id=attempt.pk,
+        answer=answer,
+        now=now_or(now),
+        actor=actor or Actor.system("recheck"),
+    )
 
 
 def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
@@ -107,7 +113,7 @@ def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
 
 
 def _record(
-    purchase_id: int, attempt_id: int, answer: _Answer, now: datetime, actor: Actor
+    *, purchase_id: int, attempt_id: int, answer: _Answer, now: datetime, actor: Actor
 ) -> RecheckOutcome:
     with transaction.atomic(), events_batched():
         purchase = (
@@ -130,15 +136,15 @@ def _record(
             event_record_change(purchase=purchase, actor=actor, change=change)
             return RecheckOutcome.STILL_UNKNOWN
         if answer.outcome == RecheckOutcome.SUCCEEDED:
-            _record_success(purchase, attempt, answer, now, actor)
+            _record_success(purchase=purchase, attempt=attempt, answer=answer, now=now, actor=actor)
         else:
-            _record_failure(purchase, attempt, answer, now, actor)
+            _record_failure(purchase=purchase, attempt=attempt, answer=answer, now=now, actor=actor)
         fulfillment_notify(purchase=purchase)
     return answer.outcome
 
 
 def _record_success(
-    purchase: Purchase, attempt: ExecutionAttempt, answer: _Answer, now: datetime, actor: Actor
+    *, purchase: Purchase, attempt: ExecutionAttempt, answer: _Answer, now: datetime, actor: Actor
 ) -> None:
     assert answer.output is not None
     change = fulfillment_services.execution_recheck_succeed(
@@ -167,7 +173,7 @@ def _record_success(
 
 
 def _record_failure(
-    purchase: Purchase, attempt: ExecutionAttempt, answer: _Answer, now: datetime, actor: Actor
+    *, purchase: Purchase, attempt: ExecutionAttempt, answer: _Answer, now: datetime, actor: Actor
 ) -> None:
     change = fulfillment_services.execution_recheck_fail(
         attempt=attempt, reason_code=answer.reason_code, now=now

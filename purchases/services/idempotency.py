@@ -11,7 +11,6 @@ payment attempts link to it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 from collections.abc import Callable
@@ -21,25 +20,17 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import Error as DatabaseFailure
-from django.db import connection, transaction
-from django.db.models import F, Field
+from django.db import transaction
 from django.urls import reverse
-from django.utils import timezone
 from prometheus_client import Counter
 
-from core.actors import AGENT, Actor
+from core.actors import Actor
 from core.errors import DomainError, ErrorCode
-from core.prepared import PreparedRaw
 from core.refs import PAYMENT_ID_PATTERN
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
-from purchases.events import (
-    db_column,
-    event_note,
-    event_record,
-    event_table_sql,
-    events_flush_with,
-)
+from purchases import sql
+from purchases.events import event_record
 from purchases.models import IdempotencyRecord, Purchase
 from purchases.services.leases import (
     lease_abandoned,
@@ -159,25 +150,25 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     also refuses to insert beside the key's compacted form; a replay that INSERT (writing
     nothing) and one SELECT (an answered key never changes, so it needs no lock), which
     also puts the replay, conflict or post-retention request on the key's purchase's
-    timeline (see `_known_noted`).
+    timeline (purchases.sql.payment_id_insert_or_known).
     Raises DomainError: payment_identifier_conflict, payment_in_flight, retention_expired.
     """
     hashed = payment_id_hash(request.key)
     token = lease_token_new()
-    if connection.vendor == "postgresql":
-        # One statement: claim the key, or read (and note) what it already has.
-        rows = _claim_or_known(request, token, hashed)
-        claimed = next((row.claimed_id for row in rows if row.claimed_id is not None), None)  # type: ignore[attr-defined]
-        if claimed is not None:
-            lease_hold(token=token, record_id=int(claimed), now=request.now)
-            return KeyClaim(int(claimed), token, is_new=True)
-        known = {record.key: record for record in rows}
-    else:
-        record_id = _insert_if_absent(request, token, hashed)
-        if record_id is not None:
-            lease_hold(token=token, record_id=record_id, now=request.now)
-            return KeyClaim(record_id, token, is_new=True)
-        known = {record.key: record for record in _known_noted(request, hashed)}
+    new = IdempotencyRecord(
+        scope=request.scope,
+        key=request.key,
+        principal=request.principal,
+        request_fingerprint=request.fingerprint,
+        lease_token=token,
+        locked_until=lease_until(request.now),
+        created_at=request.now,
+    )
+    claimed, rows = sql.payment_id_insert_or_known(record=new, hashed=hashed, request=request)
+    if claimed is not None:
+        lease_hold(token=token, record_id=claimed, now=request.now)
+        return KeyClaim(claimed, token, is_new=True)
+    known = {record.key: record for record in rows}
     record = known.get(request.key)
     if record is not None and record.state == IdempotencyRecord.State.COMPLETED:
         _refuse_if_another_request(record, request)
@@ -185,140 +176,6 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
     if record is None and hashed in known:
         _refuse_compacted(known[hashed], request.principal)
     return _claim_recorded(request, token)  # in flight, dead, or a racing first claim
-
-
-# What the known-key read notes on the key's purchase, decided from the row it reads: an
-# answered key asked again is a replay (same principal and request), a conflict (another
-# principal, or a changed request) or, for a key compacted to its hash, a request after
-# retention. Keys still in flight are noted under their lock (`_claim_recorded`).
-_KNOWN_NOTED_SQL = """
-WITH known AS (
-    SELECT r.*, p.{ref} AS purchase_ref
-    FROM {records} r LEFT JOIN {purchases} p ON p.{purchase_pk} = r.{purchase}
-    WHERE r.{scope} = %(scope)s AND r.{key} IN (%(key)s, %(hashed)s)
-), noted AS (
-    INSERT INTO {events} ({event_columns})
-    SELECT k.{purchase}, NULL,
-        CASE
-            WHEN k.{principal} <> %(principal)s
-                OR (k.{key} = %(key)s
-                    AND k.{fingerprint} NOT IN (%(fingerprint)s, %(fingerprint_alias)s))
-                THEN %(conflict)s
-            WHEN k.{key} = %(key)s THEN %(replayed)s
-            ELSE %(expired)s
-        END,
-        '', '', %(actor_type)s, %(principal)s, '',
-        jsonb_build_object(
-            'scope', k.{scope},
-            'record', k.{pk},
-            'principal_matches', k.{principal} = %(principal)s,
-            'request_matches', k.{fingerprint} IN (%(fingerprint)s, %(fingerprint_alias)s),
-            'answered_at', k.{completed_at},
-            'answer_status', k.{status}
-        ),
-        %(created_at)s
-    FROM known k
-    WHERE k.{purchase} IS NOT NULL AND (
-        (k.{key} = %(key)s AND k.{state} = %(completed)s)
-        OR (k.{key} = %(hashed)s AND NOT EXISTS (SELECT 1 FROM known o WHERE o.{key} = %(key)s))
-    )
-    RETURNING 1
-)
-SELECT * FROM known
-"""
-
-
-def _known_noted(request: KeyedRequest, hashed: str) -> list[IdempotencyRecord]:
-    """The key's rows (plain and compacted), each with `purchase_ref`, read in one statement
-    that also notes the request on the key's purchase: a replay costs no extra statement."""
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no data-modifying CTE: read, then note the same.
-        records = list(
-            IdempotencyRecord.objects.filter(
-                scope=request.scope, key__in=[request.key, hashed]
-            ).annotate(purchase_ref=F("purchase__ref"))
-        )
-        _note_known(records, request, hashed)
-        return records
-    return _KNOWN_NOTED.fetch(_known_noted_params(request, hashed))
-
-
-@functools.cache
-def _known_noted_sql(vendor: str) -> str:
-    """_KNOWN_NOTED_SQL with the models' names, written once per process."""
-    quote = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        return db_column(IdempotencyRecord, name)
-
-    events, event_columns = event_table_sql()
-    return _KNOWN_NOTED_SQL.format(
-        records=quote(IdempotencyRecord._meta.db_table),
-        purchases=quote(Purchase._meta.db_table),
-        ref=db_column(Purchase, "ref"),
-        purchase_pk=db_column(Purchase, "id"),
-        pk=column("id"),
-        purchase=column("purchase"),
-        scope=column("scope"),
-        key=column("key"),
-        principal=column("principal"),
-        fingerprint=column("request_fingerprint"),
-        completed_at=column("completed_at"),
-        status=column("response_status"),
-        state=column("state"),
-        events=events,
-        event_columns=event_columns,
-    )
-
-
-def _known_noted_params(request: KeyedRequest, hashed: str) -> dict[str, Any]:
-    return {
-        "scope": request.scope,
-        "key": request.key,
-        "hashed": hashed,
-        "principal": request.principal,
-        "fingerprint": request.fingerprint,
-        "fingerprint_alias": request.fingerprint_alias or request.fingerprint,
-        "conflict": subjects.PAYMENT_ID_CONFLICT,
-        "replayed": subjects.PAYMENT_ID_REPLAYED,
-        "expired": subjects.PAYMENT_ID_RETENTION_EXPIRED,
-        "actor_type": AGENT,
-        "completed": IdempotencyRecord.State.COMPLETED,
-        "created_at": timezone.now(),  # as every event: when written
-    }
-
-
-def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed: str) -> None:
-    """What _KNOWN_NOTED_SQL notes, one statement more (for databases without its CTE)."""
-    keys = {record.key for record in records}
-    for record in records:
-        if not record.purchase_id:
-            continue
-        if record.key == request.key and record.state != IdempotencyRecord.State.COMPLETED:
-            continue
-        if record.key == hashed and request.key in keys:
-            continue
-        if record.principal != request.principal or (
-            record.key == request.key and not request.matches(record.request_fingerprint)
-        ):
-            subject = subjects.PAYMENT_ID_CONFLICT
-        elif record.key == request.key:
-            subject = subjects.PAYMENT_ID_REPLAYED
-        else:
-            subject = subjects.PAYMENT_ID_RETENTION_EXPIRED
-        event_note(
-            subject=subject,
-            purchase=Purchase(pk=record.purchase_id),
-            actor=Actor.agent(request.principal),
-            evidence={
-                "scope": record.scope,
-                "record": record.pk,
-                "principal_matches": record.principal == request.principal,
-                "request_matches": request.matches(record.request_fingerprint),
-                "answered_at": record.completed_at.isoformat() if record.completed_at else None,
-                "answer_status": record.response_status,
-            },
-        )
 
 
 def _purchase_ref(record: IdempotencyRecord) -> str | None:
@@ -329,87 +186,6 @@ def _purchase_ref(record: IdempotencyRecord) -> str | None:
     if noted:
         return str(noted)
     return record.purchase.ref if record.purchase else None
-
-
-@functools.cache
-def _insert_sql(vendor: str) -> str:
-    """INSERT ... SELECT ... WHERE NOT EXISTS (the compacted key) ON CONFLICT DO NOTHING
-    RETURNING id, with named parameters: written once per process."""
-    meta = IdempotencyRecord._meta
-    quote = connection.ops.quote_name
-    fields = _insert_fields()
-    return (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(f.column)) for f in fields)}) "  # noqa: S608 - names come from the model
-        f"SELECT {', '.join(f'%(v{i})s' for i in range(len(fields)))} "
-        f"WHERE NOT EXISTS (SELECT 1 FROM {quote(meta.db_table)} "
-        f"WHERE {quote('scope')} = %(scope)s AND {quote('key')} = %(hashed)s) "
-        f"ON CONFLICT ({quote('scope')}, {quote('key')}) DO NOTHING "
-        f"RETURNING {quote(meta.pk.column)}"  # type: ignore[union-attr]
-    )
-
-
-@functools.cache
-def _insert_fields() -> tuple[Field[Any, Any], ...]:
-    return tuple(f for f in IdempotencyRecord._meta.concrete_fields if not f.primary_key)
-
-
-def _insert_params(request: KeyedRequest, token: str, hashed: str) -> dict[str, Any]:
-    """_insert_sql's values: a new record's, as the ORM would save them."""
-    record = IdempotencyRecord(
-        scope=request.scope,
-        key=request.key,
-        principal=request.principal,
-        request_fingerprint=request.fingerprint,
-        lease_token=token,
-        locked_until=lease_until(request.now),
-        created_at=request.now,
-    )
-    params: dict[str, Any] = {
-        f"v{i}": f.get_db_prep_save(getattr(record, f.attname), connection)
-        for i, f in enumerate(_insert_fields())
-    }
-    params.update(scope=request.scope, hashed=hashed)
-    return params
-
-
-def _insert_if_absent(request: KeyedRequest, token: str, hashed: str) -> int | None:
-    """The new key's id, or None if the key exists (in flight, answered, or compacted to
-    `hashed`)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(connection.vendor), _insert_params(request, token, hashed))
-        row = cursor.fetchone()
-    return int(row[0]) if row else None
-
-
-def _claim_or_known_sql(vendor: str) -> str:
-    """PostgreSQL's claim-or-read statement (`_claim_or_known`), written once per process."""
-    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    # The read is the known-key statement with the claim as its first CTE: its rows, then the
-    # claimed id on a row of NULL columns of the same shape (a join on false).
-    known_ctes = _known_noted_sql(vendor).strip()
-    assert known_ctes.startswith("WITH ") and known_ctes.endswith("SELECT * FROM known")
-    ctes = known_ctes[len("WITH ") : -len("SELECT * FROM known")]
-    rows = (
-        "SELECT k.*, NULL::bigint AS claimed_id FROM known k UNION ALL "  # noqa: S608 - names from the model
-        f"SELECT r.*, NULL AS purchase_ref, c.id AS claimed_id FROM claimed c "
-        f"LEFT JOIN {table} r ON false"
-    )
-    return f"WITH claimed AS ({_insert_sql(vendor)}), {ctes}{rows}"
-
-
-# The two statements' rows as records, their columns resolved once (raw() does it per call).
-_KNOWN_NOTED = PreparedRaw(IdempotencyRecord, _known_noted_sql)
-_CLAIM_OR_KNOWN = PreparedRaw(IdempotencyRecord, _claim_or_known_sql)
-
-
-def _claim_or_known(request: KeyedRequest, token: str, hashed: str) -> list[IdempotencyRecord]:
-    """PostgreSQL: the claim's INSERT and the known-key read (with its note) in one statement.
-    A new key comes back as one row with only `claimed_id`; a known key as its rows (the
-    INSERT wrote nothing), each with `claimed_id` None. Neither (a racing first claim the
-    statement's snapshot cannot see yet): no row."""
-    return _CLAIM_OR_KNOWN.fetch(
-        {**_insert_params(request, token, hashed), **_known_noted_params(request, hashed)}
-    )
 
 
 def _stored(record: IdempotencyRecord) -> StoredAnswer:
@@ -522,21 +298,10 @@ def payment_id_mark_recorded(*, claim: KeyClaim, purchase: Purchase) -> None:
     Names the purchase on the key at once, for in-flight answers. Runs in the recording
     transaction.
     """
-    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    sql = (
-        f"UPDATE {table} SET {db_column(IdempotencyRecord, 'purchase')} = %s, "  # noqa: S608 (names from the model)
-        f"{db_column(IdempotencyRecord, 'recovery_point')} = %s "
-        f"WHERE {db_column(IdempotencyRecord, 'id')} = %s "
-        f"AND {db_column(IdempotencyRecord, 'lease_token')} = %s"
-    )
-    params = [
-        purchase.pk,
-        IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED,
-        claim.record_id,
-        claim.lease_token,
-    ]
     # The recording transaction's last write: its events go in the same statement.
-    events_flush_with(sql, params)
+    sql.payment_id_mark_recorded(
+        record_id=claim.record_id, lease_token=claim.lease_token, purchase_id=purchase.pk
+    )
 
 
 def payment_id_store_answer(
@@ -561,16 +326,9 @@ def payment_id_store_answer(
         "recovery_point": IdempotencyRecord.RecoveryPoint.FINISHED,
         **({"purchase": purchase.pk} if purchase is not None else {}),
     }
-    fields = [IdempotencyRecord._meta.get_field(name) for name in values]
-    params = [
-        field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
-        for field, value in zip(fields, values.values(), strict=True)
-    ]
-    params += [claim.record_id, claim.lease_token, IdempotencyRecord.State.IN_FLIGHT]
-    sql = _store_answer_sql(connection.vendor, tuple(values))
-    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        stored = cursor.rowcount
+    stored = sql.payment_id_answer_store(
+        record_id=claim.record_id, lease_token=claim.lease_token, values=values
+    )
     if not stored:
         # Our lease ran out and another request resumed: its answer stands, ours rolls back.
         raise DomainError(
@@ -578,19 +336,6 @@ def payment_id_store_answer(
             purchase=purchase.ref if purchase else None,
             retry_after=settings.TOLLBOOTH["RETRY_AFTER_SECONDS"],
         )
-
-
-@functools.cache
-def _store_answer_sql(vendor: str, names: tuple[str, ...]) -> str:
-    """The conditional UPDATE the ORM's update() compiled for these columns, written once:
-    every answer stored runs it."""
-    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    column = functools.partial(db_column, IdempotencyRecord)
-    assignments = ", ".join(f"{column(name)} = %s" for name in names)
-    return (
-        f"UPDATE {table} SET {assignments} "  # noqa: S608 - names come from the model
-        f"WHERE {column('id')} = %s AND {column('lease_token')} = %s AND {column('state')} = %s"
-    )
 
 
 def payment_id_release(*, claim: KeyClaim) -> None:

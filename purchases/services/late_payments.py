@@ -15,7 +15,6 @@ from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record, purchase_transition
 from purchases.models import Offering, Purchase, PurchaseEvent
 from purchases.services.offerings import offering_stock_take
-from purchases.services.outbox import outbox_stage
 from purchases.services.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
@@ -56,7 +55,8 @@ def settlement_unexpected(
             update_fields=["paid_at", "reason_code"],
         )
         return None
-    refund = purchase_refund_create(
+    # Owed: its alert is staged with it (purchase_refund_create).
+    return purchase_refund_create(
         purchase=purchase,
         attempt=attempt,
         reason_code=reason,
@@ -64,13 +64,6 @@ def settlement_unexpected(
         actor=actor,
         tx_hash=tx_hash,
     )
-    outbox_stage(
-        job="refund_alert",
-        kwargs={"refund_id": refund.pk},
-        dedup_key=f"refund_alert:{refund.pk}",
-        now=now,
-    )
-    return refund
 
 
 def _fulfils_late_payments(purchase: Purchase) -> bool:

@@ -37,12 +37,12 @@ from typing import Any
 
 from celery import Celery, current_app
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Field, QuerySet
+from django.db import transaction
+from django.db.models import F, QuerySet
 
 from core.clock import now_or
 from core.prepared import PreparedUpdate
-from purchases.events import events_flush_with
+from purchases import sql
 from purchases.models import OUTBOX_WAITING, JobRun, OutboxMessage
 from purchases.services.job_runs import job_run
 
@@ -58,18 +58,6 @@ RELAY_MAX_PER_RUN = 5_000
 BACKOFF_CAP_SECONDS = 300.0
 PRUNE_BATCH = 1_000
 RELAY_JOB = "outbox_relay"
-
-_INSERT = (
-    "INSERT INTO purchases_outboxmessage "
-    "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
-    "VALUES (%s, %s, %s, %s, %s, 0, '') ON CONFLICT DO NOTHING RETURNING id"
-)
-
-_INSERT_MANY = (
-    "INSERT INTO purchases_outboxmessage "
-    "(job, kwargs, dedup_key, created_at, available_at, attempts, last_error) "
-    "VALUES {rows} ON CONFLICT DO NOTHING RETURNING id"
-)
 
 
 def _waiting(message_id: int) -> QuerySet[OutboxMessage]:
@@ -110,19 +98,19 @@ def outbox_stage(
     if job not in settings.OUTBOX_JOBS:
         raise ValueError(f"unknown outbox job {job!r}")
     now = now_or(now)
-    params = [
+    row = [
         job,
-        _db_value("kwargs", kwargs),
+        kwargs,
         dedup_key,
-        _db_value("created_at", now),
-        _db_value("available_at", now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"]),
+        now,
+        now + settings.TOLLBOOTH["OUTBOX_RELAY_GRACE"],
     ]
-    # ON CONFLICT DO NOTHING, not a failing INSERT: a duplicate is the normal case, not an
-    # error. The flow's timeline events so far are written in the same statement.
-    rows = events_flush_with(_INSERT, params, returning=True)
-    if not rows:
+    # A duplicate is the normal case, not an error: skipped, never a failing INSERT. The
+    # flow's timeline events so far are written in the same statement.
+    written = sql.outbox_insert([row], with_events=True)
+    if not written:
         return None
-    message_id = int(rows[0][0])
+    message_id = written[0]
     hold = _HOLD.get()
     after_commit = (
         partial(hold.keep, message_id=message_id, dedup_key=dedup_key, kwargs=kwargs)
@@ -228,27 +216,12 @@ def outbox_stage_many(
     if job not in settings.OUTBOX_JOBS:
         raise ValueError(f"unknown outbox job {job!r}")
     now = now_or(now)
-    created = _db_value("created_at", now)
-    available = _db_value("available_at", now)
     staged: list[int] = []
     for start in range(0, len(messages), RELAY_BATCH):
         chunk = messages[start : start + RELAY_BATCH]
-        rows = ", ".join(["(%s, %s, %s, %s, %s, 0, '')"] * len(chunk))
-        params: list[Any] = []
-        for kwargs, dedup_key in chunk:
-            params += [job, _db_value("kwargs", kwargs), dedup_key, created, available]
-        # Only placeholders are formatted in; the values travel as parameters.
-        sql = _INSERT_MANY.format(rows=rows)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            staged += [int(row[0]) for row in cursor.fetchall()]
+        rows = [[job, kwargs, dedup_key, now, now] for kwargs, dedup_key in chunk]
+        staged += sql.outbox_insert(rows)
     return staged
-
-
-def _db_value(name: str, value: Any) -> Any:
-    field = OutboxMessage._meta.get_field(name)
-    assert isinstance(field, Field)
-    return field.get_db_prep_save(value, connection)
 
 
 def _celery() -> Celery:

@@ -21,13 +21,8 @@ A = TypeVar("A")
 
 PREPAID_SCOPE = "prepaid"
 # Outcomes about the key itself are answered fresh each time, never stored as the key's answer.
-UNSTORED_CODES = frozenset(
-    {
-        ErrorCode.PAYMENT_IN_FLIGHT,
-        ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
-        ErrorCode.RETENTION_EXPIRED,
-    }
-)
+# (A key past retention is refused by its claim, before any work: nothing to leave unstored.)
+UNSTORED_CODES = frozenset({ErrorCode.PAYMENT_IN_FLIGHT, ErrorCode.PAYMENT_IDENTIFIER_CONFLICT})
 
 
 def purchase_pay_prepaid(

@@ -19,9 +19,10 @@ from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
 from core.refs import new_ref
 from payments.rails import QuoteTerms
-from purchases.events import event_after_insert, event_record
+from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.offerings import offering_stock_release, offering_stock_take
+from purchases.sql import event_after_insert
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,14 @@ def quote_create(
     key = quote_key_for(buyer=buyer, offering=offering, input_hash=input_hash)
     for _ in range(3):
         try:
-            return _quote_find_or_open(buyer, offering, canonical, input_hash, key, now)
+            return _quote_find_or_open(
+                buyer=buyer,
+                offering=offering,
+                canonical=canonical,
+                input_hash=input_hash,
+                key=key,
+                now=now,
+            )
         except IntegrityError:
             continue  # a racing request opened the same quote first: read theirs
     raise RuntimeError("quote creation kept racing")  # pragma: no cover - needs three lost races
@@ -101,6 +109,7 @@ def quote_create(
 
 @transaction.atomic
 def _quote_find_or_open(
+    *,
     buyer: Buyer,
     offering: Offering,
     canonical: dict[str, Any],
@@ -112,7 +121,15 @@ def _quote_find_or_open(
     if not holds_stock:
         # The common case in one statement: open it unless the key already has an open quote
         # (the partial unique index decides; no failing INSERT). Then read that one below.
-        quote = _quote_new(buyer, offering, canonical, input_hash, key, now, holds_stock=False)
+        quote = _quote_new(
+            buyer=buyer,
+            offering=offering,
+            canonical=canonical,
+            input_hash=input_hash,
+            key=key,
+            now=now,
+            holds_stock=False,
+        )
         # Its event goes in the same statement where the database can (PostgreSQL).
         also = event_after_insert(_quote_opened_event(quote, offering, buyer), about="quote")
         if insert_unless_conflict(quote, conflict="(quote_key) WHERE state = 'open'", also=also):
@@ -128,20 +145,28 @@ def _quote_find_or_open(
         quote_expire(quote=existing, actor=Actor.system())
     if holds_stock and not offering_stock_take(offering_id=offering.pk):
         raise DomainError(ErrorCode.SOLD_OUT)
-    quote = _quote_new(buyer, offering, canonical, input_hash, key, now, holds_stock=holds_stock)
+    quote = _quote_new(
+        buyer=buyer,
+        offering=offering,
+        canonical=canonical,
+        input_hash=input_hash,
+        key=key,
+        now=now,
+        holds_stock=holds_stock,
+    )
     quote.save(force_insert=True)
     _quote_note_opened(quote, offering, buyer)
     return QuoteOutcome(quote, created=True)
 
 
 def _quote_new(
+    *,
     buyer: Buyer,
     offering: Offering,
     canonical: dict[str, Any],
     input_hash: str,
     key: str,
     now: datetime,
-    *,
     holds_stock: bool,
 ) -> Quote:
     return Quote(

@@ -14,7 +14,7 @@ from payments.models import PaymentAttempt, Refund
 from payments.rails import rail_for
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
-from purchases.services.outbox import outbox_stage
+from purchases.services.alerts import alert_stage
 from purchases.services.paybacks import purchase_refund_payback_close
 
 
@@ -48,12 +48,7 @@ def escalation_open(
         reason_code=reason_code,
         evidence={"escalation": escalation.pk, "owner": owner},
     )
-    outbox_stage(
-        job="escalation_alert",
-        kwargs={"escalation_id": escalation.pk},
-        dedup_key=f"escalation_alert:{escalation.pk}",
-        now=now,
-    )
+    alert_stage(row=escalation, now=now)
     return escalation
 
 
@@ -194,6 +189,8 @@ def purchase_refund_create(
     )
     for change in changes:
         event_record_change(purchase=purchase, actor=actor, change=change)
+    if refund.state == Refund.State.OWED:
+        alert_stage(row=refund, now=now)
     return refund
 
 

@@ -100,7 +100,7 @@ def payment_resubmit_if_due(
     limit = settings.TOLLBOOTH["SETTLEMENT_RESUBMIT_LIMIT"]
     described = rail.describe(attempt=attempt)
     if attempt.resubmissions >= limit:
-        _refuse(attempt, described, limit, now, actor)
+        _refuse(attempt=attempt, described=described, limit=limit, now=now, actor=actor)
         return outcome
     due_at = payment_resubmit_next_at(attempt=attempt)
     if due_at is None or now < due_at:
@@ -112,7 +112,15 @@ def payment_resubmit_if_due(
     # The quote's terms are read only now: most look-ups never resend.
     terms = terms or quote_terms(quote=fresh.purchase.quote)
     answer, _, answers = settlement_notes_take(rail.resend(attempt=fresh, terms=terms, now=now))
-    _record_try(fresh, described, number, limit, answer, answers, actor)
+    _record_try(
+        attempt=fresh,
+        described=described,
+        number=number,
+        limit=limit,
+        answer=answer,
+        answers=answers,
+        actor=actor,
+    )
     return replace(answer, evidence={**answer.evidence, "resubmission": number})
 
 
@@ -126,6 +134,7 @@ def _claim(attempt: PaymentAttempt, number: int, now: datetime) -> bool:
 
 
 def _record_try(
+    *,
     attempt: PaymentAttempt,
     described: dict[str, Any],
     number: int,
@@ -161,7 +170,7 @@ def _summary(answer: SettlementOutcome) -> dict[str, Any]:
 
 
 def _refuse(
-    attempt: PaymentAttempt, described: dict[str, Any], limit: int, now: datetime, actor: Actor
+    *, attempt: PaymentAttempt, described: dict[str, Any], limit: int, now: datetime, actor: Actor
 ) -> None:
     """At the limit: no more tries. Said once on the timeline, and support is escalated; the
     attempt stays pending until its window closes (then the look-up proves it failed)."""

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from django.db import connection
-
 from payments.models import Rail
 from purchases.models import Purchase
-
-FULFILLMENT_CHANNEL = "tollbooth_fulfillment"
+from purchases.sql import fulfillment_notify_send
 
 
 def fulfillment_notify(*, purchase: Purchase) -> None:
@@ -16,6 +13,5 @@ def fulfillment_notify(*, purchase: Purchase) -> None:
 
     Only x402 paid requests wait for their result in the request, so other rails send
     nothing (a statement saved on every prepaid execution)."""
-    if connection.vendor == "postgresql" and purchase.rail == Rail.X402:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, %s)", [FULFILLMENT_CHANNEL, str(purchase.pk)])
+    if purchase.rail == Rail.X402:
+        fulfillment_notify_send(purchase_id=purchase.pk)

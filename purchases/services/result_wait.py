@@ -12,7 +12,7 @@ Two mechanisms, both keeping the execution exactly-once:
   or never happened. If this process dies first, the message is still waiting in the outbox
   and the relay loop sends it after its grace: a worker resumes the purchase.
 - **Woken, not polling.** The transaction that stores a result (or ends the execution) sends
-  a PostgreSQL NOTIFY on `FULFILLMENT_CHANNEL`, delivered by PostgreSQL only at its commit.
+  a PostgreSQL NOTIFY (`purchases.sql.fulfillment_notify_send`), delivered only at its commit.
   One listener thread per process holds one LISTEN connection and wakes the requests waiting
   on that purchase. A waiter registers before it reads the state, so a notification sent
   between the read and the wait is not missed; and it reads the state again at least every
@@ -23,7 +23,6 @@ Two mechanisms, both keeping the execution exactly-once:
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -44,10 +43,10 @@ from purchases.services.outbox import (
     outbox_release_held,
     outbox_retire_held,
 )
-from purchases.services.result_notify import FULFILLMENT_CHANNEL
 from purchases.services.settlement import purchase_reload
 from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
 from purchases.services.upstreams import offering_executor
+from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read, on_postgresql
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -172,14 +171,12 @@ def fulfillment_wait(
 
     def read() -> str:
         # One fixed statement, not a queryset compiled on every look (core.prepared's why).
-        with connection.cursor() as cursor:
-            cursor.execute(_state_sql(connection.vendor), [purchase_id])
-            row = cursor.fetchone()
-        if row is None:
+        state = fulfillment_state_read(purchase_id)
+        if state is None:
             raise Purchase.DoesNotExist(f"purchase {purchase_id} does not exist")
-        return str(row[0])
+        return state
 
-    if connection.vendor != "postgresql":
+    if not on_postgresql():  # no LISTEN: poll
         return _poll(read, waiting, deadline, SQLITE_POLL_SECONDS)
     listener = _listener()
     wake = listener.register(purchase_id)
@@ -193,14 +190,6 @@ def fulfillment_wait(
             wake.clear()
     finally:
         listener.unregister(purchase_id, wake)
-
-
-@functools.cache
-def _state_sql(vendor: str) -> str:
-    quote = connection.ops.quote_name
-    meta = Purchase._meta
-    state, pk = meta.get_field("fulfillment_state").column, meta.pk.column  # type: ignore[union-attr]
-    return f"SELECT {quote(state)} FROM {quote(meta.db_table)} WHERE {quote(pk)} = %s"  # noqa: S608 - names from the model
 
 
 def _poll(read: Callable[[], str], waiting: Collection[str], deadline: float, every: float) -> str:
@@ -278,7 +267,7 @@ class FulfillmentListener:
 
     def _listen(self) -> None:
         with psycopg.connect(**self._conninfo, autocommit=True) as conn:  # type: ignore[arg-type]
-            conn.execute(f"LISTEN {FULFILLMENT_CHANNEL}")
+            conn.execute(LISTEN_FULFILLMENT)
             self._listening.set()
             self._wake_all()
             while not self._stopping.is_set():

@@ -16,10 +16,11 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, transaction
-from django_fsm import ConcurrentTransition
+from django_fsm import ConcurrentTransition, can_proceed
 
 from core.actors import Actor
 from core.bulk import bulk_update_columns
+from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
 from core.prepared import PreparedQuery
@@ -47,7 +48,6 @@ from purchases.services.sweeper import purchase_execution_stage, purchase_execut
 
 logger = logging.getLogger(__name__)
 PAY = Purchase.PaymentState
-RUN = Purchase.FulfillmentState
 TERMINAL_ATTEMPT_STATES = (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED)
 
 
@@ -143,7 +143,16 @@ def settlement_record_outcome(
     if known is not None:
         try:
             with transaction.atomic(), events_batched():
-                return _outcome_apply(*known, outcome, is_first_broadcast, answers, now, actor)
+                purchase, attempt = known
+                return _outcome_apply(
+                    purchase=purchase,
+                    attempt=attempt,
+                    outcome=outcome,
+                    is_first_broadcast=is_first_broadcast,
+                    answers=answers,
+                    now=now,
+                    actor=actor,
+                )
         except ConcurrentTransition:
             logger.info("attempt %s moved since it was recorded; reading it locked", attempt_id)
     with transaction.atomic(), events_batched():
@@ -153,10 +162,19 @@ def settlement_record_outcome(
             .get(pk=purchase_id)
         )
         attempt = PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
-        return _outcome_apply(purchase, attempt, outcome, is_first_broadcast, answers, now, actor)
+        return _outcome_apply(
+            purchase=purchase,
+            attempt=attempt,
+            outcome=outcome,
+            is_first_broadcast=is_first_broadcast,
+            answers=answers,
+            now=now,
+            actor=actor,
+        )
 
 
 def _outcome_apply(
+    *,
     purchase: Purchase,
     attempt: PaymentAttempt,
     outcome: SettlementOutcome,
@@ -167,7 +185,9 @@ def _outcome_apply(
 ) -> tuple[Purchase, PaymentAttempt]:
     attempt.purchase = purchase
     if is_first_broadcast:
-        _first_broadcast_record(purchase, attempt, outcome, answers, actor)
+        _first_broadcast_record(
+            purchase=purchase, attempt=attempt, outcome=outcome, answers=answers, actor=actor
+        )
     if (
         attempt.state == PaymentAttempt.State.FAILED
         and outcome.status == SettlementStatus.CONFIRMED
@@ -182,32 +202,63 @@ def _outcome_apply(
         )
         purchase_queue_execution_if_due(purchase=purchase, actor=actor)
         return purchase, attempt
-    change = payment_attempt_apply_outcome(attempt=attempt, outcome=outcome, save=False)
-    event_record_change(purchase=purchase, actor=actor, change=change)
-    moved: list[str] = []
-    if change is not None and change.from_state != change.to_state:
-        move = _payment_move(purchase, outcome, now, attempt)
-        if move is not None:
-            transition, arguments = move
-            moved = purchase_transition(
-                purchase=purchase,
-                transition=transition,
-                actor=actor,
-                arguments=arguments,
-                update_fields=["paid_at", "reason_code"],
-                evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
-                save=False,
-            )
-            if purchase.payment_state == PAY.REVERSED:
-                escalation_open_payment_reversed(
-                    purchase=purchase, attempt=attempt, now=now, actor=actor
-                )
-        moved += purchase_queue_execution_if_due(purchase=purchase, actor=actor, save=False)
-    if moved:
-        purchase.save(update_fields=[*moved, "updated_at"])  # both moves, one UPDATE; first
-    if change is not None:
+    applied = _apply(purchase, attempt, outcome, now=now, actor=actor)
+    if applied.moved:
+        purchase.save(update_fields=[*applied.moved, "updated_at"])  # both moves, one UPDATE
+    if applied.queued:
+        purchase_execution_stage(purchase_id=purchase.pk)
+    if applied.change is not None:
         attempt.save(update_fields=[*OUTCOME_FIELDS, "updated_at"])
     return purchase, attempt
+
+
+@dataclass(frozen=True)
+class _Applied:
+    change: Change | None  # the attempt's, None when the outcome changed nothing
+    moved: list[str]  # the purchase's fields to write
+    queued: bool  # the work was queued: its execution is to be staged
+
+
+def _apply(
+    purchase: Purchase,
+    attempt: PaymentAttempt,
+    outcome: SettlementOutcome,
+    *,
+    now: datetime,
+    actor: Actor,
+) -> _Applied:
+    """Apply what the money's keeper said, in memory, for both recording paths (one row,
+    a chunk of rows): the attempt's outcome, the purchase's payment move (a reversal
+    escalated), the work queued once the payment condition holds, each move on the timeline
+    through the one transition recipe. The caller writes the rows and stages the execution."""
+    attempt.purchase = purchase
+    change = payment_attempt_apply_outcome(attempt=attempt, outcome=outcome, save=False)
+    event_record_change(purchase=purchase, actor=actor, change=change)
+    if change is None or change.from_state == change.to_state:
+        return _Applied(change, [], queued=False)
+    moved: list[str] = []
+    move = _payment_move(purchase, outcome, now, attempt)
+    if move is not None:
+        transition, arguments = move
+        moved = purchase_transition(
+            purchase=purchase,
+            transition=transition,
+            actor=actor,
+            arguments=arguments,
+            update_fields=["paid_at", "reason_code"],
+            evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
+            save=False,
+        )
+        if purchase.payment_state == PAY.REVERSED:
+            escalation_open_payment_reversed(
+                purchase=purchase, attempt=attempt, now=now, actor=actor
+            )
+    queued = can_proceed(purchase.fulfillment_queue)
+    if queued:
+        moved += purchase_transition(
+            purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=False
+        )
+    return _Applied(change, moved, queued)
 
 
 # One transaction per this many rows: its locks and statements, not one per row.
@@ -289,37 +340,19 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
             seen_purchases.add(purchase.pk)
             try:
                 with events_of_one_row():
-                    attempt.purchase = purchase
-                    change = payment_attempt_apply_outcome(
-                        attempt=attempt, outcome=row.outcome, save=False
-                    )
-                    event_record_change(purchase=purchase, actor=actor, change=change)
-                    queued = False
-                    if change is not None and change.from_state != change.to_state:
-                        move = _payment_move(purchase, row.outcome, now, attempt)
-                        if move is not None:
-                            transition, arguments = move
-                            purchase_transition(
-                                purchase=purchase,
-                                transition=transition,
-                                actor=actor,
-                                arguments=arguments,
-                                evidence={"tx_hash": attempt.tx_hash, "network": attempt.network},
-                                save=False,
-                            )
-                        queued = _queue_if_due(purchase, actor)
+                    applied = _apply(purchase, attempt, row.outcome, now=now, actor=actor)
             except Exception:
                 logger.exception("settlement of attempt %s left to the one-row path", attempt.pk)
                 # Its in-memory changes are dropped with it: the one-row path reloads both.
                 left.append(row)
                 continue
-            if change is not None:
+            if applied.change is not None:
                 attempt.updated_at = now_or(None)
                 moved_attempts[attempt.pk] = attempt
-                if change.from_state != change.to_state:
+                if applied.change.from_state != applied.change.to_state:
                     purchase.updated_at = attempt.updated_at
                     moved_purchases[purchase.pk] = purchase
-                if queued:
+                if applied.queued:
                     to_execute.append(purchase.pk)
         bulk_update_columns(moved_attempts.values(), [*OUTCOME_FIELDS, "updated_at"])
         bulk_update_columns(moved_purchases.values(), _PURCHASE_FIELDS)
@@ -327,20 +360,8 @@ def _record_chunk(chunk: list[SettlementToRecord], now: datetime) -> list[Settle
     return left
 
 
-def _queue_if_due(purchase: Purchase, actor: Actor) -> bool:
-    """`purchase_queue_execution_if_due` without the writes; True when it queued."""
-    if (
-        purchase.fulfillment_state != RUN.NOT_STARTED
-        or not purchase.is_payment_sufficient_for_execution()
-    ):
-        return False
-    purchase_transition(
-        purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=False
-    )
-    return True
-
-
 def _first_broadcast_record(
+    *,
     purchase: Purchase,
     attempt: PaymentAttempt,
     outcome: SettlementOutcome,
@@ -377,10 +398,7 @@ def purchase_queue_execution_if_due(
 ) -> list[str]:
     """Queue the paid work once the offering's payment condition holds. Caller holds the
     lock. Returns the fields moved (see purchase_transition's `save`)."""
-    if (
-        purchase.fulfillment_state != RUN.NOT_STARTED
-        or not purchase.is_payment_sufficient_for_execution()
-    ):
+    if not can_proceed(purchase.fulfillment_queue):
         return []
     moved = purchase_transition(
         purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=save

@@ -9,20 +9,17 @@ marks its outcomes (`FIRST_BROADCAST`, `SETTLER_ANSWERS`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
-
-from django.db import connection
-from django.utils import timezone
 
 from core.actors import Actor
 from payments.models import PaymentAttempt
 from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
 from purchases import event_subjects as subjects
-from purchases.events import db_column, event_note, event_record, event_table_sql
-from purchases.models import Purchase, PurchaseEvent
+from purchases import sql
+from purchases.events import event_note, event_record
+from purchases.models import Purchase
 
 
 def settlement_notes_take(
@@ -80,21 +77,6 @@ def settler_answers_record(
         )
 
 
-# Noted once per (attempt, submission): the look-ups that find the same drop while the next
-# try waits its backoff write nothing. One statement, no lock: at a 10 000-row backlog a
-# locked transaction per row would cost minutes (two racing look-ups may both note it).
-_DROP_SQL = """
-INSERT INTO {events} ({event_columns})
-SELECT %(purchase)s, NULL, %(subject)s, '', '', %(actor_type)s, %(actor)s, %(reason)s,
-    %(evidence)s::jsonb, %(created_at)s
-WHERE NOT EXISTS (
-    SELECT 1 FROM {events}
-    WHERE {purchase} = %(purchase)s AND {subject} = %(subject)s
-        AND {evidence} @> %(once)s::jsonb
-)
-"""
-
-
 def payment_drop_record(
     *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime, actor: Actor
 ) -> None:
@@ -112,43 +94,16 @@ def payment_drop_record(
         "last_sent_at": last_sent.isoformat() if last_sent else None,
         "looked_up_at": now.isoformat(),
     }
-    if connection.vendor != "postgresql":
-        # SQLite (the embedded default) has no jsonb containment: the same in two statements.
-        noted = PurchaseEvent.objects.filter(
-            purchase_id=attempt.purchase_id,
-            subject=subjects.PAYMENT_DROPPED,
-            evidence__attempt=attempt.pk,
-            evidence__submission=submission,
-        ).exists()
-        if not noted:
-            event_note(
-                subject=subjects.PAYMENT_DROPPED,
-                purchase=Purchase(pk=attempt.purchase_id),
-                actor=actor,
-                reason_code=outcome.reason_code,
-                evidence=evidence,
-            )
-        return
-    events, event_columns = event_table_sql()
-    sql = _DROP_SQL.format(
-        events=events,
-        event_columns=event_columns,
-        purchase=db_column(PurchaseEvent, "purchase"),
-        subject=db_column(PurchaseEvent, "subject"),
-        evidence=db_column(PurchaseEvent, "evidence"),
+    # Noted once per (attempt, submission): the look-ups that find the same drop while the
+    # next try waits its backoff write nothing (one statement, no lock).
+    sql.payment_drop_note(
+        purchase_id=attempt.purchase_id,
+        actor=actor,
+        reason_code=outcome.reason_code,
+        evidence=evidence,
+        attempt_id=attempt.pk,
+        submission=submission,
     )
-    params: dict[str, Any] = {
-        "purchase": attempt.purchase_id,
-        "subject": subjects.PAYMENT_DROPPED,
-        "actor_type": actor.type,
-        "actor": actor.name,
-        "reason": outcome.reason_code,
-        "evidence": json.dumps(evidence),
-        "once": json.dumps(once),
-        "created_at": timezone.now(),  # as every event: when written (`now` may be injected)
-    }
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 def relayer_gap_notes_record(*, purchase: Purchase, outcome: SettlementOutcome) -> None:

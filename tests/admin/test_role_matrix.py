@@ -462,11 +462,11 @@ def test_search_by_a_field_finds_only_what_the_role_sees(seen: Seen, role: str, 
     response = seen.clients[role].get(list_url, params)
     if response.status_code == 403:
         assert role not in mark.seen_by
-        return
+        pytest.skip(f"{role} cannot open the list: there is no search to leak through")
     assert response.status_code == 200
     if not admin.site._registry[model].search_fields:
-        assert 'id="searchbar"' not in response.content.decode()  # no search to leak through
-        return
+        assert 'id="searchbar"' not in response.content.decode()
+        pytest.skip("the list has no search box: there is no search to leak through")
     found = response.context["cl"].result_count
     expected = role in mark.seen_by and _searchable(mark.label, mark.field)
     assert found == (1 if expected else 0), f"{role} searching {mark.field}"

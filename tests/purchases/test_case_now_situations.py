@@ -283,7 +283,7 @@ def test_every_unfinished_state_names_owner_deadline_and_next_check(moment: Mome
     person can move it, the page says nothing will."""
     case = purchase_case(moment.facts, now=NOW)
     if case.is_final:
-        return
+        pytest.skip("final: no owner, deadline or next check is owed")
     assert case.owner.value != "none"
     assert case.deadline_at is not None or case.owner.value == "finance"
     if case.next_check_at is not None:

@@ -1,0 +1,155 @@
+"""Every statement the payments app writes by hand, each beside its SQLite twin.
+
+The ORM first (docs/architecture.md, "Where the SQL lives"); what is here the ORM cannot
+say in one statement. Table and column names come from the models' `_meta`; a statement
+with a PostgreSQL-only form has its SQLite twin (the embedded default) in the same
+function, and tests/test_sql_twins.py runs both on the same rows and compares what they
+write. Services call these by what they do and never branch on the database themselves.
+"""
+
+from __future__ import annotations
+
+import functools
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, models
+from django.db.models import F
+
+from core.bulk import insert_returning_pk
+from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, RelayerAccount
+
+
+def on_postgresql() -> bool:
+    """Whether the statements below run in their one-statement (PostgreSQL) form."""
+    return connection.vendor == "postgresql"
+
+
+def table(model: type[models.Model]) -> str:
+    """A model's table, quoted."""
+    return connection.ops.quote_name(model._meta.db_table)
+
+
+def column(model: type[models.Model], field_name: str) -> str:
+    """A model field's column, quoted."""
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, models.Field)
+    return connection.ops.quote_name(str(field.column))
+
+
+# -- the prepaid ledger ---------------------------------------------------------------------
+
+_DEBIT_SQL = """
+WITH debited AS (
+    UPDATE {balances} SET {amount} = {amount} - %(amount)s
+    WHERE {buyer} = %(buyer)s AND {asset} = %(asset)s AND {amount} >= %(amount)s
+    RETURNING 1
+)
+INSERT INTO {entries} ({columns})
+SELECT %(buyer)s, %(asset)s, -%(amount)s, %(kind)s, %(reference)s, %(purchase)s, '', %(now)s
+FROM debited
+RETURNING {entry_pk}
+"""
+# The debit entry's columns, in _DEBIT_SQL's SELECT order.
+_DEBIT_FIELDS = ("buyer", "asset", "amount", "kind", "reference", "purchase", "memo", "created_at")
+
+
+def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
+    """Take `amount` off the entry's buyer's running balance and post `entry` (a new debit
+    of -amount), or neither when the balance is short: whether it posted (`entry` is then
+    the saved row). One statement on PostgreSQL; the twin's balance UPDATE still decides."""
+    if not on_postgresql():
+        debited = LedgerBalance.objects.filter(
+            buyer_id=entry.buyer_id, asset=entry.asset, amount__gte=amount
+        ).update(amount=F("amount") - amount)
+        if not debited:
+            return False
+        entry.save(force_insert=True)
+        return True
+    sql = _DEBIT_SQL.format(
+        balances=table(LedgerBalance),
+        amount=column(LedgerBalance, "amount"),
+        buyer=column(LedgerBalance, "buyer"),
+        asset=column(LedgerBalance, "asset"),
+        entries=table(LedgerEntry),
+        columns=", ".join(column(LedgerEntry, name) for name in _DEBIT_FIELDS),
+        entry_pk=column(LedgerEntry, "id"),
+    )
+    params: dict[str, Any] = {
+        "amount": amount,
+        "buyer": entry.buyer_id,
+        "asset": entry.asset,
+        "kind": entry.kind,
+        "reference": entry.reference,
+        "purchase": entry.purchase_id,
+        "now": entry.created_at,
+    }
+    return insert_returning_pk(entry, sql, params)
+
+
+# -- x402 attempts ----------------------------------------------------------------------------
+
+
+def attempt_mark_prepared(
+    *, attempt_id: int, now: datetime, signed: tuple[str, str, int | None] | None
+) -> None:
+    """Stamp the attempt's first broadcast (kept if there is one) and, `signed` being the
+    transaction's (tx hash, raw transaction, relayer nonce), record it unless one is: one
+    UPDATE, its text written once per shape (every broadcast runs it)."""
+    values: list[tuple[str, Any]] = [("broadcast_started_at", now), ("updated_at", now)]
+    if signed is not None:
+        values += list(zip(("tx_hash", "raw_transaction", "relayer_nonce"), signed, strict=True))
+    meta = PaymentAttempt._meta
+    params = [meta.get_field(name).get_db_prep_save(value, connection) for name, value in values]  # type: ignore[union-attr]
+    params.append(attempt_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_mark_prepared_sql(connection.vendor, signed is not None), params)
+
+
+@functools.cache
+def _mark_prepared_sql(vendor: str, signed: bool) -> str:
+    """The first broadcast's time is kept (COALESCE); the signed transaction's fields are
+    written only while none is (the CASE), so a later call never overwrites them."""
+
+    def attempt(name: str) -> str:
+        return column(PaymentAttempt, name)
+
+    started = attempt("broadcast_started_at")
+    assignments = [f"{started} = COALESCE({started}, %s)", f"{attempt('updated_at')} = %s"]
+    if signed:
+        tx_hash = attempt("tx_hash")
+        unsigned = f"({tx_hash} IS NULL OR {tx_hash} = '')"
+        for name in ("tx_hash", "raw_transaction", "relayer_nonce"):
+            assignments.append(
+                f"{attempt(name)} = CASE WHEN {unsigned} THEN %s ELSE {attempt(name)} END"
+            )
+    return (
+        f"UPDATE {table(PaymentAttempt)} SET {', '.join(assignments)} "  # noqa: S608 - names from the model
+        f"WHERE {attempt('id')} = %s"
+    )
+
+
+# -- the relayer's nonces ---------------------------------------------------------------------
+
+
+def relayer_nonce_next(*, network: str, address: str, floor: int, now: datetime) -> int:
+    """Move the relayer account's counter to at least `floor` and one past its last nonce,
+    in one upsert that takes the row lock for one statement: the counter's new value."""
+    # SQLite's two-argument MAX is PostgreSQL's GREATEST: the twin is one word.
+    greatest = "GREATEST" if on_postgresql() else "MAX"
+    accounts = table(RelayerAccount)
+    nonce = column(RelayerAccount, "next_nonce")
+    updated_at = column(RelayerAccount, "updated_at")
+    names = ", ".join(
+        column(RelayerAccount, name) for name in ("network", "address", "next_nonce", "updated_at")
+    )
+    sql = (
+        f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s) "  # noqa: S608 - names from the model
+        f"ON CONFLICT ({column(RelayerAccount, 'network')}, {column(RelayerAccount, 'address')}) "
+        f"DO UPDATE SET {nonce} = {greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1, "
+        f"{updated_at} = excluded.{updated_at} RETURNING {nonce}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [network, address, floor, now])
+        (next_nonce,) = cursor.fetchone()
+    return int(next_nonce)
