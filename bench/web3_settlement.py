@@ -29,17 +29,12 @@ from web3.gas_strategies.rpc import rpc_gas_price_strategy
 from web3.types import TxParams
 
 from payments.chain.token import build_transfer_with_authorization_tx, token_contract
+from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import RPC_TIMEOUT_SECONDS, ChainUnavailable
 from payments.x402.direct import TRANSFER_WITH_AUTHORIZATION_GAS
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import relayer_nonce_allocate
-from payments.x402.types import (
-    Authorization,
-    NetworkConfig,
-    PreparedBroadcast,
-    SettlementOutcome,
-    SettlementStatus,
-)
+from payments.x402.types import Authorization, NetworkConfig, PreparedBroadcast
 
 _ALREADY_SENT = ("already known", "already imported", "known transaction", "already exists",
                  "nonce too low", "nonce is too low", "oldnonce")  # fmt: skip

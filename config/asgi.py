@@ -1,4 +1,4 @@
-"""The ASGI entry point: the MCP door (`/mcp`, purchases.mcp) beside the Django app.
+"""The ASGI entry point: the MCP door (`/mcp`, purchases.x402.mcp) beside the Django app.
 
 Production serves it with uvicorn workers under gunicorn (config/gunicorn_asgi.py), where
 MCP's long-lived connections (SSE, a tool call waiting for its settlement and work) cost a
@@ -18,7 +18,7 @@ from django.core.asgi import get_asgi_application
 
 django_application = get_asgi_application()
 
-from purchases.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
+from purchases.x402.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
 
 
 def build_application() -> Any:

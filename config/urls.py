@@ -2,13 +2,13 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from purchases.api.x402_views import (
+from purchases.metrics import metrics_view
+from purchases.x402.views import (
     ReceiptKeysApi,
     X402DiscoveryApi,
     X402PaidApi,
     X402PurchaseCapabilityApi,
 )
-from purchases.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -30,7 +30,7 @@ from payments.models import (
     Rail,
     Refund,
 )
-from payments.x402.types import SettlementOutcome, SettlementStatus
+from payments.rails.base import SettlementOutcome, SettlementStatus
 
 # The paying account (purchases.Buyer), reached through the ledger's own foreign key: this
 # app never imports purchases.

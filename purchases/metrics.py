@@ -33,7 +33,8 @@ from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, 
 
 # The conflicts and sign-in counters register themselves in the default registry when
 # imported.
-from purchases.services import idempotency, x402_sign_in  # noqa: F401
+from purchases.services import idempotency  # noqa: F401
+from purchases.x402 import sign_in  # noqa: F401
 
 ATTEMPT = PaymentAttempt.State
 SPECS: dict[str, tuple[str, list[str]]] = {

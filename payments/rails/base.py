@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -20,13 +21,35 @@ from core.changes import Change
 
 if TYPE_CHECKING:
     from payments.models import PaymentAttempt, Refund
-    from payments.x402.types import SettlementOutcome
 
 # One line per rail: its name (payments.models.Rail) and the class implementing it.
 RAILS: dict[str, str] = {
     "prepaid": "payments.rails.prepaid.PrepaidRail",
-    "x402": "payments.rails.x402.X402Rail",
+    "x402": "payments.x402.rail.X402Rail",
 }
+
+
+# What a rail answers about an attempt's money: settle, look_up and resend return one.
+class SettlementStatus(StrEnum):
+    CONFIRMED = "confirmed"  # proven: the transfer is on chain with enough confirmations
+    FAILED = "failed"  # proven: it did not and cannot happen with this broadcast
+    PENDING = "pending"  # anything else: unknown is not failed
+
+
+@dataclass(frozen=True)
+class SettlementOutcome:
+    status: SettlementStatus
+    tx_hash: str | None = None
+    reason_code: str = ""
+    block_number: int | None = None
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+# Evidence keys the caller takes off an outcome for the timeline: True on the outcome of the
+# broadcast that claimed an attempt's first send; the list of what a settler's counterpart
+# (a facilitator) answered on the way, one short summary per HTTP exchange.
+FIRST_BROADCAST = "first_broadcast"
+SETTLER_ANSWERS = "settler_answers"
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,14 @@ from django.db import transaction
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail, Refund
-from payments.rails.base import Charge, Presentation, QuoteTerms
+from payments.rails.base import (
+    Charge,
+    Presentation,
+    QuoteTerms,
+    SettlementOutcome,
+    SettlementStatus,
+)
 from payments.services import ledger_debit, refund_pay_by_ledger_credit, refund_record
-from payments.x402.types import SettlementOutcome, SettlementStatus
 
 PREPAID_NETWORK = "prepaid"
 

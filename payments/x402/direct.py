@@ -21,6 +21,7 @@ from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
 from payments.chain.token import transfer_with_authorization_calldata
+from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import is_hash32
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import (
@@ -43,8 +44,6 @@ from payments.x402.types import (
     NetworkConfig,
     PreparedBroadcast,
     Requirements,
-    SettlementOutcome,
-    SettlementStatus,
     is_final_at_depth,
 )
 

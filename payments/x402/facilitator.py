@@ -36,15 +36,8 @@ from typing import Any
 import requests
 from x402.schemas import PaymentPayload
 
-from payments.x402.types import (
-    SETTLER_ANSWERS,
-    Authorization,
-    NetworkConfig,
-    PreparedBroadcast,
-    Requirements,
-    SettlementOutcome,
-    SettlementStatus,
-)
+from payments.rails.base import SETTLER_ANSWERS, SettlementOutcome, SettlementStatus
+from payments.x402.types import Authorization, NetworkConfig, PreparedBroadcast, Requirements
 from payments.x402.wire import requirements_wire
 
 VERIFY = "verify"

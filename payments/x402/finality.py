@@ -21,15 +21,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.lookup import _settles as settles_transfer  # the lookup's own rule
 from payments.x402.lookup import settlement_lookup
-from payments.x402.types import (
-    Authorization,
-    NetworkConfig,
-    SettlementOutcome,
-    SettlementStatus,
-)
+from payments.x402.types import Authorization, NetworkConfig
 
 
 class Finality(StrEnum):

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import (
     AUTHORIZATION_USED_TOPIC,
     TRANSFER_TOPIC,
@@ -27,13 +28,7 @@ from payments.x402.chain import (
     address_topic,
     is_hash32,
 )
-from payments.x402.types import (
-    Authorization,
-    NetworkConfig,
-    SettlementOutcome,
-    SettlementStatus,
-    is_final_at_depth,
-)
+from payments.x402.types import Authorization, NetworkConfig, is_final_at_depth
 
 CONFIRMED = SettlementStatus.CONFIRMED
 PENDING = SettlementStatus.PENDING

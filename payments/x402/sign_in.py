@@ -11,7 +11,7 @@ that library does, and recover the signer with eth-account.
 The nonce is ours and stateless: 12 random hex digits and 20 of an HMAC (the server's
 secret) over everything the challenge says and what it was issued for (the `binding`), so a
 client can change none of it, nor move it to another resource, and nothing is written per
-402. Single use is the caller's to keep (purchases.services.x402_sign_in). Only EOA
+402. Single use is the caller's to keep (purchases.x402.sign_in). Only EOA
 signatures (EIP-191) are checked; smart-contract wallets (EIP-1271/6492) need an RPC call
 and are not accepted.
 """

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
+
+from payments.rails.base import SettlementOutcome
 
 
 @dataclass(frozen=True)
@@ -80,28 +81,6 @@ class VerificationFailed(Exception):
         super().__init__(detail or reason_code)
         self.reason_code = reason_code
         self.detail = detail or reason_code
-
-
-class SettlementStatus(StrEnum):
-    CONFIRMED = "confirmed"  # proven: the transfer is on chain with enough confirmations
-    FAILED = "failed"  # proven: it did not and cannot happen with this broadcast
-    PENDING = "pending"  # anything else: unknown is not failed
-
-
-@dataclass(frozen=True)
-class SettlementOutcome:
-    status: SettlementStatus
-    tx_hash: str | None = None
-    reason_code: str = ""
-    block_number: int | None = None
-    evidence: dict[str, Any] = field(default_factory=dict)
-
-
-# Evidence keys the caller takes off an outcome for the timeline: True on the outcome of the
-# broadcast that claimed an attempt's first send; the list of what a settler's counterpart
-# (a facilitator) answered on the way, one short summary per HTTP exchange.
-FIRST_BROADCAST = "first_broadcast"
-SETTLER_ANSWERS = "settler_answers"
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from purchases.services.duplicates import duplicate_guards_prune
 from purchases.services.idempotency import payment_id_hash
 from purchases.services.job_runs import job_run
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
-from purchases.services.x402_sign_in import wallet_sign_ins_prune
+from purchases.x402.sign_in import wallet_sign_ins_prune
 
 logger = logging.getLogger(__name__)
 # Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.

@@ -21,12 +21,13 @@ from django.db.models import F, Q
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
+from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.attempts import x402_attempt_authorization
 from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.x402.chain import ChainUnavailable
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
-from payments.x402.types import Authorization, SettlementOutcome, SettlementStatus
+from payments.x402.types import Authorization
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
 from purchases.services.batches import row_isolated

@@ -13,7 +13,6 @@ from django.utils import timezone
 from fulfillment.models import ExecutionAttempt, Result
 from payments.models import Refund
 from purchases.api.prepaid_answers import PrepaidAnswers
-from purchases.api.x402_answers import x402_answer, x402_capability_answer
 from purchases.models import Escalation, Purchase
 from purchases.selectors import purchase_capability_token, purchase_capability_url
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
@@ -24,8 +23,9 @@ from purchases.services.execution_recheck import (
 )
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
-from purchases.services.x402_outcomes import x402_outcome_for_ref
 from purchases.tasks import recheck_unknown_executions_task
+from purchases.x402.answers import x402_answer, x402_capability_answer
+from purchases.x402.outcomes import x402_outcome_for_ref
 from tests.factories import OfferingFactory, PurchaseFactory
 from tests.fixtures.jobservice import JobServiceProcess, start_job_service
 from tests.integration.helpers import race, wait_for

@@ -27,6 +27,7 @@ from payments.chain.token import (
     transfer_with_authorization_calldata,
 )
 from payments.models import RelayerAccount
+from payments.rails.base import SettlementStatus
 from payments.x402 import direct
 from payments.x402.chain import ChainUnavailable, w3_for
 from payments.x402.direct import BroadcastNotPrepared, DirectSettler
@@ -40,7 +41,7 @@ from payments.x402.rpc import (
     RpcReplyInvalid,
     RpcTransport,
 )
-from payments.x402.types import Authorization, PreparedBroadcast, SettlementStatus
+from payments.x402.types import Authorization, PreparedBroadcast
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import PRICE, ChainEnv
 from tests.x402.rpc_proxy import DROP_CONNECTION, RawReply, RpcProxy

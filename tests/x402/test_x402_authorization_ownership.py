@@ -20,7 +20,7 @@ from x402.schemas import PaymentPayload, PaymentRequired
 
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
-from payments.rails.x402 import X402Rail, x402_presentation
+from payments.x402.rail import X402Rail, x402_presentation
 from purchases.models import BuyerWallet, Escalation, JobRun, Purchase, Quote
 from purchases.services import reconcile
 from purchases.services.quotes import quote_terms

@@ -16,10 +16,10 @@ from x402.schemas import PaymentPayload
 from core.canonical import sha256_hex
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
-from purchases.api.x402_answers import X402Answers
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from purchases.services.execution import purchase_execute
-from purchases.services.x402_checkout import x402_pay
+from purchases.x402.answers import X402Answers
+from purchases.x402.checkout import x402_pay
 from tests.integration.helpers import race
 from tests.x402.e2e import NETWORK, PRICE, sign_payment
 

@@ -1,6 +1,6 @@
 """Where an x402 purchase stands for its buyer: failed, settling, running, refused or
 delivered. The paid URL, a resent payment and the capability URL all ask here, from the
-purchase's current state; purchases.api.x402_answers says how each is answered.
+purchase's current state; purchases.x402.answers says how each is answered.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms
-from payments.rails.x402 import x402_requirements as requirements_for_terms
 from payments.x402.attempts import x402_attempt_live
 from payments.x402.finality import Finality
 from payments.x402.networks import network_config
+from payments.x402.rail import x402_requirements as requirements_for_terms
 from payments.x402.types import Requirements
 from purchases.models import Offering, Purchase, Quote
 from purchases.selectors import purchase_get_by_capability

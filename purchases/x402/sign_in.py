@@ -35,8 +35,8 @@ from purchases.events import event_record
 from purchases.models import Offering, Purchase, WalletSignIn
 from purchases.selectors import PENDING_RUN_STATES
 from purchases.services.quotes import quote_input_canonicalize
-from purchases.services.x402_offers import input_from_query, sign_in_binding, x402_route
-from purchases.services.x402_outcomes import (
+from purchases.x402.offers import input_from_query, sign_in_binding, x402_route
+from purchases.x402.outcomes import (
     X402Outcome,
     x402_outcome_for_purchase,
     x402_request_scope,

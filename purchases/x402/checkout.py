@@ -1,9 +1,9 @@
 """The x402 paid URL's payment: a PAYMENT-SIGNATURE for an offering, answered (by the
-answers the API passes in, purchases.api.x402_answers) with the result, pending, or the
+answers the API passes in, purchases.x402.answers) with the result, pending, or the
 failure.
 
 Every payment is keyed: by the client's payment id when it sends one, otherwise by what its
-signature makes unique, `(network, payer, EIP-3009 nonce)` (payments.rails.x402). A client's
+signature makes unique, `(network, payer, EIP-3009 nonce)` (payments.x402.rail). A client's
 id binds to the request normalized (x402 docs PR #2307): the offering, the quote's canonical
 input, API key and copy label, and what the authorization pays (scheme, network, asset,
 recipient, amount), never the signature itself. Clients that use ids re-sign on retry and
@@ -21,13 +21,13 @@ from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volati
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.rails import Presentation
-from payments.rails.x402 import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
+from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.quotes import quote_input_canonicalize
-from purchases.services.x402_offers import X402PaidRoute, x402_route_paid
-from purchases.services.x402_outcomes import x402_request_scope
+from purchases.x402.offers import X402PaidRoute, x402_route_paid
+from purchases.x402.outcomes import x402_request_scope
 
 A = TypeVar("A")
 

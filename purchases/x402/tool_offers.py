@@ -1,7 +1,7 @@
-"""What the MCP door offers: every active offering as a tool (tools/list, purchases.mcp),
+"""What the MCP door offers: every active offering as a tool (tools/list, purchases.x402.mcp),
 and the same tools as bazaar MCP items in x402 discovery (`/.well-known/x402`).
 
-Plain documents here; purchases.mcp turns them into the MCP SDK's types.
+Plain documents here; purchases.x402.mcp turns them into the MCP SDK's types.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from payments.x402.networks import UnknownNetwork, network_config
 from payments.x402.wire import requirements_wire
 from purchases.models import Offering
-from purchases.services.x402_outcomes import x402_requirements_for_offering
+from purchases.x402.outcomes import x402_requirements_for_offering
 
 # The two MCP transports a tool is served on, and where under the site each listens.
 MCP_TRANSPORTS = (("streamable-http", "/mcp"), ("sse", "/mcp/sse"))

@@ -1,7 +1,7 @@
 """A prepaid MCP tool call: quote, pay from the balance and, in the same round trip, the
 result or where the purchase stands (the x402 outcome, as the paid URL answers it).
 
-The x402-paid tool call needs nothing of its own: it is purchases.services.x402_checkout's
+The x402-paid tool call needs nothing of its own: it is purchases.x402.checkout's
 x402_pay with the MCP channel.
 """
 
@@ -15,7 +15,7 @@ from purchases.services.checkout import CheckoutAnswers
 from purchases.services.idempotency import StoredAnswer
 from purchases.services.prepaid_checkout import purchase_buy_prepaid
 from purchases.services.quotes import offering_get_active
-from purchases.services.x402_outcomes import (
+from purchases.x402.outcomes import (
     X402Outcome,
     x402_outcome_for_ref,
     x402_request_scope,

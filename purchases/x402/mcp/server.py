@@ -20,8 +20,8 @@ from mcp.server.lowlevel import Server
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-from purchases.mcp.calls import ToolCall, tool_call, tools_list
-from purchases.mcp.sse_relay import SseRelay
+from purchases.x402.mcp.calls import ToolCall, tool_call, tools_list
+from purchases.x402.mcp.sse_relay import SseRelay
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -1,4 +1,4 @@
-"""What an MCP tool call is answered: the x402 paid URL's answer (purchases.api.x402_answers),
+"""What an MCP tool call is answered: the x402 paid URL's answer (purchases.x402.answers),
 carried in the x402 MCP transport's shape.
 
 - payment required: `isError`, the PaymentRequired in `structuredContent` and as JSON text;
@@ -23,8 +23,8 @@ from pydantic import AnyUrl
 from core.errors import DomainError
 from fulfillment.receipt_signing import receipt_decode
 from purchases.api.answers import DUPLICATE_HEADER, RECEIPT_HEADER, sent_bytes
-from purchases.api.x402_answers import PAYMENT_RESPONSE, X402Answer
 from purchases.services.idempotency import StoredAnswer
+from purchases.x402.answers import PAYMENT_RESPONSE, X402Answer
 
 PAYMENT_RESPONSE_META = "x402/payment-response"
 PURCHASE_META = "tollbooth/purchase"

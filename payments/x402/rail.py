@@ -18,7 +18,14 @@ from core.changes import Change
 from core.errors import DomainError, ErrorCode
 from core.refs import PAYMENT_ID_PATTERN
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
-from payments.rails.base import Charge, Presentation, QuoteTerms
+from payments.rails.base import (
+    FIRST_BROADCAST,
+    Charge,
+    Presentation,
+    QuoteTerms,
+    SettlementOutcome,
+    SettlementStatus,
+)
 from payments.services import refund_record
 from payments.x402.attempts import (
     x402_attempt_authorization,
@@ -34,13 +41,10 @@ from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.settlers import settler_for
 from payments.x402.types import (
-    FIRST_BROADCAST,
     Authorization,
     NetworkConfig,
     PreparedBroadcast,
     Requirements,
-    SettlementOutcome,
-    SettlementStatus,
     VerificationFailed,
 )
 from payments.x402.verify import (

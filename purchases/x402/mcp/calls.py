@@ -20,19 +20,19 @@ from mcp import types
 
 from core.errors import DomainError, ErrorCode
 from purchases.api.prepaid_answers import PrepaidAnswers
-from purchases.api.x402_answers import PAYMENT_RESPONSE, X402Answers, x402_answer
-from purchases.mcp.results import (
+from purchases.models import Buyer, Purchase
+from purchases.services.buyers import api_key_authenticate
+from purchases.x402.answers import PAYMENT_RESPONSE, X402Answers, x402_answer
+from purchases.x402.checkout import x402_pay
+from purchases.x402.mcp.results import (
     answer_result,
     payment_required_result,
     prepaid_refusal_result,
     problem_result,
 )
-from purchases.models import Buyer, Purchase
-from purchases.services.buyers import api_key_authenticate
-from purchases.services.mcp_offers import ToolOffer, mcp_tool_offers
-from purchases.services.tool_checkout import tool_buy_prepaid
-from purchases.services.x402_checkout import x402_pay
-from purchases.services.x402_offers import x402_offer
+from purchases.x402.offers import x402_offer
+from purchases.x402.tool_checkout import tool_buy_prepaid
+from purchases.x402.tool_offers import ToolOffer, mcp_tool_offers
 
 PAYMENT_META = "x402/payment"
 PAYMENT_ID_META = "tollbooth/payment-id"  # optional, prepaid: the REST API's Idempotency-Key

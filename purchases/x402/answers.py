@@ -1,5 +1,5 @@
 """What an x402 client is answered: the 402 offer, and for a purchase its result, a pending
-202 with the status URL, or the failure (from purchases.services.x402_outcomes). The paid
+202 with the status URL, or the failure (from purchases.x402.outcomes). The paid
 URL, a resent payment and the capability URL all answer from here.
 """
 
@@ -25,8 +25,8 @@ from purchases.api.answers import (
 from purchases.models import Buyer, Purchase
 from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.idempotency import StoredAnswer
-from purchases.services.x402_offers import X402Offer, x402_offer, x402_offer_from_query
-from purchases.services.x402_outcomes import (
+from purchases.x402.offers import X402Offer, x402_offer, x402_offer_from_query
+from purchases.x402.outcomes import (
     PaymentFailed,
     ResultDelivered,
     ResultRefused,
@@ -37,7 +37,7 @@ from purchases.services.x402_outcomes import (
     x402_outcome_for_purchase,
     x402_outcome_for_ref,
 )
-from purchases.services.x402_sign_in import SignInRefused, x402_sign_in
+from purchases.x402.sign_in import SignInRefused, x402_sign_in
 
 PAY = Purchase.PaymentState
 PAYMENT_REQUIRED = "PAYMENT-REQUIRED"

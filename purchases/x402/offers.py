@@ -1,4 +1,4 @@
-"""What an x402 buyer is offered before paying (answered 402 by purchases.api.x402_answers),
+"""What an x402 buyer is offered before paying (answered 402 by purchases.x402.answers),
 and the catalogue of paid URLs.
 
 An offer for a given input names the quote it opened (`accepts[].extra.quote`). An offer
@@ -32,9 +32,9 @@ from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
-from purchases.services.mcp_offers import mcp_discovery_items
 from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
-from purchases.services.x402_outcomes import x402_requirements, x402_requirements_for_offering
+from purchases.x402.outcomes import x402_requirements, x402_requirements_for_offering
+from purchases.x402.tool_offers import mcp_discovery_items
 
 # The largest bazaar description a 402 carries (JSON characters): echoed in base64 beside the
 # sign-in challenge (about 1.3 KB of JSON) it leaves an honest payment (about 2 KB) well
@@ -202,7 +202,7 @@ def sign_in_binding(*, offering: Offering, input_hash: str) -> str:
 def x402_sign_in_declaration(
     *, offering: Offering, input_hash: str, resource_url: str, now: datetime
 ) -> dict[str, Any]:
-    """A quoted 402's sign-in-with-x entry (purchases.services.x402_sign_in): a challenge
+    """A quoted 402's sign-in-with-x entry (purchases.x402.sign_in): a challenge
     for this input at this URL; empty when sign-in is switched off."""
     ttl = settings.X402_SIGN_IN_TTL_SECONDS
     if ttl <= 0:
@@ -358,7 +358,7 @@ def x402_catalog(*, base_url: str) -> dict[str, Any]:
         except UnknownNetwork:
             continue
         items.append(_discovery_item(offering, network, base_url))
-    # The same offerings as MCP tools (purchases.mcp): bazaar MCP items of their own.
+    # The same offerings as MCP tools (purchases.x402.mcp): bazaar MCP items of their own.
     listed = [*items, *mcp_discovery_items(base_url=base_url)]
     return {
         "version": 1,

@@ -20,16 +20,16 @@ from payments.x402.sign_in import SIGN_IN_HEADER
 from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
-from purchases.api.x402_answers import (
+from purchases.models import Buyer
+from purchases.x402.answers import (
     X402Answer,
     X402Answers,
     x402_capability_answer,
     x402_offer_answer,
     x402_sign_in_answer,
 )
-from purchases.models import Buyer
-from purchases.services.x402_checkout import x402_pay
-from purchases.services.x402_offers import (
+from purchases.x402.checkout import x402_pay
+from purchases.x402.offers import (
     x402_catalog,
     x402_offer,
     x402_offer_from_query,
