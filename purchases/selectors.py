@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from core.errors import DomainError, ErrorCode
+from core.refs import payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
@@ -43,7 +44,6 @@ from purchases.models import (
     PurchaseEvent,
     Quote,
 )
-from purchases.services.idempotency import payment_id_hash
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState

@@ -20,6 +20,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from core.actors import Actor
+from core.refs import payment_id_hash
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from fulfillment.sql import result_insert_with_receipt
 from payments import sql as payments_sql
@@ -33,7 +34,7 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.services.idempotency import KeyedRequest, payment_id_hash
+from purchases.services.idempotency import KeyedRequest
 from tests.factories import BuyerFactory, PaymentAttemptFactory, PurchaseFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "twin"])]

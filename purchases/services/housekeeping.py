@@ -14,6 +14,7 @@ from django.db.models import Max
 
 from core.actors import Actor
 from core.clock import now_or
+from core.refs import payment_id_hash
 from payments.models import Refund
 from payments.services import ledger_balances_mismatched
 from purchases.models import IdempotencyRecord, Offering, Quote
@@ -25,7 +26,6 @@ from purchases.services.alerts import (
 )
 from purchases.services.batches import row_isolated
 from purchases.services.duplicates import duplicate_guards_prune
-from purchases.services.idempotency import payment_id_hash
 from purchases.services.job_runs import job_run
 from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
 from purchases.x402.sign_in import wallet_sign_ins_prune

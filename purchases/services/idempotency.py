@@ -11,7 +11,6 @@ payment attempts link to it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from prometheus_client import Counter
 
 from core.actors import Actor
 from core.errors import DomainError, ErrorCode
-from core.refs import PAYMENT_ID_PATTERN
+from core.refs import PAYMENT_ID_PATTERN, payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
 from purchases import sql
@@ -113,11 +112,6 @@ def payment_id_validate(*, key: str | None) -> str:
     if not PAYMENT_ID_PATTERN.fullmatch(key):
         raise DomainError(ErrorCode.IDEMPOTENCY_KEY_INVALID)
     return key
-
-
-def payment_id_hash(key: str) -> str:
-    """What a payment id is kept as once its record is past retention."""
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _refuse_compacted(record: IdempotencyRecord, principal: str) -> None:

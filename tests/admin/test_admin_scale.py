@@ -88,7 +88,7 @@ def test_refs_and_payment_ids_stay_case_sensitive(purchases):
 
 
 def test_a_compacted_payment_id_is_still_found(purchases):
-    from purchases.services.idempotency import payment_id_hash
+    from core.refs import payment_id_hash
 
     target = purchases[-1]
     IdempotencyRecord.objects.filter(key=PAYMENT_ID).update(key=payment_id_hash(PAYMENT_ID))
