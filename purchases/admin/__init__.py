@@ -1,9 +1,11 @@
 """The back office: support's and finance's admin, at the top floor.
 
-Every change goes through a purchases service (which writes the timeline), so the admin of
-payment records lives here too, not in payments (which never imports purchases).
+One rule: every app's admin lives here. Every change goes through a purchases service (which
+writes the timeline), and every page is read beside its purchase, so the admin of payment
+and fulfilment records lives here too, not in payments or fulfillment (which never import
+purchases).
 """
 
-from purchases.admin import catalog, evidence, finance, payments, purchases
+from purchases.admin import catalog, evidence, finance, fulfillment, payments, purchases
 
-__all__ = ["catalog", "evidence", "finance", "payments", "purchases"]
+__all__ = ["catalog", "evidence", "finance", "fulfillment", "payments", "purchases"]
