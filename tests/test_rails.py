@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import pytest
 from django.conf import settings as django_settings
+from django.test import override_settings
 from django.utils import timezone
 
 from payments.models import PaymentAttempt, Rail
@@ -21,6 +22,7 @@ from payments.rails import (
     SettlementOutcome,
     SettlementStatus,
     rail_for,
+    rails,
     rails_settled_after_record,
 )
 from payments.rails.base import RAILS
@@ -176,3 +178,12 @@ def test_rails_settled_at_recording_are_never_asked_to_look_up(statement_rail):
     assert rail_for("prepaid").lookup_many(attempts=[], now=timezone.now(), guard=_no_guard) == (
         BatchLookup()
     )
+
+
+def test_the_registry_follows_the_rails_setting_and_returns_to_the_default():
+    assert [rail.name for rail in rails()] == list(RAILS)
+    with override_settings(RAILS={**RAILS, StatementRail.name: f"{__name__}.StatementRail"}):
+        assert rail_for(StatementRail.name).name == StatementRail.name
+    assert [rail.name for rail in rails()] == list(RAILS)
+    with pytest.raises(KeyError):
+        rail_for(StatementRail.name)

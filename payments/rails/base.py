@@ -22,6 +22,8 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from core.changes import Change
 
@@ -197,9 +199,16 @@ class PaymentRail(Protocol):
         """Give the attempt's money back the rail's way. Idempotent per (attempt, reason)."""
 
 
+@cache  # read once per process: rail_for sits on every paid request's path
 def _registry() -> dict[str, str]:
     registry: dict[str, str] = getattr(settings, "RAILS", RAILS)
     return registry
+
+
+@receiver(setting_changed)
+def _registry_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RAILS":  # a test registering a rail through settings
+        _registry.cache_clear()
 
 
 def rail_for(name: str) -> PaymentRail:
