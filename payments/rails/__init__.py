@@ -2,30 +2,38 @@
 (payments.rails.prepaid; payments.x402.rail beside the x402 machinery), one line each in
 `RAILS`.
 
-The purchases orchestration (purchases.services.checkout, purchases.services.settlement)
-drives every rail through this interface and never names one.
+The purchases orchestration (purchases.services.checkout, purchases.services.settlement,
+purchases.services.reconcile) drives every rail through this interface and never names one.
 """
 
 from payments.rails.base import (
     FIRST_BROADCAST,
     SETTLER_ANSWERS,
+    BatchLookup,
     Charge,
     PaymentRail,
     Presentation,
     QuoteTerms,
+    RowGuard,
     SettlementOutcome,
     SettlementStatus,
     rail_for,
+    rails,
+    rails_settled_after_record,
 )
 
 __all__ = [
     "FIRST_BROADCAST",
     "SETTLER_ANSWERS",
+    "BatchLookup",
     "Charge",
     "PaymentRail",
     "Presentation",
     "QuoteTerms",
+    "RowGuard",
     "SettlementOutcome",
     "SettlementStatus",
     "rail_for",
+    "rails",
+    "rails_settled_after_record",
 ]

@@ -3,7 +3,8 @@
 A rail knows how its money moves: what a quote asks of the payer (requirements), whether a
 presentation of payment is good (verify, then verify_funds for what only the ledger or the
 chain can say), how an attempt is written down (record), how it reaches the money
-(settle, look_up, resend) and how money goes back (refund). It knows nothing of purchases:
+(settle, look_up, resend; lookup_many for reconciliation's batches) and how money goes back
+(refund). It knows nothing of purchases:
 it takes ids and small value objects and returns attempts, outcomes and `Change`s for the
 orchestration to put on the timeline.
 """
@@ -11,18 +12,26 @@ orchestration to put on the timeline.
 from __future__ import annotations
 
 import importlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from core.changes import Change
 
 if TYPE_CHECKING:
     from payments.models import PaymentAttempt, Refund
 
-# One line per rail: its name (payments.models.Rail) and the class implementing it.
+# One line per rail: its name (payments.models.Rail) and the class implementing it. The
+# setting `RAILS`, when a deployment (or a test) sets it, replaces this default.
 RAILS: dict[str, str] = {
     "prepaid": "payments.rails.prepaid.PrepaidRail",
     "x402": "payments.x402.rail.X402Rail",
@@ -50,6 +59,22 @@ class SettlementOutcome:
 # (a facilitator) answered on the way, one short summary per HTTP exchange.
 FIRST_BROADCAST = "first_broadcast"
 SETTLER_ANSWERS = "settler_answers"
+
+
+@dataclass
+class BatchLookup:
+    """What a rail's batch look-up found: an outcome per attempt it could read, the attempts
+    whose money's keeper did not answer at all (the whole batch: reconciliation backs them
+    off together), and how many round trips it took."""
+
+    outcomes: dict[int, SettlementOutcome] = field(default_factory=dict)
+    unreachable: list[PaymentAttempt] = field(default_factory=list)
+    round_trips: int = 0
+
+
+# The context each attempt's own part of a batch look-up runs in (reconciliation's row
+# isolation): one row that cannot be read never stops the others.
+RowGuard = Callable[["PaymentAttempt"], AbstractContextManager[None]]
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,23 @@ class PaymentRail(Protocol):
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         """Where the attempt's money stands now."""
 
+    def lookup_many(
+        self,
+        *,
+        attempts: Sequence[PaymentAttempt],
+        now: datetime,
+        guard: RowGuard,
+        chunk_size: int | None = None,
+    ) -> BatchLookup:
+        """Where many attempts' money stands, in as few round trips as the rail can (chunks
+        of `chunk_size` where it batches). Each attempt's own part runs inside `guard(attempt)`;
+        one that raises there is left out of the answer. A rail that settles when recorded
+        has nothing to look up: an empty answer."""
+
+    def heal(self, *, now: datetime, stats: Counter[str]) -> None:
+        """Housekeeping that keeps later settlements from stalling (x402: our relayers'
+        nonce gaps), counted into `stats`. Nothing for a rail with no such machinery."""
+
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
     ) -> SettlementOutcome:
@@ -157,9 +199,36 @@ class PaymentRail(Protocol):
         """Give the attempt's money back the rail's way. Idempotent per (attempt, reason)."""
 
 
-@cache
+@cache  # read once per process: rail_for sits on every paid request's path
+def _registry() -> dict[str, str]:
+    registry: dict[str, str] = getattr(settings, "RAILS", RAILS)
+    return registry
+
+
+@receiver(setting_changed)
+def _registry_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == "RAILS":  # a test registering a rail through settings
+        _registry.cache_clear()
+
+
 def rail_for(name: str) -> PaymentRail:
     """Raises KeyError for a rail nobody registered."""
-    module_name, _, attribute = RAILS[name].rpartition(".")
+    return _rail_at(_registry()[name])
+
+
+def rails() -> list[PaymentRail]:
+    """Every configured rail, in the registry's order."""
+    return [_rail_at(path) for path in _registry().values()]
+
+
+def rails_settled_after_record() -> list[str]:
+    """The rails whose attempts are settled over the network after they are recorded: the
+    ones reconciliation looks up, resumes and watches."""
+    return [rail.name for rail in rails() if not rail.settles_when_recorded]
+
+
+@cache
+def _rail_at(path: str) -> PaymentRail:
+    module_name, _, attribute = path.rpartition(".")
     rail: PaymentRail = getattr(importlib.import_module(module_name), attribute)()
     return rail

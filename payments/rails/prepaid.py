@@ -3,6 +3,8 @@ recorded, in the orchestration's transaction. Nothing to broadcast, nothing to l
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -12,9 +14,11 @@ from core.changes import Change
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt, Rail, Refund
 from payments.rails.base import (
+    BatchLookup,
     Charge,
     Presentation,
     QuoteTerms,
+    RowGuard,
     SettlementOutcome,
     SettlementStatus,
 )
@@ -96,6 +100,19 @@ class PrepaidRail:
         if attempt.state == PaymentAttempt.State.SUCCEEDED:
             return SettlementOutcome(SettlementStatus.CONFIRMED)
         return SettlementOutcome(SettlementStatus.FAILED, reason_code=attempt.reason_code)
+
+    def lookup_many(
+        self,
+        *,
+        attempts: Sequence[PaymentAttempt],
+        now: datetime,
+        guard: RowGuard,
+        chunk_size: int | None = None,
+    ) -> BatchLookup:
+        return BatchLookup()  # settled when recorded: reconciliation has nothing to ask
+
+    def heal(self, *, now: datetime, stats: Counter[str]) -> None:
+        return None  # no relayer, no queue: nothing can stall
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime

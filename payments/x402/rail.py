@@ -9,9 +9,15 @@ authorization: the identical relayer bytes, or the same payload to the facilitat
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from itertools import groupby
 from typing import Any, ClassVar
+
+from django.conf import settings
 
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
@@ -20,9 +26,11 @@ from core.refs import PAYMENT_ID_PATTERN
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from payments.rails.base import (
     FIRST_BROADCAST,
+    BatchLookup,
     Charge,
     Presentation,
     QuoteTerms,
+    RowGuard,
     SettlementOutcome,
     SettlementStatus,
 )
@@ -35,6 +43,7 @@ from payments.x402.attempts import (
     x402_attempt_prepared,
     x402_attempt_record,
 )
+from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.direct import BroadcastNotPrepared
 from payments.x402.lookup import settlement_lookup
@@ -54,6 +63,8 @@ from payments.x402.verify import (
     verify_payment_offline,
 )
 from payments.x402.wire import DecodedPayment, MalformedPayment, decode_payment
+
+logger = logging.getLogger(__name__)
 
 # A payment without a client id is keyed by its authorization; ':' keeps these apart from
 # client ids, which are [A-Za-z0-9_-] only.
@@ -233,6 +244,35 @@ class X402Rail:
             logs_from_block=attempt.search_from_block or 0,
         )
 
+    def lookup_many(
+        self,
+        *,
+        attempts: Sequence[PaymentAttempt],
+        now: datetime,
+        guard: RowGuard,
+        chunk_size: int | None = None,
+    ) -> BatchLookup:
+        """One batched chain read per network (attempts in network order): every attempt's
+        tx hash and (payer, nonce) prefetched in JSON-RPC batches, then each judged by the
+        same rule as `look_up`. A network that does not answer leaves its attempts
+        unreachable."""
+        found = BatchLookup()
+        for network_id, group in groupby(attempts, key=lambda a: a.network):
+            _lookup_network(
+                network_config(network_id),
+                list(group),
+                now,
+                guard,
+                chunk_size or DEFAULT_CHUNK_SIZE,
+                found,
+            )
+        return found
+
+    def heal(self, *, now: datetime, stats: Counter[str]) -> None:
+        """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
+        process that died before sending) so later settlements are not stalled behind them."""
+        _heal_relayers(now, stats)
+
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
     ) -> SettlementOutcome:
@@ -282,6 +322,80 @@ class X402Rail:
         return refund_record(
             attempt=attempt, method=Refund.Method.PAY_BACK, reason_code=reason_code, tx_hash=tx_hash
         )
+
+
+def _lookup_network(
+    network: NetworkConfig,
+    attempts: list[PaymentAttempt],
+    now: datetime,
+    guard: RowGuard,
+    chunk_size: int,
+    found: BatchLookup,
+) -> None:
+    reader = BatchChainReader(
+        network, chunk_size=chunk_size, logs_from_block=_search_from(attempts)
+    )
+    readable: list[PaymentAttempt] = []
+    items: list[tuple[Authorization, str | None]] = []
+    for attempt in attempts:
+        with guard(attempt):  # stored evidence that cannot be read: that row only
+            items.append((x402_attempt_authorization(attempt=attempt), attempt.tx_hash))
+            readable.append(attempt)
+    try:
+        reader.prefetch(items)
+    except ChainUnavailable:
+        found.unreachable.extend(readable)
+        return
+    for attempt, (authorization, tx_hash) in zip(readable, items, strict=True):
+        with guard(attempt):
+            found.outcomes[attempt.pk] = settlement_lookup(
+                authorization=authorization,
+                network=network,
+                tx_hash=tx_hash,
+                reader=reader.reader_for(authorization, tx_hash),
+                now=int(now.timestamp()),
+            )
+    found.round_trips += reader.round_trips
+    reader.close()
+
+
+def _search_from(attempts: list[PaymentAttempt]) -> int:
+    """One log query covers the group: from the oldest verification block among them."""
+    blocks = [a.search_from_block for a in attempts]
+    return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
+
+
+def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
+    from eth_account import Account
+
+    from payments.x402.chain import w3_for
+    from payments.x402.relayer import relayer_heal
+
+    for network_id, raw in settings.X402_NETWORKS.items():
+        if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
+            continue
+        network = network_config(network_id)
+        known = list(
+            PaymentAttempt.objects.filter(
+                network=network_id, state__in=PENDING_ATTEMPT_STATES, relayer_nonce__isnull=False
+            )
+            .exclude(raw_transaction="")
+            .values_list("relayer_nonce", "raw_transaction")
+        )
+        try:
+            actions = relayer_heal(
+                network=network,
+                w3=w3_for(network),
+                account=Account.from_key(network.relayer_private_key),
+                known=known,
+                now=now,
+            )
+        except Exception:  # an unreachable node: the next run tries again
+            logger.exception("relayer heal on %s failed", network_id)
+            stats[f"{network_id}:unreachable"] += 1
+            continue
+        for action in actions:
+            stats[f"{network_id}:{action['action']}"] += 1
 
 
 def _prepare_and_broadcast(

@@ -4,13 +4,17 @@ Each job is idempotent and safe on several workers at once: rows are claimed wit
 `SKIP LOCKED` (and, for settlements, by pushing their next check into the future), every
 transition goes through the same locked services the request path uses, and each run is
 recorded as a JobRun. The database is the source of truth; beat only makes it sooner.
+
+No rail is named here: for each configured rail that settles after recording, its attempts
+are looked up many at a time through the rail interface (`PaymentRail.lookup_many`),
+followed up and recorded (payments.rails).
 """
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from itertools import groupby
 
@@ -21,13 +25,14 @@ from django.db.models import F, Q
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
-from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.attempts import x402_attempt_authorization
-from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
-from payments.x402.chain import ChainUnavailable
-from payments.x402.lookup import settlement_lookup
-from payments.x402.networks import network_config
-from payments.x402.types import Authorization
+from payments.rails import (
+    RowGuard,
+    SettlementOutcome,
+    SettlementStatus,
+    rail_for,
+    rails,
+    rails_settled_after_record,
+)
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
 from purchases.services.batches import row_isolated
@@ -42,7 +47,6 @@ from purchases.services.settlement import (
     settlement_record_outcomes,
 )
 
-logger = logging.getLogger(__name__)
 ProgressFn = Callable[[int], None]
 
 # RPC or facilitator unreachable: look again after 30 s, 2 min, 10 min, 1 h, 6 h, then daily.
@@ -70,17 +74,18 @@ def reconcile_pending_settlements(
     *,
     now: datetime | None = None,
     limit: int = 20_000,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     progress: ProgressFn | None = None,
 ) -> Counter[str]:
-    """Look every due pending settlement up on chain, in batches, and record what it shows."""
+    """Look every due pending settlement up through its rail, many at a time, and record
+    what it shows. `chunk_size`: attempts per batched read (None: the rail's own)."""
     now = now_or(now)
     with job_run("pending_settlements", now) as stats:
         _resume_unbroadcast(now, stats)
         attempts = _claim_due(now, limit)
         stats["claimed"] = len(attempts)
-        for network_id, group in groupby(attempts, key=lambda a: a.network):
-            _reconcile_network(network_id, list(group), now, stats, chunk_size, progress)
+        for (rail, _network), group in groupby(_by_rail(attempts), key=_rail_network):
+            _reconcile_group(rail, list(group), now, stats, chunk_size, progress)
     return stats
 
 
@@ -88,7 +93,7 @@ def _resume_unbroadcast(now: datetime, stats: Counter[str]) -> None:
     """Attempts recorded but never broadcast (the process died in between): broadcast now."""
     cutoff = now - settings.TOLLBOOTH["SETTLEMENT_GRACE"]
     stale = PaymentAttempt.objects.filter(
-        rail="x402",
+        rail__in=rails_settled_after_record(),
         state=PaymentAttempt.State.RECORDED,
         broadcast_started_at__isnull=True,
         created_at__lte=cutoff,
@@ -104,7 +109,11 @@ def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
     with transaction.atomic():
         rows = list(
             PaymentAttempt.objects.select_for_update(skip_locked=True)
-            .filter(rail="x402", state__in=PENDING_STATES, broadcast_started_at__lte=grace_cutoff)
+            .filter(
+                rail__in=rails_settled_after_record(),
+                state__in=PENDING_STATES,
+                broadcast_started_at__lte=grace_cutoff,
+            )
             .filter(Q(next_check_at__isnull=True) | Q(next_check_at__lte=now))
             # No join: FOR UPDATE would lock the purchases too, and only a resubmission
             # (rare) reads the quote, which it then loads.
@@ -116,39 +125,50 @@ def _claim_due(now: datetime, limit: int) -> list[PaymentAttempt]:
     return rows
 
 
-def _reconcile_network(
-    network_id: str,
+def _rail_network(attempt: PaymentAttempt) -> tuple[str, str]:
+    return attempt.rail, attempt.network
+
+
+def _by_rail(attempts: list[PaymentAttempt]) -> list[PaymentAttempt]:
+    """Each rail's attempts together, per network, in the order claimed (a stable sort)."""
+    return sorted(attempts, key=_rail_network)
+
+
+def _row_guard(stats: Counter[str], job: str, now: datetime) -> RowGuard:
+    """Reconciliation's row isolation, for the rail's own per-attempt work."""
+
+    @contextmanager
+    def guard(attempt: PaymentAttempt) -> Iterator[None]:
+        with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
+            yield
+
+    return guard
+
+
+def _reconcile_group(
+    rail: str,
     attempts: list[PaymentAttempt],
     now: datetime,
     stats: Counter[str],
-    chunk_size: int,
+    chunk_size: int | None,
     progress: ProgressFn | None,
 ) -> None:
-    network = network_config(network_id)
-    reader = BatchChainReader(
-        network, chunk_size=chunk_size, logs_from_block=_search_from(attempts)
+    """One rail's attempts on one network: look up many, follow up, record."""
+    job = "pending_settlements"
+    found = rail_for(rail).lookup_many(
+        attempts=attempts, now=now, guard=_row_guard(stats, job, now), chunk_size=chunk_size
     )
-    attempts, items = _readable(attempts, "pending_settlements", now, stats)
-    try:
-        reader.prefetch(items)
-    except ChainUnavailable:
-        _back_off_all(attempts, now, stats)
-        return
+    if found.unreachable:
+        _back_off_all(found.unreachable, now, stats)
     unchanged: dict[str, list[int]] = {}
     settled: list[SettlementToRecord] = []  # confirmed or failed: recorded in bulk below
-    job = "pending_settlements"
-    for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
+    for attempt in attempts:
+        if attempt.pk not in found.outcomes:
+            continue  # unreadable (counted by the guard) or unreachable (backed off above)
         with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
-            outcome = settlement_lookup(
-                authorization=authorization,
-                network=network,
-                tx_hash=tx_hash,
-                reader=reader.reader_for(authorization, tx_hash),
-                now=int(now.timestamp()),
-            )
             outcome = settlement_follow_up(
                 attempt=attempt,
-                outcome=outcome,
+                outcome=found.outcomes[attempt.pk],
                 now=now,
                 actor=Actor.system("reconciliation"),
             )
@@ -171,8 +191,8 @@ def _reconcile_network(
             next_check_at=now + RECHECK, unanswered_checks=0, reason_code=reason
         )
     _record_settled(settled, now, stats)
-    stats["rpc_round_trips"] += reader.round_trips
-    reader.close()
+    if not found.unreachable:
+        stats["rpc_round_trips"] += found.round_trips
 
 
 def _record_settled(settled: list[SettlementToRecord], now: datetime, stats: Counter[str]) -> None:
@@ -195,25 +215,6 @@ def _record_settled(settled: list[SettlementToRecord], now: datetime, stats: Cou
             )
             stats[row.outcome.status.value] += 1
             stats["recorded_one_by_one"] += 1
-
-
-def _readable(
-    attempts: list[PaymentAttempt], job: str, now: datetime, stats: Counter[str]
-) -> tuple[list[PaymentAttempt], list[tuple[Authorization, str | None]]]:
-    """The attempts whose stored evidence can be read, with what to look up for each."""
-    kept: list[PaymentAttempt] = []
-    items: list[tuple[Authorization, str | None]] = []
-    for attempt in attempts:
-        with row_isolated(stats, job, "attempt", attempt.pk, attempt.purchase_id, now):
-            items.append((x402_attempt_authorization(attempt=attempt), attempt.tx_hash))
-            kept.append(attempt)
-    return kept, items
-
-
-def _search_from(attempts: list[PaymentAttempt]) -> int:
-    """One log query covers the group: from the oldest verification block among them."""
-    blocks = [a.search_from_block for a in attempts]
-    return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
 
 
 def _is_news(attempt: PaymentAttempt, outcome: SettlementOutcome) -> bool:
@@ -302,12 +303,12 @@ def _escalate(
 
 
 def watch_failed_attempts(*, now: datetime | None = None, limit: int = 5000) -> Counter[str]:
-    """Failed x402 attempts whose authorization could still land (or just closed): did it?"""
+    """Failed attempts whose authorization could still land (or just closed): did it?"""
     now = now_or(now)
     with job_run("late_settlements", now) as stats:
         watched = list(
             PaymentAttempt.objects.filter(
-                rail="x402",
+                rail__in=rails_settled_after_record(),
                 state=PaymentAttempt.State.FAILED,
                 valid_before_at__gte=now - LATE_WATCH,
             )
@@ -315,33 +316,22 @@ def watch_failed_attempts(*, now: datetime | None = None, limit: int = 5000) -> 
             .select_related("purchase__quote__offering")
             .order_by("network", "pk")[:limit]
         )
-        for network_id, group in groupby(watched, key=lambda a: a.network):
-            _watch_network(network_id, list(group), now, stats)
+        for (rail, _network), group in groupby(_by_rail(watched), key=_rail_network):
+            _watch_group(rail, list(group), now, stats)
     return stats
 
 
-def _watch_network(
-    network_id: str, attempts: list[PaymentAttempt], now: datetime, stats: Counter[str]
+def _watch_group(
+    rail: str, attempts: list[PaymentAttempt], now: datetime, stats: Counter[str]
 ) -> None:
-    network = network_config(network_id)
-    reader = BatchChainReader(network, logs_from_block=_search_from(attempts))
-    attempts, items = _readable(attempts, "late_settlements", now, stats)
-    try:
-        reader.prefetch(items)
-    except ChainUnavailable:
-        stats["chain_unavailable"] += len(attempts)
-        return
-    for attempt, (authorization, tx_hash) in zip(attempts, items, strict=True):
-        with row_isolated(
-            stats, "late_settlements", "attempt", attempt.pk, attempt.purchase_id, now
-        ):
-            outcome = settlement_lookup(
-                authorization=authorization,
-                network=network,
-                tx_hash=tx_hash,
-                reader=reader.reader_for(authorization, tx_hash),
-                now=int(now.timestamp()),
-            )
+    guard = _row_guard(stats, "late_settlements", now)
+    found = rail_for(rail).lookup_many(attempts=attempts, now=now, guard=guard)
+    stats["chain_unavailable"] += len(found.unreachable)
+    for attempt in attempts:
+        if attempt.pk not in found.outcomes:
+            continue
+        outcome = found.outcomes[attempt.pk]
+        with guard(attempt):
             stats["watched"] += 1
             if outcome.status == SettlementStatus.CONFIRMED:
                 settlement_record_outcome(
@@ -368,7 +358,11 @@ def finalize_failed_purchases(*, now: datetime | None = None, limit: int = 1000)
 
 
 def _void_if_unusable(purchase_id: int, now: datetime) -> bool:
-    attempts = list(PaymentAttempt.objects.filter(purchase_id=purchase_id, rail="x402"))
+    attempts = list(
+        PaymentAttempt.objects.filter(
+            purchase_id=purchase_id, rail__in=rails_settled_after_record()
+        )
+    )
     for attempt in attempts:
         if attempt.valid_before_at and attempt.valid_before_at > now:
             return False  # this authorization can still land: not provably failed yet
@@ -394,42 +388,15 @@ def _release_stock(quote: Quote) -> None:
         offering_stock_release(offering_id=quote.offering_id)
 
 
-# --- relayer nonce gaps ---------------------------------------------------------------
+# --- rail housekeeping ----------------------------------------------------------------
 
 
 def heal_relayers(*, now: datetime | None = None) -> Counter[str]:
-    """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
-    process that died before sending) so later settlements are not stalled behind them."""
-    from eth_account import Account
-
-    from payments.x402.chain import w3_for
-    from payments.x402.relayer import relayer_heal
-
+    """Each rail's housekeeping that keeps later settlements from stalling behind a gap
+    (x402: our relayers' nonce gaps, a dropped transaction or a nonce handed out by a
+    process that died before sending)."""
     now = now_or(now)
     with job_run("heal_relayers", now) as stats:
-        for network_id, raw in settings.X402_NETWORKS.items():
-            if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
-                continue
-            network = network_config(network_id)
-            known = list(
-                PaymentAttempt.objects.filter(
-                    network=network_id, state__in=PENDING_STATES, relayer_nonce__isnull=False
-                )
-                .exclude(raw_transaction="")
-                .values_list("relayer_nonce", "raw_transaction")
-            )
-            try:
-                actions = relayer_heal(
-                    network=network,
-                    w3=w3_for(network),
-                    account=Account.from_key(network.relayer_private_key),
-                    known=known,
-                    now=now,
-                )
-            except Exception:  # an unreachable node: the next run tries again
-                logger.exception("relayer heal on %s failed", network_id)
-                stats[f"{network_id}:unreachable"] += 1
-                continue
-            for action in actions:
-                stats[f"{network_id}:{action['action']}"] += 1
+        for rail in rails():
+            rail.heal(now=now, stats=stats)
     return stats
