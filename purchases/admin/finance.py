@@ -186,7 +186,7 @@ class BooksPeriodForm(forms.Form):
         return data
 
 
-def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The form, and on a valid POST the period's books as a CSV download (recorded)."""
     if not model_admin.role_allows_action(request, "export_books"):
         raise PermissionDenied

@@ -186,7 +186,7 @@ def test_finance_downloads_a_period_from_the_admin_and_support_may_not(november,
     assert answer.status_code == 200, answer.content[:500]
     assert answer["Content-Disposition"].startswith('attachment; filename="books-20261101')
     assert answer.streaming
-    downloaded = b"".join(answer.streaming_content)
+    downloaded = b"".join(answer.streaming_content)  # type: ignore[attr-defined]
     batch = ExportBatch.objects.get(kind="books")  # recorded once the last chunk went out
     assert batch.sha256 == hashlib.sha256(downloaded).hexdigest()
     assert batch.created_by == "finance"
@@ -283,7 +283,7 @@ def test_a_large_period_streams_and_its_recorded_hash_is_of_the_bytes_downloaded
     url = reverse("admin:payments_exportbatch_books")
     answer = _staff("finance").post(url, {"month": "2026-11"})
     assert answer.status_code == 200 and answer.streaming
-    chunks = iter(answer.streaming_content)
+    chunks = iter(answer.streaming_content)  # type: ignore[attr-defined]
     received = [next(chunks)]
     # Sent before the period was read to its end: nothing is recorded until the last byte.
     assert received[0].startswith(b"record,time_utc,")

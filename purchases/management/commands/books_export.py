@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from purchases.books import Period, PeriodInvalid
 from payments.models import ExportBatch
+from purchases.books import Period, PeriodInvalid
 from purchases.services.books import books_export_stream
 
 
