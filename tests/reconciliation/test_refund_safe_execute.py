@@ -161,3 +161,37 @@ def test_an_executed_safe_batch_pays_and_closes_exactly_its_refunds(
     # The dashboard's chart counts the same gas on the day it was paid back.
     (today,) = [day for day in books_daily(now=now) if day.day == now.date()]
     assert today.gas == {"ETH": gas}
+
+
+@pytest.mark.django_db
+def test_a_2_of_2_safe_moves_nothing_on_one_signature_and_nothing_closes(
+    x402_world: X402World, settings: Any
+) -> None:
+    world = x402_world
+    alice, bob = new_account(world.node), new_account(world.node)
+    deployment = safe_deploy(world.w3, world.deployer)
+    safe = safe_create(
+        world.w3, deployment, alice, owners=[alice.address, bob.address], threshold=2
+    )
+    mint(world.w3, world.token, world.deployer, safe, 10 * PRICE)
+    settings.TOLLBOOTH = {**settings.TOLLBOOTH, "REFUND_SAFE": safe}
+    refunds = [owed_refund(world, world.payers[0]), owed_refund(world, world.payers[1])]
+    response = _finance().post(
+        reverse("admin:payments_refund_changelist"),
+        {"action": "export_safe_batch", "_selected_action": [r.pk for r in refunds], "index": 0},
+    )
+    batch = json.loads(response.content)
+    before = balance_of(world.w3, world.token, safe)
+
+    # One owner's signature is not the threshold: Safe refuses, the chain records a revert.
+    refused = safe_execute_batch(world.w3, deployment, safe, batch, signers=[alice], executor=alice)
+    assert refused["status"] == 0
+    assert balance_of(world.w3, world.token, safe) == before
+    assert _watch()["closed"] == 0
+    assert set(Refund.objects.values_list("state", flat=True)) == {Refund.State.OWED}
+
+    done = safe_execute_batch(world.w3, deployment, safe, batch, signers=[alice, bob], executor=bob)
+    assert done["status"] == 1
+    assert balance_of(world.w3, world.token, safe) == before - 2 * PRICE
+    assert _watch()["closed"] == 2  # final at once under the world's depth of one block
+    assert set(Refund.objects.values_list("state", flat=True)) == {Refund.State.PAID}
