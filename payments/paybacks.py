@@ -59,6 +59,9 @@ def payments_wallets(*, network: str) -> set[str]:
     configured key's and every one it ever used) and those listed in settings. The
     offerings' recipients are added by the caller (purchases owns offerings)."""
     wallets = {str(a).lower() for a in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if a}
+    # The refund Safe is a refund wallet: its batches pay refunds back.
+    if settings.TOLLBOOTH.get("REFUND_SAFE"):
+        wallets.add(str(settings.TOLLBOOTH["REFUND_SAFE"]).lower())
     wallets |= {
         a.lower()
         for a in RelayerAccount.objects.filter(network=network).values_list("address", flat=True)

@@ -11,8 +11,9 @@ one pocket to another and is no revenue. Reads only: the export service records 
 from __future__ import annotations
 
 import calendar
+import heapq
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
@@ -20,8 +21,21 @@ from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.db.models import BooleanField, ExpressionWrapper, F, Q, Sum, Value
-from django.db.models.functions import Lower, TruncDate
+from django.db import transaction
+from django.db.models import (
+    BooleanField,
+    DecimalField,
+    Exists,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+)
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast, Coalesce, Collate, Lower, TruncDate
 from eth_account import Account
 
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund, RelayerAccount
@@ -110,7 +124,10 @@ class BookLine:
 
     @property
     def gas_symbol_shown(self) -> bool:
-        """A chain sale: the gas column speaks of it (ours, or none in facilitator mode)."""
+        """A chain sale (ours, or none in facilitator mode), or a payback whose gas a seller
+        wallet paid: the gas column speaks of it."""
+        if self.record == "refund":
+            return self.gas_wei is not None
         return self.record == "sale" and self.rail == Rail.X402
 
     @property
@@ -122,6 +139,7 @@ class BookLine:
 EXPORT_CHUNK_ROWS = 5000
 RECORD_ORDER = {"sale": 0, "refund": 1, "credit": 2}
 FACILITATOR_GAS = "gas paid by the facilitator (facilitator mode): none of ours"
+PAYBACK_GAS_SHARED = "gas of this transaction counted once, on its first refund"
 
 
 NATIVE_DECIMALS = 18  # every EVM network we settle on counts its coin in wei
@@ -155,7 +173,8 @@ def seller_wallets() -> set[str]:
     wallets = {w.lower() for w in Offering.objects.values_list("pay_to", flat=True)}
     for addresses in relayer_addresses().values():
         wallets |= addresses
-    return wallets | {str(w).lower() for w in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if w}
+    listed = [*settings.TOLLBOOTH.get("SELLER_WALLETS", []), settings.TOLLBOOTH.get("REFUND_SAFE")]
+    return wallets | {str(w).lower() for w in listed if w}
 
 
 # One time column per row ("at"): decoding a timestamp with its zone is the dearest part of
@@ -169,12 +188,28 @@ _SALE_FIELDS = (
 _REFUND_FIELDS = (
     "pk", "method", "network", "asset", "payer", "amount", "paid_reference", "paid_at",
     "purchase__ref", "purchase__offering__slug", "purchase__offering__asset_symbol",
-    "purchase__offering__asset_decimals",
+    "purchase__offering__asset_decimals", "payback_evidence", "gas_carrier",
 )  # fmt: skip
 
 
-def book_lines(*, period: Period) -> list[BookLine]:
-    """Every sale, refund and credit of the period, in file order."""
+def _bytewise(expression: Any) -> Collate:
+    # Python compares strings by code point; so does PostgreSQL's "C" collation (the
+    # database's default may not), and the merge below needs both orders to agree.
+    return Collate(expression, "C")
+
+
+def _in_file_order(rows: QuerySet[Any], tx_field: str) -> QuerySet[Any]:
+    """Rows ordered as BookLine.sort_key orders their lines (within one record kind)."""
+    return rows.order_by(
+        F("at").asc(), _bytewise("purchase__ref").asc(), _bytewise(tx_field).asc(), "pk"
+    )
+
+
+def book_lines_stream(*, period: Period) -> Iterator[BookLine]:
+    """Every sale, refund and credit of the period, in file order, a chunk of rows at a time:
+    each kind is read in the file's order by the database and the three are merged, so
+    memory stays flat however long the period. Open a transaction around it (PostgreSQL
+    then streams its server-side cursors instead of filling them first)."""
     ours, wallets = relayer_addresses(), seller_wallets()
     settled = PaymentAttempt.objects.filter(state=PaymentAttempt.State.SUCCEEDED)
     chain = settled.filter(rail=Rail.X402, block_at__gte=period.start, block_at__lt=period.end)
@@ -182,20 +217,43 @@ def book_lines(*, period: Period) -> list[BookLine]:
         rail=Rail.PREPAID, created_at__gte=period.start, created_at__lt=period.end
     )
     final = ExpressionWrapper(Q(final_at__isnull=False), output_field=BooleanField())
-    lines = [
-        _sale(row, ours, wallets)
+    tx = Coalesce("tx_hash", Value(""))
+    sales = [
+        (_sale(row, ours, wallets) for row in _in_file_order(rows, "tx").values(*_SALE_FIELDS)
+         .iterator(chunk_size=EXPORT_CHUNK_ROWS))
         for rows in (
-            chain.annotate(at=F("block_at"), is_final=final),
-            prepaid.annotate(at=F("created_at"), is_final=Value(True)),
+            chain.annotate(at=F("block_at"), is_final=final, tx=tx),
+            prepaid.annotate(at=F("created_at"), is_final=Value(True), tx=tx),
         )
-        for row in rows.values(*_SALE_FIELDS).iterator(chunk_size=EXPORT_CHUNK_ROWS)
-    ]
+    ]  # fmt: skip
     paid = Refund.objects.filter(
         state=Refund.State.PAID, paid_at__gte=period.start, paid_at__lt=period.end
     )
-    rows = paid.values(*_REFUND_FIELDS).iterator(chunk_size=EXPORT_CHUNK_ROWS)
-    lines += [_refund(row) for row in rows]
-    return sorted(lines, key=lambda line: line.sort_key)
+    refunds = _in_file_order(
+        paid.annotate(at=F("paid_at"), gas_carrier=_gas_carrier()), "paid_reference"
+    )
+    rows = refunds.values(*_REFUND_FIELDS).iterator(chunk_size=EXPORT_CHUNK_ROWS)
+    yield from heapq.merge(
+        *sales, (_refund(row, wallets) for row in rows), key=lambda line: line.sort_key
+    )
+
+
+def _gas_carrier() -> Any:
+    """A transaction paying several refunds back (a Safe batch) paid its gas once: it is
+    counted on the refund of its first transfer log."""
+    earlier_in_tx = Refund.objects.filter(
+        state=Refund.State.PAID,
+        network=OuterRef("network"),
+        paid_reference=OuterRef("paid_reference"),
+        payback_log_index__lt=OuterRef("payback_log_index"),
+    )
+    return ~Exists(earlier_in_tx)
+
+
+def book_lines(*, period: Period) -> list[BookLine]:
+    """Every sale, refund and credit of the period, in file order (all in memory)."""
+    with transaction.atomic():
+        return list(book_lines_stream(period=period))
 
 
 def _sale(row: dict[str, Any], ours: dict[str, set[str]], wallets: set[str]) -> BookLine:
@@ -227,7 +285,54 @@ def _sale(row: dict[str, Any], ours: dict[str, set[str]], wallets: set[str]) -> 
     )
 
 
-def _refund(row: dict[str, Any]) -> BookLine:
+@dataclass(frozen=True)
+class PeriodCensus:
+    """What the export's notes say of a whole period, counted by the database (the notes
+    come before the lines, which are streamed)."""
+
+    self_payments: int
+    facilitated_networks: list[str]
+    not_final: int
+
+
+def period_census(*, period: Period) -> PeriodCensus:
+    """The same tests as the lines' (_sale), as queries."""
+    ours, wallets = relayer_addresses(), sorted(seller_wallets())
+    settled = PaymentAttempt.objects.filter(state=PaymentAttempt.State.SUCCEEDED)
+    chain = settled.filter(rail=Rail.X402, block_at__gte=period.start, block_at__lt=period.end)
+    prepaid = settled.filter(
+        rail=Rail.PREPAID, created_at__gte=period.start, created_at__lt=period.end
+    )
+    selfs = sum(
+        rows.annotate(wallet=Lower("payer")).filter(wallet__in=wallets).count()
+        for rows in (chain, prepaid)
+    )
+    sent = chain.exclude(sent_by__isnull=True).exclude(sent_by="")
+    facilitated = [
+        network
+        for network in sorted(set(sent.values_list("network", flat=True).distinct()))
+        if sent.filter(network=network).exclude(sent_by__in=sorted(ours.get(network, ()))).exists()
+    ]
+    return PeriodCensus(selfs, facilitated, chain.filter(final_at__isnull=True).count())
+
+
+def _payback_gas(row: dict[str, Any], wallets: set[str]) -> tuple[int | None, str]:
+    """The wei the seller paid to send this refund back: the transaction's gas when its
+    sender (who pays gas; for a Safe batch, the executing owner) is a seller wallet we know,
+    once per transaction. Read from the receipt kept when the payback was verified."""
+    evidence = row["payback_evidence"] or {}
+    if row["method"] != Refund.Method.PAY_BACK or "gas_used" not in evidence:
+        return None, ""  # closed before gas was kept, or not on chain
+    sender = str(evidence.get("tx_from", ""))
+    if sender not in wallets:
+        return None, f"gas paid by {sender}, not a seller wallet we know: not counted"
+    if not row["gas_carrier"]:
+        return None, PAYBACK_GAS_SHARED
+    return int(evidence["gas_used"]) * int(evidence["effective_gas_price"]), ""
+
+
+def _refund(row: dict[str, Any], wallets: set[str]) -> BookLine:
+    gas_wei, gas_note = _payback_gas(row, wallets)
     return BookLine(
         record="refund" if row["method"] == Refund.Method.PAY_BACK else "credit",
         at=row["paid_at"],
@@ -243,8 +348,8 @@ def _refund(row: dict[str, Any]) -> BookLine:
         block=None,
         self_payment=False,
         amount=row["amount"],
-        gas_wei=None,
-        gas_note="",
+        gas_wei=gas_wei,
+        gas_note=gas_note,
         is_final=True,
         pk=row["pk"],
     )
@@ -274,16 +379,6 @@ class Totals:
         else:
             self.revenue += line.amount
         self.gas_wei += line.gas_wei or 0
-
-
-def totals_by(
-    lines: Iterable[BookLine], key: Any, *, include_self_payments: bool
-) -> dict[Any, Totals]:
-    """Totals per `key(line)`, keys sorted."""
-    sums: dict[Any, Totals] = defaultdict(Totals)
-    for line in lines:
-        sums[key(line)].add(line, include_self_payments=include_self_payments)
-    return dict(sorted(sums.items()))
 
 
 PREPAID_MOVES = (
@@ -363,10 +458,37 @@ def books_daily(*, now: datetime, days: int = 14) -> list[BooksDay]:
             wei=F("gas_used") * F("effective_gas_price")
         )
         for day, total in _sums_per_day(spent, "block_at", "wei"):
-            coin = native_symbol(network)
-            gas = Decimal(total).scaleb(-NATIVE_DECIMALS)
-            found[day].gas[coin] = found[day].gas.get(coin, Decimal(0)) + gas
+            _add_gas(found, day, network, total)
+    for day, network, total in _payback_gas_per_day(paid, set(wallets)):
+        _add_gas(found, day, network, total)
     return list(found.values())
+
+
+def _add_gas(found: dict[date, BooksDay], day: date, network: str, wei: int) -> None:
+    coin = native_symbol(network)
+    gas = Decimal(wei).scaleb(-NATIVE_DECIMALS)
+    found[day].gas[coin] = found[day].gas.get(coin, Decimal(0)) + gas
+
+
+def _payback_gas_per_day(paid: QuerySet[Refund], wallets: set[str]) -> list[tuple[date, str, int]]:
+    """(day, network, wei) the seller's wallets paid to send refunds back, each transaction
+    once (as the export counts it), from the receipts kept when each payback was verified."""
+    wei = DecimalField(max_digits=40, decimal_places=0)
+    rows = (
+        paid.filter(method=Refund.Method.PAY_BACK, payback_evidence__has_key="gas_used")
+        .annotate(
+            tx_from=KeyTextTransform("tx_from", "payback_evidence"),
+            wei=Cast(KeyTextTransform("gas_used", "payback_evidence"), wei)
+            * Cast(KeyTextTransform("effective_gas_price", "payback_evidence"), wei),
+            gas_carrier=_gas_carrier(),
+        )
+        .filter(tx_from__in=sorted(wallets), gas_carrier=True)
+        .annotate(day=TruncDate("paid_at", tzinfo=UTC))
+        .values("day", "network")
+        .annotate(total=Sum("wei"))
+        .order_by()
+    )
+    return [(row["day"], row["network"], int(row["total"] or 0)) for row in rows]
 
 
 def _per_day(rows: Any, when: str, amount: str) -> list[tuple[date, str, Decimal]]:

@@ -358,7 +358,8 @@ TOLLBOOTH = {
     # a payment from any of them and keep it out of revenue.
     "SELLER_WALLETS": env.list("TOLLBOOTH_SELLER_WALLETS", default=[]),
     # The Safe multisig finance pays refunds from, named in the Safe Transaction Builder
-    # batches the refund list exports (list it in TOLLBOOTH_SELLER_WALLETS too).
+    # batches the refund list exports. It counts as a seller wallet, and the payback watch
+    # closes an exported refund by itself once the Safe's transfer of it is final.
     "REFUND_SAFE": env.str("TOLLBOOTH_REFUND_SAFE", default=""),
     # A payback named before it is final (or while the node did not answer) is looked at
     # again this long after; the watch also offers transfers it finds as matches.

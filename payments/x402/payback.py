@@ -160,6 +160,13 @@ def payback_judge(*, tx_hash: str, owed: PaybackOwed, reader: ChainReader) -> Pa
         return PaybackVerdict(PaybackCode.CHAIN_UNAVAILABLE, tx_hash, evidence={"error": str(exc)})
     code = PaybackCode.CLOSES if is_final else PaybackCode.AWAITING_FINALITY
     evidence.update(sender=transfer.sender, value=str(transfer.value))
+    # Who sent the transaction paid its gas (the books count it when that is a seller
+    # wallet): for a Safe batch, the owner who executed it, not the Safe.
+    evidence.update(
+        tx_from=str(receipt.get("from") or "").lower(),
+        gas_used=int(receipt.get("gasUsed") or 0),
+        effective_gas_price=int(receipt.get("effectiveGasPrice") or 0),
+    )
     return PaybackVerdict(code, tx_hash, transfer.log_index, transfer.block_number, evidence)
 
 

@@ -29,7 +29,7 @@ from payments.services import export_batch_record
 from payments.x402.networks import network_config
 from purchases.books import Period, PeriodInvalid
 from purchases.models import Offering
-from purchases.services.books import books_export
+from purchases.services.books import books_export_stream
 
 
 @dataclass(frozen=True)
@@ -186,21 +186,22 @@ class BooksPeriodForm(forms.Form):
         return data
 
 
-def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
+def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """The form, and on a valid POST the period's books as a CSV download (recorded)."""
     if not model_admin.role_allows_action(request, "export_books"):
         raise PermissionDenied
     form = BooksPeriodForm(request.POST if request.method == "POST" else None)
     if request.method == "POST" and form.is_valid():
         period = form.cleaned_data["period"]
-        export = books_export(
+        # Streamed: the batch (with the SHA-256 of exactly the bytes sent) is recorded when
+        # the last chunk went out, so no header can carry the hash; the batch list shows it.
+        chunks = books_export_stream(
             period=period,
             created_by=request.user.get_username(),
             include_self_payments=form.cleaned_data["include_self_payments"],
         )
-        response = HttpResponse(export.content, content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(chunks, content_type="text/csv; charset=utf-8")
         response["Content-Disposition"] = f'attachment; filename="books-{period.slug}.csv"'
-        response["X-Content-SHA256"] = export.sha256
         return response
     context = {
         **model_admin.admin_site.each_context(request),
@@ -214,8 +215,8 @@ def books_view(model_admin: Any, request: HttpRequest) -> HttpResponse:
 # --- a Safe Transaction Builder batch of the owed chain refunds ---------------------------
 def refund_safe_batch(*, refunds: list[Refund], created_by: str) -> bytes:
     """The refunds (owed, one network) as a Safe Transaction Builder file, recorded as an
-    export batch with its SHA-256. The Safe is TOLLBOOTH_REFUND_SAFE (list it in
-    TOLLBOOTH_SELLER_WALLETS too, so its transfers count as the seller's)."""
+    export batch with its SHA-256 and the refunds it holds. The Safe is
+    TOLLBOOTH_REFUND_SAFE, one of the seller's wallets."""
     started_at = timezone.now()
     network = network_config(refunds[0].network)
     batch = safe_transfer_batch(
@@ -231,7 +232,13 @@ def refund_safe_batch(*, refunds: list[Refund], created_by: str) -> bytes:
     export_batch_record(
         kind="safe_batch",
         created_by=created_by,
-        filters={"refunds": [refund.pk for refund in refunds], "network": network.caip2},
+        # Which refunds went to which Safe: the payback watch closes each one when the
+        # Safe's transfer of it is on chain and final (payments.safe_refunds).
+        filters={
+            "refunds": [refund.pk for refund in refunds],
+            "network": network.caip2,
+            "safe": str(batch["meta"]["createdFromSafeAddress"]).lower(),
+        },
         row_count=len(refunds),
         sha256=hashlib.sha256(body).hexdigest(),
         started_at=started_at,

@@ -14,15 +14,17 @@ consumption, credits, adjustments, held at the end).
 
 from __future__ import annotations
 
-import csv
-import hashlib
-import io
-from collections.abc import Iterable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
 
 from core.clock import now_or
+from core.exports import StreamSummary, csv_stream
 from payments.models import ExportBatch, PaymentAttempt
 from payments.services import export_batch_record
 from payments.x402.books_evidence import (
@@ -30,15 +32,14 @@ from payments.x402.books_evidence import (
     settlements_awaiting_block_time,
 )
 from purchases.books import (
-    FACILITATOR_GAS,
     NATIVE_DECIMALS,
     BookLine,
     Period,
     Totals,
-    book_lines,
+    book_lines_stream,
     native_symbol,
+    period_census,
     prepaid_movements,
-    totals_by,
     utc_text,
 )
 from purchases.models import Offering
@@ -63,6 +64,51 @@ def units(atomic: int, decimals: int) -> str:
     return f"{Decimal(atomic).scaleb(-decimals):.{decimals}f}"
 
 
+def books_export_stream(
+    *,
+    period: Period,
+    created_by: str,
+    include_self_payments: bool = False,
+    now: datetime | None = None,
+    on_recorded: Callable[[ExportBatch], None] | None = None,
+) -> Iterator[bytes]:
+    """The period's books as CSV chunks, streamed, recorded when the last chunk is handed
+    over: the batch's SHA-256 is of exactly the bytes yielded (hashed as they go), its row
+    count theirs. A stream abandoned part way records nothing. `on_recorded` gets the batch.
+
+    Checked before any byte is produced: settled payments still without their block's time
+    are looked up on chain first (no transaction open); those the chain does not answer for
+    are counted in a note. Raises PeriodInvalid (a ValueError) for a period not closed yet.
+    """
+    now = now_or(now)
+    period.check_closed(now=now)
+    settlement_books_evidence_fill(
+        attempts=list(settlements_awaiting_block_time(created_before=period.end))
+    )
+    filters = {
+        "period_start": utc_text(period.start),
+        "period_end": utc_text(period.end),
+        "include_self_payments": include_self_payments,
+    }
+
+    def record(summary: StreamSummary) -> None:
+        batch = export_batch_record(
+            kind="books",
+            created_by=created_by,
+            filters=filters,
+            row_count=summary.row_count,
+            sha256=summary.sha256,
+            started_at=now,
+            first_created_at=summary.first_created_at,
+            last_created_at=summary.last_created_at,
+        )
+        if on_recorded is not None:
+            on_recorded(batch)
+
+    rows = _books_rows(period=period, include_self_payments=include_self_payments)
+    return csv_stream(BOOKS_CSV_COLUMNS, rows, record)
+
+
 def books_export(
     *,
     period: Period,
@@ -70,61 +116,53 @@ def books_export(
     include_self_payments: bool = False,
     now: datetime | None = None,
 ) -> BooksExport:
-    """Write the period's books as CSV and record the batch.
-
-    Settled payments still without their block's time are looked up on chain first (no
-    transaction open); those the chain does not answer for are counted in a note. Raises
-    PeriodInvalid (a ValueError) for a period that is not closed yet.
-    """
-    now = now_or(now)
-    period.check_closed(now=now)
-    settlement_books_evidence_fill(
-        attempts=list(settlements_awaiting_block_time(created_before=period.end))
+    """The whole file in memory, recorded (tests and small periods; the admin and the
+    command stream). Raises PeriodInvalid as books_export_stream."""
+    recorded: list[ExportBatch] = []
+    content = b"".join(
+        books_export_stream(
+            period=period,
+            created_by=created_by,
+            include_self_payments=include_self_payments,
+            now=now,
+            on_recorded=recorded.append,
+        )
     )
-    content, row_count, first_at, last_at = books_csv(
-        period=period, include_self_payments=include_self_payments
-    )
-    digest = hashlib.sha256(content).hexdigest()
-    batch = export_batch_record(
-        kind="books",
-        created_by=created_by,
-        filters={
-            "period_start": utc_text(period.start),
-            "period_end": utc_text(period.end),
-            "include_self_payments": include_self_payments,
-        },
-        row_count=row_count,
-        sha256=digest,
-        started_at=now,
-        first_created_at=first_at,
-        last_created_at=last_at,
-    )
-    return BooksExport(content, digest, row_count, batch)
+    (batch,) = recorded
+    return BooksExport(content, batch.sha256, batch.row_count, batch)
 
 
-def books_csv(
+def _books_rows(
     *, period: Period, include_self_payments: bool
-) -> tuple[bytes, int, datetime | None, datetime | None]:
-    """(the file, its data rows, the first and last line's time)."""
-    lines = book_lines(period=period)
-    rows = [
-        *_notes(period, lines, include_self_payments),
-        *(_line_row(line, include_self_payments) for line in lines),
-        *_total_rows(lines, include_self_payments),
-        *_prepaid_rows(period),
-    ]
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\r\n")
-    writer.writerow(BOOKS_CSV_COLUMNS)
-    writer.writerows([row.get(column, "") for column in BOOKS_CSV_COLUMNS] for row in rows)
-    first = lines[0].at if lines else None
-    last = lines[-1].at if lines else None
-    return out.getvalue().encode(), len(rows), first, last
+) -> Iterator[tuple[list[str], datetime | None]]:
+    """The file's data rows, each with its line's time (None for notes and totals).
+
+    The notes come first and speak of the whole period, so they are counted by the database
+    before the lines are read; the totals come last, summed as the lines go by. Memory holds
+    a chunk of rows and the totals, never the period."""
+
+    def values(row: dict[str, str]) -> list[str]:
+        return [row.get(column, "") for column in BOOKS_CSV_COLUMNS]
+
+    by_offering: dict[tuple[Any, ...], Totals] = defaultdict(Totals)
+    by_unit: dict[tuple[Any, ...], Totals] = defaultdict(Totals)
+    # One transaction: the server-side cursors stream (see book_lines_stream).
+    with transaction.atomic():
+        for note in _notes(period, include_self_payments):
+            yield values(note), None
+        for line in book_lines_stream(period=period):
+            unit = (line.network, line.asset, line.symbol, line.decimals)
+            for sums in (by_offering[(line.offering, *unit)], by_unit[unit]):
+                sums.add(line, include_self_payments=include_self_payments)
+            yield values(_line_row(line, include_self_payments)), line.at
+    for row in _total_rows(dict(sorted(by_offering.items())), dict(sorted(by_unit.items()))):
+        yield values(row), None
+    for row in _prepaid_rows(period):
+        yield values(row), None
 
 
-def _notes(
-    period: Period, lines: list[BookLine], include_self_payments: bool
-) -> Iterator[dict[str, str]]:
+def _notes(period: Period, include_self_payments: bool) -> Iterator[dict[str, str]]:
+    census = period_census(period=period)
     yield _note(
         f"period {utc_text(period.start)} to {utc_text(period.end)} (UTC, end excluded); "
         "a sale is timed by its settling block's timestamp (prepaid: the debit), a refund "
@@ -132,17 +170,18 @@ def _notes(
     )
     yield _note(
         "amounts in asset units, exact (smallest unit over the asset's decimals); gas is "
-        "what our relayer paid per settlement (gasUsed x effectiveGasPrice), in the "
-        "network's native coin, not converted; net = revenue - refunds - credits, before gas"
+        "what our relayer paid per settlement and what a seller wallet paid per payback "
+        "transaction (gasUsed x effectiveGasPrice, once per transaction), in the network's "
+        "native coin, not converted; net = revenue - refunds - credits, before gas"
     )
-    selfs = [line for line in lines if line.self_payment]
     treated = "included in revenue (asked)" if include_self_payments else "excluded from revenue"
-    yield _note(f"payments from the seller's own wallets: {len(selfs)}, {treated}")
-    for network in sorted({line.network for line in lines if line.gas_note == FACILITATOR_GAS}):
+    yield _note(f"payments from the seller's own wallets: {census.self_payments}, {treated}")
+    for network in census.facilitated_networks:
         yield _note(f"{network}: settled by a facilitator (facilitator mode): no gas of ours")
-    unfinal = sum(1 for line in lines if not line.is_final)
-    if unfinal:
-        yield _note(f"not final yet: {unfinal} settlement(s); a re-export may differ until final")
+    if census.not_final:
+        yield _note(
+            f"not final yet: {census.not_final} settlement(s); a re-export may differ until final"
+        )
     waiting = PaymentAttempt.objects.filter(
         rail="x402", state="succeeded", block_at__isnull=True, created_at__lt=period.end
     ).count()
@@ -196,22 +235,14 @@ def _amounts(totals: Totals, decimals: int, network: str, *, with_gas: bool) -> 
     }
 
 
-def _total_rows(lines: list[BookLine], include_self_payments: bool) -> Iterable[dict[str, str]]:
-    def unit(line: BookLine) -> tuple[str, str, str, int]:
-        return (line.network, line.asset, line.symbol, line.decimals)
-
-    by_offering = totals_by(
-        lines,
-        lambda line: (line.offering, *unit(line)),
-        include_self_payments=include_self_payments,
-    )
+def _total_rows(
+    by_offering: dict[tuple[Any, ...], Totals], by_unit: dict[tuple[Any, ...], Totals]
+) -> Iterable[dict[str, str]]:
     for (offering, network, asset, symbol, decimals), totals in by_offering.items():
         yield {"record": "offering_total", "offering": offering, "network": network,
                "asset_symbol": symbol, "asset": asset,
                **_amounts(totals, decimals, network, with_gas=True)}  # fmt: skip
-    for (network, asset, symbol, decimals), totals in totals_by(
-        lines, unit, include_self_payments=include_self_payments
-    ).items():
+    for (network, asset, symbol, decimals), totals in by_unit.items():
         yield {"record": "total", "network": network, "asset_symbol": symbol, "asset": asset,
                **_amounts(totals, decimals, network, with_gas=True)}  # fmt: skip
 

@@ -18,11 +18,14 @@ from core.clock import now_or
 from payments import paybacks
 from payments.models import Refund
 from payments.paybacks import PaybackRecorded, RefundPaybackRefused
+from payments.safe_refunds import safe_exported_refunds
 from payments.x402.chain import ChainUnavailable
 from payments.x402.networks import UnknownNetwork
 from purchases.events import event_record_change
 from purchases.models import Offering, Purchase
 from purchases.services.job_runs import job_run
+
+SAFE_BATCH_ACTOR = Actor.system("safe_batch_watch")
 
 logger = logging.getLogger(__name__)
 
@@ -112,9 +115,33 @@ def _offer_matches(now: datetime, stats: Counter[str]) -> None:
             logger.warning("payback watch: %s not searched: %s", network, exc)
             stats["unavailable"] += 1
             continue
+        exported = safe_exported_refunds(network=network, refund_ids=[r.pk for r in refunds])
         for refund in refunds:
-            if refund.pk in found:
-                stats["matched"] += _match_record(refund, found[refund.pk], now, system)
+            if refund.pk not in found:
+                continue
+            transfer = found[refund.pk]
+            if transfer.sender in exported.get(refund.pk, ()):
+                _safe_batch_close(refund, transfer, now, stats)
+            else:
+                stats["matched"] += _match_record(refund, transfer, now, system)
+
+
+def _safe_batch_close(
+    refund: Refund, transfer: paybacks.Transfer, now: datetime, stats: Counter[str]
+) -> None:
+    """The Safe that a batch holding this refund was exported for sent its transfer: the
+    batch was executed. Closed through the same verification as a pasted hash; not final
+    yet, it is claimed and closed by a later run (_recheck_due)."""
+    try:
+        recorded = purchase_refund_payback_close(
+            refund_id=refund.pk, tx_hash=transfer.tx_hash, now=now, actor=SAFE_BATCH_ACTOR
+        )
+    except (RefundPaybackRefused, ValueError) as exc:
+        logger.warning("payback watch: refund %s not closed by %s: %s", refund.pk,
+                       transfer.tx_hash, exc)  # fmt: skip
+        stats["dropped"] += 1
+        return
+    stats["closed" if recorded.verdict.closes else "pending"] += 1
 
 
 def _match_record(refund: Refund, transfer: paybacks.Transfer, now: datetime, actor: Actor) -> int:

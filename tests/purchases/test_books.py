@@ -22,6 +22,7 @@ from django.utils import timezone
 from payments.models import ExportBatch, PaymentAttempt, RelayerAccount
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.books import Period, PeriodInvalid
+from purchases.models import Purchase, Quote
 from purchases.services.books import books_export
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quotes import quote_create
@@ -184,8 +185,10 @@ def test_finance_downloads_a_period_from_the_admin_and_support_may_not(november,
     answer = finance.post(url, {"first_day": date(2026, 11, 1), "last_day": date(2026, 11, 30)})
     assert answer.status_code == 200, answer.content[:500]
     assert answer["Content-Disposition"].startswith('attachment; filename="books-20261101')
-    batch = ExportBatch.objects.get(kind="books")
-    assert answer["X-Content-SHA256"] == batch.sha256 == hashlib.sha256(answer.content).hexdigest()
+    assert answer.streaming
+    downloaded = b"".join(answer.streaming_content)  # type: ignore[attr-defined]
+    batch = ExportBatch.objects.get(kind="books")  # recorded once the last chunk went out
+    assert batch.sha256 == hashlib.sha256(downloaded).hexdigest()
     assert batch.created_by == "finance"
     still_open = finance.post(url, {"month": timezone.now().strftime("%Y-%m")})
     assert still_open.status_code == 200 and b"the period is not closed" in still_open.content
@@ -244,3 +247,56 @@ def test_a_settlement_whose_block_the_chain_cannot_tell_is_awaited_never_guessed
     notes = [r["note"] for r in rows if r["record"] == "note"]
     assert any(n.startswith("awaiting the chain: 1 settled payment(s)") for n in notes), notes
     assert PaymentAttempt.objects.get(pk=unread.pk).block_at is None
+
+
+LARGE = 20_000
+
+
+def _many_sales(offering: Any, count: int) -> None:
+    """`count` settled sales in November, bulk-written: twenty share each block time, and
+    their refs mix cases, so the file's order rests on the purchase ref compared byte-wise."""
+    quotes = Quote.objects.bulk_create(
+        Quote(offering=offering, quote_key=f"k{i}", canonical_input={}, input_hash="h",
+              price=offering.price, asset=offering.asset, network=offering.network,
+              pay_to=offering.pay_to, offering_version=1, expires_at=AFTER,
+              public_id=f"qt_books{i}")
+        for i in range(count)
+    )  # fmt: skip
+    purchases = Purchase.objects.bulk_create(
+        Purchase(quote=q, offering=offering, amount=offering.price, asset=offering.asset,
+                 network=offering.network, rail="x402", ref=f"pur_{'aB'[i % 2]}{count - i:06d}")
+        for i, q in enumerate(quotes)
+    )  # fmt: skip
+    PaymentAttempt.objects.bulk_create(
+        (PaymentAttempt(purchase=p, rail="x402", payer="0x" + "b3" * 20, network=p.network,
+                        asset=p.asset, amount=p.amount, fingerprint=f"f{i}",
+                        state=PaymentAttempt.State.SUCCEEDED, tx_hash=f"0xe{i:063x}",
+                        block_at=_at(6 + i % 20, 10), block_number=1000 + i, final_at=AFTER,
+                        gas_used=50_000, effective_gas_price=10**9, sent_by=RELAYER)
+         for i, p in enumerate(purchases)),
+        batch_size=5000,
+    )  # fmt: skip
+
+
+def test_a_large_period_streams_and_its_recorded_hash_is_of_the_bytes_downloaded(november):
+    _many_sales(november["paid"].purchase.offering, LARGE)
+    url = reverse("admin:payments_exportbatch_books")
+    answer = _staff("finance").post(url, {"month": "2026-11"})
+    assert answer.status_code == 200 and answer.streaming
+    chunks = iter(answer.streaming_content)  # type: ignore[attr-defined]
+    received = [next(chunks)]
+    # Sent before the period was read to its end: nothing is recorded until the last byte.
+    assert received[0].startswith(b"record,time_utc,")
+    assert not ExportBatch.objects.filter(kind="books").exists()
+    received += list(chunks)
+    assert len(received) > LARGE // 1000  # many chunks, none holding the file
+    content = b"".join(received)
+    batch = ExportBatch.objects.get(kind="books")
+    assert batch.sha256 == hashlib.sha256(content).hexdigest() and len(content) > 1_000_000
+    rows = _rows(content)
+    assert batch.row_count == len(rows)
+    sales = [(r["time_utc"], r["purchase"]) for r in rows if r["record"] == "sale"]
+    assert len(sales) == LARGE + 3
+    assert sales == sorted(sales)  # merged from three cursors, in the file's order
+    # The same bytes as the in-memory export of the same period.
+    assert books_export(period=NOVEMBER, created_by="finance", now=AFTER).content == content

@@ -1,7 +1,8 @@
 """The books add up to the chain's own transfers. On a real anvil node: buyers pay over x402
 (direct mode: our relayer broadcasts and pays gas), one payment comes from the seller's own
-treasury, one sale is paid back on chain; the period's export is then compared with the
-token's Transfer logs, the receipts' gas and the relayer's ETH balance. In facilitator mode
+treasury, one sale is paid back on chain (the seller's wallet pays that gas); the period's
+export is then compared with the token's Transfer logs, the receipts' gas and the relayer's
+and the seller's ETH balances. In facilitator mode
 the facilitator pays the gas, and the export says so and counts none."""
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def test_the_period_export_adds_up_to_the_chains_own_transfers(x402_world, setti
     since = timezone.now() - timedelta(minutes=1)
     first_block = world.w3.eth.block_number + 1
     relayer_eth_before = world.w3.eth.get_balance(world.relayer.address)
+    seller_eth_before = world.w3.eth.get_balance(world.seller.address)
 
     sold = [_buy(client, world, payer, f"Sales {i}")
             for i, payer in enumerate((buyer_1, buyer_2, treasury))]  # fmt: skip
@@ -137,9 +139,14 @@ def test_the_period_export_adds_up_to_the_chains_own_transfers(x402_world, setti
         )
         assert row["block"] == str(receipt["blockNumber"])
         assert Decimal(row["gas"]) == receipt["gasUsed"] * receipt["effectiveGasPrice"] / ETH
-    # The gas in the books is exactly the ETH our relayer spent: it sent nothing else.
+    # The payback's gas is a cost too: the seller's wallet sent it, and sent nothing else.
+    (paid_row,) = [r for r in rows if r["record"] == "refund"]
+    payback_spent = seller_eth_before - world.w3.eth.get_balance(world.seller.address)
+    assert (Decimal(paid_row["gas"]), paid_row["gas_symbol"]) == (payback_spent / ETH, "ETH")
+    # The gas in the books is exactly the ETH our relayer and the seller's wallet spent.
     spent = relayer_eth_before - world.w3.eth.get_balance(world.relayer.address)
-    assert Decimal(total["gas"]) == spent / ETH > 0
+    assert spent > 0 and payback_spent > 0
+    assert Decimal(total["gas"]) == (spent + payback_spent) / ETH
     assert sales[str(sold[2].tx_hash)]["self_payment"] == "yes"
 
 

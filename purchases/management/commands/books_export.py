@@ -8,8 +8,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from payments.models import ExportBatch
 from purchases.books import Period, PeriodInvalid
-from purchases.services.books import books_export
+from purchases.services.books import books_export_stream
 
 
 class Command(BaseCommand):
@@ -40,18 +41,25 @@ class Command(BaseCommand):
                 period = Period.days(options["first_day"], options["last_day"])
             else:
                 raise PeriodInvalid("give --month YYYY-MM, or --from and --to")
-            export = books_export(
+            recorded: list[ExportBatch] = []
+            chunks = books_export_stream(
                 period=period,
                 created_by=options["by"],
                 include_self_payments=options["include_self_payments"],
+                on_recorded=recorded.append,
             )
         except PeriodInvalid as exc:
             raise CommandError(str(exc)) from exc
+        # Written as it is produced: memory stays flat however long the period.
         if options["output"]:
-            Path(options["output"]).write_bytes(export.content)
+            with Path(options["output"]).open("wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
         else:
-            self.stdout.write(export.content.decode(), ending="")
+            for chunk in chunks:
+                self.stdout.write(chunk.decode(), ending="")
+        (batch,) = recorded
         self.stderr.write(
-            f"books {period.slug}: {export.row_count} rows, sha256 {export.sha256} "
-            f"(export batch {export.batch.pk})"
+            f"books {period.slug}: {batch.row_count} rows, sha256 {batch.sha256} "
+            f"(export batch {batch.pk})"
         )
