@@ -490,7 +490,7 @@ LOGGING = {
 }
 
 # The beat schedule lives in code; each entry says why it exists.
-# Jobs a service may stage in the outbox (purchases.services.outbox.outbox_stage), by name,
+# Jobs a service may stage in the outbox (purchases.services.shared.outbox.outbox_stage), by name,
 # and the Celery task the relay sends each to. Named here, as the beat schedule names its
 # tasks, so no service imports purchases.tasks.
 OUTBOX_JOBS = {

@@ -29,13 +29,13 @@ from purchases.models import (
     Offering,
 )
 from purchases.selectors import offering_upstream_changes
-from purchases.services.buyers import (
+from purchases.services.offerings import offering_update
+from purchases.services.shared.buyers import (
     api_key_issue,
     buyer_create,
     buyer_wallet_add,
     buyer_wallet_remove,
 )
-from purchases.services.offerings import offering_update
 from purchases.services.upstreams import offering_upstream_check, offering_upstream_save
 
 

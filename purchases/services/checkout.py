@@ -45,7 +45,6 @@ from purchases.events import (
 )
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
-from purchases.services.buyers import buyer_spend_cap_check
 from purchases.services.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
@@ -64,6 +63,7 @@ from purchases.services.idempotency import (
 )
 from purchases.services.offerings import offering_stock_take
 from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
+from purchases.services.shared.buyers import buyer_spend_cap_check
 from purchases.services.sweeper import purchase_execution_stage
 
 A = TypeVar("A")

@@ -40,10 +40,10 @@ from purchases import event_subjects as subjects
 from purchases.events import event_record, event_record_change, purchase_transition
 from purchases.models import Escalation, Purchase
 from purchases.services.batches import row_isolated
-from purchases.services.job_runs import job_run
 from purchases.services.receipts import purchase_receipt_issue, settlement_mined_at
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement import settlement_follow_up, settlement_record_outcome
+from purchases.services.shared.job_runs import job_run
 
 REORGED = "settlement_reorged"
 MOVED = "transfer_moved"

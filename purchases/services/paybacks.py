@@ -22,7 +22,7 @@ from payments.x402.chain import ChainUnavailable
 from payments.x402.networks import UnknownNetwork
 from purchases.events import event_record_change
 from purchases.models import Offering, Purchase
-from purchases.services.job_runs import job_run
+from purchases.services.shared.job_runs import job_run
 
 logger = logging.getLogger(__name__)
 

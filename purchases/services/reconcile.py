@@ -36,7 +36,6 @@ from payments.rails import (
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
 from purchases.services.batches import row_isolated
-from purchases.services.job_runs import job_run
 from purchases.services.offerings import offering_stock_release
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement import (
@@ -46,6 +45,7 @@ from purchases.services.settlement import (
     settlement_record_outcome,
     settlement_record_outcomes,
 )
+from purchases.services.shared.job_runs import job_run
 
 ProgressFn = Callable[[int], None]
 

@@ -14,8 +14,8 @@ from payments.models import PaymentAttempt, Refund
 from payments.rails import rail_for
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
-from purchases.services.alerts import alert_stage
 from purchases.services.paybacks import purchase_refund_payback_close
+from purchases.services.shared.alerts import alert_stage
 
 
 def escalation_open(

@@ -18,8 +18,8 @@ from django.db.models import Q
 from core.clock import now_or
 from fulfillment.models import ExecutionAttempt
 from purchases.models import Purchase
-from purchases.services.job_runs import job_run
-from purchases.services.outbox import outbox_stage, outbox_stage_many
+from purchases.services.shared.job_runs import job_run
+from purchases.services.shared.outbox import outbox_stage, outbox_stage_many
 
 logger = logging.getLogger(__name__)
 EXECUTE_JOB = "purchase_execute"

@@ -478,7 +478,7 @@ def test_export_csv_is_exact(world: World, finance: Client) -> None:
 
 # --- buyers, keys and the ledger ---------------------------------------------------------
 def test_issue_api_key_shows_it_once_and_keeps_only_the_hash(superuser: Client) -> None:
-    from purchases.services.buyers import buyer_create
+    from purchases.services.shared.buyers import buyer_create
 
     buyer = buyer_create(name="agent-admin", wallets=[WALLET.upper().replace("0X", "0x")])
     response = superuser.post(

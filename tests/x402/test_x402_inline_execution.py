@@ -29,9 +29,9 @@ from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt
 from purchases.models import OutboxMessage, Purchase
 from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.outbox import outbox_relay_due
 from purchases.services.reconcile import reconcile_pending_settlements
 from purchases.services.result_wait import listeners_close
+from purchases.services.shared.outbox import outbox_relay_due
 from tests.fixtures.broker import BrokerQueue
 from tests.fixtures.worker import ROOT, _database_url
 from tests.integration.helpers import wait_for

@@ -15,7 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import housekeeping, outbox, paybacks, reconcile
+from purchases.services import housekeeping, paybacks, reconcile
+from purchases.services.shared import outbox
 from purchases.services.sweeper import purchases_sweep_stalled
 
 

@@ -28,7 +28,7 @@ from purchases.notify import (
     AlertReport,
     alert_send_report,
 )
-from purchases.services.outbox import outbox_stage
+from purchases.services.shared.outbox import outbox_stage
 
 logger = logging.getLogger(__name__)
 # A sender that claimed an alert and did not finish within this is presumed dead.
