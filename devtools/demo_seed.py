@@ -24,7 +24,7 @@ from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
-from purchases.services.offerings import offering_update
+from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import api_key_issue, buyer_create
 from purchases.services.upstreams import offering_upstream_save
 

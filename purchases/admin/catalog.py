@@ -29,7 +29,7 @@ from purchases.models import (
     Offering,
 )
 from purchases.selectors import offering_upstream_changes
-from purchases.services.offerings import offering_update
+from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import (
     api_key_issue,
     buyer_create,

@@ -24,7 +24,7 @@ from core.canonical import sha256_hex
 from core.errors import DomainError, ErrorCode
 from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
-from purchases.services.quotes import quote_expire
+from purchases.services.quote.quotes import quote_expire
 from purchases.sql import duplicate_guard_upsert
 
 _COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")

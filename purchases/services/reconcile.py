@@ -36,7 +36,7 @@ from payments.rails import (
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
 from purchases.services.batches import row_isolated
-from purchases.services.offerings import offering_stock_release
+from purchases.services.quote.offerings import offering_stock_release
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement import (
     SettlementToRecord,

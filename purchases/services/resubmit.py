@@ -33,7 +33,7 @@ from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record, events_batched
 from purchases.models import Escalation, Purchase, PurchaseEvent
-from purchases.services.quotes import quote_terms
+from purchases.services.quote.quotes import quote_terms
 from purchases.services.remedies import escalation_open
 from purchases.services.settlement_events import (
     payment_drop_record,

@@ -35,7 +35,7 @@ from purchases.events import (
 )
 from purchases.models import Offering, Purchase
 from purchases.services.late_payments import settlement_unexpected
-from purchases.services.quotes import quote_terms
+from purchases.services.quote.quotes import quote_terms
 from purchases.services.remedies import escalation_open_payment_reversed
 from purchases.services.resubmit import payment_resubmit_if_due
 from purchases.services.settlement_events import (

@@ -25,7 +25,7 @@ from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_p
 from purchases.models import Buyer, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
-from purchases.services.quotes import quote_input_canonicalize
+from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.x402.offers import X402PaidRoute, x402_route_paid
 from purchases.x402.outcomes import x402_request_scope
 

@@ -110,7 +110,7 @@ def _mcp_purchase(buyer, mcp_upstream: McpUpstream, data: dict, **config: object
     from purchases.api.prepaid_answers import PrepaidAnswers
     from purchases.models import Purchase
     from purchases.services.prepaid_checkout import purchase_pay_prepaid
-    from purchases.services.quotes import quote_create
+    from purchases.services.quote.quotes import quote_create
     from tests.factories import OfferingFactory
 
     offering = OfferingFactory.create(executor="mcp", input_schema={"type": "object"})

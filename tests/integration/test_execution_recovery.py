@@ -23,7 +23,7 @@ from purchases.services.execution import (
     purchase_execution_give_up,
 )
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from purchases.tasks import purchase_execute_task, purchase_sweep_stalled_task
 from tests.factories import USDC_LOCAL, OfferingFactory
 from tests.integration.helpers import wait_for

@@ -22,7 +22,7 @@ from purchases.services.execution_recheck import (
     purchase_execution_recheck,
 )
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from purchases.tasks import recheck_unknown_executions_task
 from purchases.x402.answers import x402_answer, x402_capability_answer
 from purchases.x402.outcomes import x402_outcome_for_ref

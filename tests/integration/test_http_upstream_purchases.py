@@ -16,7 +16,7 @@ from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.factories import OfferingFactory
 from tests.fixtures.sample_upstream import SECRET_ENV, SampleUpstream
 

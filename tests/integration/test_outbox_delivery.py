@@ -18,7 +18,7 @@ from django.conf import settings
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from purchases.services.shared import outbox
 from tests.conftest import CSV_INPUT
 from tests.fixtures.worker import ROOT, _database_url

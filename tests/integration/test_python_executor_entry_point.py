@@ -21,7 +21,7 @@ from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
 from purchases.services.execution import ExecutionOutcome, purchase_execute
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.factories import OfferingFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

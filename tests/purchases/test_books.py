@@ -24,7 +24,7 @@ from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.books import Period, PeriodInvalid
 from purchases.services.books import books_export
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory
 from tests.fixtures.anvil import closed_port_url

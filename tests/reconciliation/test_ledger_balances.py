@@ -11,7 +11,7 @@ from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun
 from purchases.services import housekeeping
 from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 from tests.integration.helpers import race
