@@ -282,7 +282,7 @@ TOLLBOOTH = {
     ),
     # A process renews the leases its live requests hold this often (one UPDATE for all of
     # them, from a thread of its own); a lease not renewed for 4 beats is its dead holder's
-    # and the next retry takes it over (purchases/services/leases.py).
+    # and the next retry takes it over (purchases/services/checkout/leases.py).
     "IDEMPOTENCY_HEARTBEAT": timedelta(
         seconds=env.float("TOLLBOOTH_IDEMPOTENCY_HEARTBEAT_SECONDS", default=2.0)
     ),

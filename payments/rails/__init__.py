@@ -2,7 +2,7 @@
 (payments.rails.prepaid; payments.x402.rail beside the x402 machinery), one line each in
 `RAILS`.
 
-The purchases orchestration (purchases.services.checkout, purchases.services.settlement,
+The purchases orchestration (purchases.services.checkout.checkout, purchases.services.settlement,
 purchases.services.reconcile) drives every rail through this interface and never names one.
 """
 

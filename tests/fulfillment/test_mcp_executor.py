@@ -109,7 +109,7 @@ def _mcp_purchase(buyer, mcp_upstream: McpUpstream, data: dict, **config: object
     from fulfillment.models import Upstream
     from purchases.api.prepaid_answers import PrepaidAnswers
     from purchases.models import Purchase
-    from purchases.services.prepaid_checkout import purchase_pay_prepaid
+    from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
     from purchases.services.quote.quotes import quote_create
     from tests.factories import OfferingFactory
 

@@ -19,8 +19,8 @@ from fulfillment.executors import registered_names
 from fulfillment.models import Result, Upstream
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
 from tests.factories import OfferingFactory
 

@@ -23,7 +23,7 @@ from payments.models import ExportBatch, PaymentAttempt, RelayerAccount
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.books import Period, PeriodInvalid
 from purchases.services.books import books_export
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory

@@ -21,7 +21,7 @@ from kombu.exceptions import OperationalError
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
 from purchases.services.shared import outbox
 from purchases.services.shared.outbox import outbox_prune, outbox_relay_due, outbox_stage

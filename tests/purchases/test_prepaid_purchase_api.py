@@ -10,12 +10,12 @@ from fulfillment.models import Receipt
 from payments.models import LedgerEntry, PaymentAttempt
 from payments.services import ledger_balance
 from purchases.models import IdempotencyRecord, Purchase, Quote
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.idempotency import (
+from purchases.services.checkout.idempotency import (
     KeyedRequest,
     payment_id_claim,
     payment_id_conflicts,
 )
+from purchases.services.execution import ExecutionOutcome, purchase_execute
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 

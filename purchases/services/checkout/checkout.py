@@ -45,7 +45,7 @@ from purchases.events import (
 )
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
 from purchases.selectors import purchase_capability_url
-from purchases.services.duplicates import (
+from purchases.services.checkout.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
     purchase_duplicate_find,
@@ -53,7 +53,7 @@ from purchases.services.duplicates import (
     purchase_duplicate_record,
     quote_release_if_unpaid,
 )
-from purchases.services.idempotency import (
+from purchases.services.checkout.idempotency import (
     KeyClaim,
     KeyedRequest,
     StoredAnswer,

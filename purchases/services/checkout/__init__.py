@@ -1,0 +1,1 @@
+"""The authorize-and-verify boundary: a payment id claimed and leased, the quote paid on any rail (the one orchestration), the duplicate window."""
