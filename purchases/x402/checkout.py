@@ -8,8 +8,8 @@ id binds to the request normalized (x402 docs PR #2307): the offering, the quote
 input, API key and copy label, and what the authorization pays (scheme, network, asset,
 recipient, amount), never the signature itself. Clients that use ids re-sign on retry and
 keep the id: that retry is the same request, answered with its purchase and never charged.
-The orchestration is purchases.services.checkout.checkout; this module says only how x402 clients are
-asked.
+The orchestration is purchases.services.checkout.checkout; this module says only how x402
+clients are asked.
 """
 
 from __future__ import annotations
