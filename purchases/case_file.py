@@ -62,7 +62,7 @@ class Deadline(StrEnum):
     # for its quote or by an authorization it received that is not spent.
     STILL_PAYABLE = "still_payable"
     # Settled, not final yet: the finality watch escalates it if the chain still cannot say
-    # by RECONCILIATION_DEADLINE after the settlement (purchases.services.finality).
+    # by RECONCILIATION_DEADLINE after the settlement (purchases.services.settle.finality).
     FINALITY = "finality"
     NONE = "none"
 
@@ -400,7 +400,7 @@ class CaseFacts:
 
 @dataclass(frozen=True)
 class UnfinalFact:
-    """A settled x402 payment the finality watch (purchases.services.finality) still looks
+    """A settled x402 payment the finality watch (purchases.services.settle.finality) still looks
     at: where it was settled, what the last look saw, when the watch looks next."""
 
     attempt_id: int

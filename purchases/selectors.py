@@ -432,7 +432,7 @@ FINALITY_WATCH_EVERY = timedelta(seconds=30)
 
 def _unfinal_fact(attempts: Iterable[PaymentAttempt], now: datetime) -> UnfinalFact | None:
     """The settled x402 attempt the finality watch still looks at, as the watch reads it
-    (purchases.services.finality._claim_due): succeeded, `final_at` empty."""
+    (purchases.services.settle.finality._claim_due): succeeded, `final_at` empty."""
     attempt = next(
         (
             a

@@ -38,7 +38,7 @@ from purchases.models import Escalation, Purchase, Quote
 from purchases.services.batches import row_isolated
 from purchases.services.quote.offerings import offering_stock_release
 from purchases.services.remedies import escalation_open
-from purchases.services.settlement import (
+from purchases.services.settle.settlement import (
     SettlementToRecord,
     purchase_settle_attempt,
     settlement_follow_up,

@@ -38,7 +38,7 @@ from django.db import connection
 from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.settlement import purchase_reload
+from purchases.services.settle.settlement import purchase_reload
 from purchases.services.shared.outbox import (
     outbox_relay_held,
     outbox_release_held,

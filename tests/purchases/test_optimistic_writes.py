@@ -14,7 +14,7 @@ from payments.models import PaymentAttempt
 from payments.rails import SettlementOutcome, SettlementStatus
 from purchases.models import Purchase, PurchaseEvent
 from purchases.services import execution
-from purchases.services.settlement import settlement_record_outcome
+from purchases.services.settle.settlement import settlement_record_outcome
 from tests.factories import PaymentAttemptFactory
 
 pytestmark = pytest.mark.django_db

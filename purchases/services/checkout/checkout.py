@@ -62,7 +62,11 @@ from purchases.services.checkout.idempotency import (
     payment_id_store_answer,
 )
 from purchases.services.quote.offerings import offering_stock_take
-from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
+from purchases.services.settle.settlement import (
+    purchase_reload,
+    purchase_settle_attempt,
+    quote_terms,
+)
 from purchases.services.shared.buyers import buyer_spend_cap_check
 from purchases.services.sweeper import purchase_execution_stage
 

@@ -3,7 +3,7 @@ money's keeper said.
 
 An attempt whose first broadcast may already have happened is looked up before anything is
 sent again; what is sent again is only ever the same signed payment, and only as
-`purchases.services.resubmit` allows. Network I/O happens with no transaction open; the
+`purchases.services.settle.resubmit` allows. Network I/O happens with no transaction open; the
 outcome is recorded after, under the purchase's lock.
 """
 
@@ -34,11 +34,11 @@ from purchases.events import (
     purchase_transition,
 )
 from purchases.models import Offering, Purchase
-from purchases.services.late_payments import settlement_unexpected
 from purchases.services.quote.quotes import quote_terms
 from purchases.services.remedies import escalation_open_payment_reversed
-from purchases.services.resubmit import payment_resubmit_if_due
-from purchases.services.settlement_events import (
+from purchases.services.settle.late_payments import settlement_unexpected
+from purchases.services.settle.resubmit import payment_resubmit_if_due
+from purchases.services.settle.settlement_events import (
     payment_broadcast_record,
     relayer_gap_notes_record,
     settlement_notes_take,
