@@ -61,8 +61,8 @@ from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import IdempotencyRecord, Purchase
 from purchases.services import reconcile
+from purchases.services.fulfil.sweeper import purchases_sweep_stalled
 from purchases.services.shared.buyers import api_key_issue, buyer_create
-from purchases.services.sweeper import purchases_sweep_stalled
 
 __all__ = ["NETWORK", "SITUATIONS", "Played", "SituationFailed", "Stage", "StageProcesses"]
 

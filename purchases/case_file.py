@@ -392,7 +392,8 @@ class CaseFacts:
     relayer_gap: RelayerGapFact | None = None
     void_sweep_at: datetime | None = None  # from when the finalize sweep may mark it void
     execution: ExecutionFact | None = None  # the live (running) execution
-    # When the execution that ended unknown is asked again (purchases.services.execution_recheck).
+    # When the execution that ended unknown is asked again
+    # (purchases.services.fulfil.execution_recheck).
     execution_recheck_at: datetime | None = None
     # A settled x402 payment not final yet (the finality watch's row); None once final.
     unfinal: UnfinalFact | None = None

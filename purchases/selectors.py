@@ -109,7 +109,7 @@ def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
 
 
 # Work whose outcome is unknown is still pending to the buyer: it is checked again until the
-# executor says for sure (purchases.services.execution_recheck). Unknown is never "failed".
+# executor says for sure (purchases.services.fulfil.execution_recheck). Unknown is never "failed".
 PENDING_RUN_STATES = (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING, RUN.UNKNOWN)
 
 

@@ -29,6 +29,7 @@ from purchases.models import (
     Offering,
 )
 from purchases.selectors import offering_upstream_changes
+from purchases.services.fulfil.upstreams import offering_upstream_check, offering_upstream_save
 from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import (
     api_key_issue,
@@ -36,7 +37,6 @@ from purchases.services.shared.buyers import (
     buyer_wallet_add,
     buyer_wallet_remove,
 )
-from purchases.services.upstreams import offering_upstream_check, offering_upstream_save
 
 
 # --- what is sold, and who buys it -------------------------------------------------------

@@ -24,7 +24,8 @@ from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
-from purchases.services.execution_recheck import purchase_execution_recheck
+from purchases.services.fulfil.execution_recheck import purchase_execution_recheck
+from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.remedies import escalation_open, escalation_resolve
 from purchases.services.settle.finality import settlement_finality_follow
 from purchases.services.settle.settlement import (
@@ -32,7 +33,6 @@ from purchases.services.settle.settlement import (
     purchase_settle_attempt,
 )
 from purchases.services.shared.alerts import alert_stage
-from purchases.services.sweeper import purchase_execution_stage
 
 RECHECKED = "case.settlement_rechecked"
 RECONCILED = "case.execution_reconciled"

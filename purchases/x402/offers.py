@@ -79,7 +79,7 @@ class X402PaidRoute(X402Route):
 
 # Every paid request reads its offering; the named quote's input hash comes in the same
 # statement (what a payment id binds to needs it before the id is claimed), and whether a
-# seller's upstream runs the work (purchases.services.upstreams: no second read to decide
+# seller's upstream runs the work (purchases.services.fulfil.upstreams: no second read to decide
 # whether the request may run the work itself).
 _PAID_OFFERING = PreparedQuery(
     lambda slug, quote: (

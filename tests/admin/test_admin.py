@@ -37,7 +37,7 @@ from purchases.models import (
     PurchaseEvent,
 )
 from purchases.roles import roles_ensure
-from purchases.services.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory

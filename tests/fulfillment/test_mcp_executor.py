@@ -134,7 +134,7 @@ def test_a_purchase_runs_once_and_an_unknown_call_escalates_at_once(
 ) -> None:
     from fulfillment.models import Result
     from payments.models import Refund
-    from purchases.services.execution import ExecutionOutcome, purchase_execute
+    from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 
     done = _mcp_purchase(buyer, mcp_upstream, {"text": "hi", "request_id": "a"})
     assert purchase_execute(purchase_id=done.pk, worker="w1") == ExecutionOutcome.SUCCEEDED

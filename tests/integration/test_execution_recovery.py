@@ -17,7 +17,7 @@ from payments.services import ledger_balance
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.execution import (
+from purchases.services.fulfil.execution import (
     ExecutionOutcome,
     ExecutionRetryable,
     purchase_execute,

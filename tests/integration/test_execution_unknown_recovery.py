@@ -16,8 +16,12 @@ from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.selectors import purchase_capability_token, purchase_capability_url
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.execution_recheck import (
+from purchases.services.fulfil.execution import (
+    ExecutionOutcome,
+    ExecutionRetryable,
+    purchase_execute,
+)
+from purchases.services.fulfil.execution_recheck import (
     RecheckOutcome,
     executions_recheck_due,
     purchase_execution_recheck,

@@ -15,7 +15,7 @@ from purchases.services.checkout.idempotency import (
     payment_id_claim,
     payment_id_conflicts,
 )
-from purchases.services.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 

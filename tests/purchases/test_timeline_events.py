@@ -20,7 +20,7 @@ from purchases.services.checkout.idempotency import (
     payment_id_claim,
     payment_id_mark_recorded,
 )
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from purchases.services.shared.alerts import escalation_alert, refund_alert
 from tests.conftest import CSV_INPUT
 from tests.factories import BuyerFactory, EscalationFactory, RefundFactory, fund

@@ -28,7 +28,7 @@ from devtools.test_token import send_transfer_with_authorization
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.selectors import purchase_capability_url, purchase_status
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from purchases.services.settle.finality import watch_unfinal_settlements
 from purchases.services.shared.alerts import escalation_alert
 from tests.fixtures.anvil import closed_port_url

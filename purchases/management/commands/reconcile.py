@@ -16,8 +16,8 @@ from rich.table import Table
 
 from payments.models import PaymentAttempt
 from purchases.services import housekeeping, paybacks, reconcile
+from purchases.services.fulfil.sweeper import purchases_sweep_stalled
 from purchases.services.shared import outbox
-from purchases.services.sweeper import purchases_sweep_stalled
 
 
 class Command(BaseCommand):

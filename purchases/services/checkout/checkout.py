@@ -61,6 +61,7 @@ from purchases.services.checkout.idempotency import (
     payment_id_mark_recorded,
     payment_id_store_answer,
 )
+from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
 from purchases.services.settle.settlement import (
     purchase_reload,
@@ -68,7 +69,6 @@ from purchases.services.settle.settlement import (
     quote_terms,
 )
 from purchases.services.shared.buyers import buyer_spend_cap_check
-from purchases.services.sweeper import purchase_execution_stage
 
 A = TypeVar("A")
 A_co = TypeVar("A_co", covariant=True)

@@ -39,7 +39,7 @@ from purchases.services.checkout.leases import (
     lease_token_new,
     lease_until,
 )
-from purchases.services.receipts import signed_receipt_extra
+from purchases.services.fulfil.receipts import signed_receipt_extra
 
 logger = logging.getLogger(__name__)
 

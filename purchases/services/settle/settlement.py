@@ -34,6 +34,7 @@ from purchases.events import (
     purchase_transition,
 )
 from purchases.models import Offering, Purchase
+from purchases.services.fulfil.sweeper import purchase_execution_stage, purchase_executions_stage
 from purchases.services.quote.quotes import quote_terms
 from purchases.services.remedies import escalation_open_payment_reversed
 from purchases.services.settle.late_payments import settlement_unexpected
@@ -44,7 +45,6 @@ from purchases.services.settle.settlement_events import (
     settlement_notes_take,
     settler_answers_record,
 )
-from purchases.services.sweeper import purchase_execution_stage, purchase_executions_stage
 
 logger = logging.getLogger(__name__)
 PAY = Purchase.PaymentState
