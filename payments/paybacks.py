@@ -5,7 +5,7 @@ matches.
 The phases keep network I/O out of locks: `refund_payback_verify` and `refund_payback_find`
 ask the chain with no transaction open; `refund_payback_record` and `refund_match_record`
 lock the refund, re-check and write. The purchases orchestration holds the purchase lock
-around them and writes the timeline (purchases.services.paybacks).
+around them and writes the timeline (purchases.services.remedy.paybacks).
 """
 
 from __future__ import annotations

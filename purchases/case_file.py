@@ -21,7 +21,7 @@ ANY = "*"
 
 
 class Action(StrEnum):
-    """Staff actions on a purchase (purchases/services/case_actions.py runs each)."""
+    """Staff actions on a purchase (purchases/services/remedy/case_actions.py runs each)."""
 
     RECHECK_SETTLEMENT = "recheck_settlement"
     RECONCILE_EXECUTION = "reconcile_execution"

@@ -35,9 +35,9 @@ from payments.rails import (
 )
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
-from purchases.services.batches import row_isolated
 from purchases.services.quote.offerings import offering_stock_release
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.batches import row_isolated
+from purchases.services.remedy.remedies import escalation_open
 from purchases.services.settle.settlement import (
     SettlementToRecord,
     purchase_settle_attempt,

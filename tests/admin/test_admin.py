@@ -38,7 +38,11 @@ from purchases.models import (
 )
 from purchases.roles import roles_ensure
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
-from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
+from purchases.services.remedy.remedies import (
+    escalation_open,
+    escalation_resolve,
+    purchase_refund_create,
+)
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
 from tests.fixtures.anvil import closed_port_url

@@ -21,7 +21,7 @@ from core.actors import Actor
 from payments.chain.safe_batch import safe_batch_checksum
 from payments.models import ExportBatch, Refund
 from purchases.roles import roles_ensure
-from purchases.services.paybacks import purchase_refund_match_confirm, refund_paybacks_watch
+from purchases.services.remedy.paybacks import purchase_refund_match_confirm, refund_paybacks_watch
 from tests.reconciliation.test_refund_paybacks import fund_seller, owed_refund
 from tests.x402.e2e import PRICE, X402World
 

@@ -33,7 +33,7 @@ from purchases.models import Escalation, Purchase
 from purchases.services.fulfil.execution import purchase_payment_evidence
 from purchases.services.fulfil.result_notify import fulfillment_notify
 from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
-from purchases.services.remedies import escalation_resolve, purchase_remedy_after_failure
+from purchases.services.remedy.remedies import escalation_resolve, purchase_remedy_after_failure
 from purchases.services.shared.job_runs import job_run
 from purchases.services.shared.outbox import outbox_stage
 

@@ -39,9 +39,9 @@ from payments.x402.types import NetworkConfig
 from purchases import event_subjects as subjects
 from purchases.events import event_record, event_record_change, purchase_transition
 from purchases.models import Escalation, Purchase
-from purchases.services.batches import row_isolated
 from purchases.services.fulfil.receipts import purchase_receipt_issue, settlement_mined_at
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.batches import row_isolated
+from purchases.services.remedy.remedies import escalation_open
 from purchases.services.settle.settlement import settlement_follow_up, settlement_record_outcome
 from purchases.services.shared.job_runs import job_run
 

@@ -15,7 +15,7 @@ from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record, purchase_transition
 from purchases.models import Offering, Purchase, PurchaseEvent
 from purchases.services.quote.offerings import offering_stock_take
-from purchases.services.remedies import purchase_refund_create
+from purchases.services.remedy.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
 LATE = "late_settlement"

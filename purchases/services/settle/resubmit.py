@@ -34,7 +34,7 @@ from payments.rails import QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record, events_batched
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.quote.quotes import quote_terms
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.remedies import escalation_open
 from purchases.services.settle.settlement_events import (
     payment_drop_record,
     settlement_notes_take,

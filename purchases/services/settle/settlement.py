@@ -36,7 +36,7 @@ from purchases.events import (
 from purchases.models import Offering, Purchase
 from purchases.services.fulfil.sweeper import purchase_execution_stage, purchase_executions_stage
 from purchases.services.quote.quotes import quote_terms
-from purchases.services.remedies import escalation_open_payment_reversed
+from purchases.services.remedy.remedies import escalation_open_payment_reversed
 from purchases.services.settle.late_payments import settlement_unexpected
 from purchases.services.settle.resubmit import payment_resubmit_if_due
 from purchases.services.settle.settlement_events import (

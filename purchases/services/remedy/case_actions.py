@@ -26,7 +26,7 @@ from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
 from purchases.services.fulfil.execution_recheck import purchase_execution_recheck
 from purchases.services.fulfil.sweeper import purchase_execution_stage
-from purchases.services.remedies import escalation_open, escalation_resolve
+from purchases.services.remedy.remedies import escalation_open, escalation_resolve
 from purchases.services.settle.finality import settlement_finality_follow
 from purchases.services.settle.settlement import (
     purchase_queue_execution_if_due,
