@@ -3,7 +3,7 @@
 A sale is a settled payment, timed by its settling block's timestamp (UTC; a prepaid
 purchase by its debit); a refund paid back on chain and a credit to a prepaid balance are
 timed by when they were paid. Amounts stay integers of the smallest unit here; they become
-decimals (the asset's decimals, never a float) only when written (purchases.services.books).
+decimals (the asset's decimals, never a float) only when written (purchases.services.jobs.books).
 A payment from one of the seller's own wallets is flagged: it moves the seller's money from
 one pocket to another and is no revenue. Reads only: the export service records the file.
 """

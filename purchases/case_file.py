@@ -49,7 +49,7 @@ class Deadline(StrEnum):
     QUOTE_EXPIRY = "quote_expiry"  # the quote's expiry
     NEXT_CHECK = "next_check"  # the pending attempt's next reconciliation look-up
     # A pending settlement: reconciliation resolves it by RECONCILIATION_DEADLINE from its
-    # broadcast, or escalates it (purchases.services.reconcile._escalate_if_overdue).
+    # broadcast, or escalates it (purchases.services.jobs.reconcile._escalate_if_overdue).
     SETTLEMENT_ESCALATION = "settlement_escalation"
     AUTHORIZATION_WINDOW = "authorization_window"  # the authorization's validBefore
     # A failure: until when it can still change (a new payment for its open quote, or an

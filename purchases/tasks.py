@@ -8,13 +8,13 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import housekeeping, reconcile
 from purchases.services.fulfil.execution import ExecutionRetryable, purchase_execute
 from purchases.services.fulfil.execution_recheck import (
     executions_recheck_due,
     purchase_execution_recheck,
 )
 from purchases.services.fulfil.sweeper import purchases_sweep_stalled
+from purchases.services.jobs import housekeeping, reconcile
 from purchases.services.remedy import paybacks
 from purchases.services.settle import finality
 from purchases.services.shared import outbox

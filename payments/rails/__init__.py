@@ -3,7 +3,7 @@
 `RAILS`.
 
 The purchases orchestration (purchases.services.checkout.checkout,
-purchases.services.settle.settlement, purchases.services.reconcile) drives every rail through
+purchases.services.settle.settlement, purchases.services.jobs.reconcile) drives every rail through
 this interface and never names one.
 """
 

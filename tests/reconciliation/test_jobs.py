@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Escalation, JobRun, Offering, Purchase, PurchaseEvent, Quote
-from purchases.services import housekeeping, reconcile
+from purchases.services.jobs import housekeeping, reconcile
 from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.x402.e2e import PRICE, ask, sign_payment

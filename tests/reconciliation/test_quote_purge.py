@@ -11,8 +11,8 @@ from rest_framework.test import APIClient
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
-from purchases.services import housekeeping
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.jobs import housekeeping
 from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 

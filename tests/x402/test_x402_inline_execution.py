@@ -30,7 +30,7 @@ from payments.models import PaymentAttempt
 from purchases.models import OutboxMessage, Purchase
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from purchases.services.fulfil.result_wait import listeners_close
-from purchases.services.reconcile import reconcile_pending_settlements
+from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from purchases.services.shared.outbox import outbox_relay_due
 from tests.fixtures.broker import BrokerQueue
 from tests.fixtures.worker import ROOT, _database_url

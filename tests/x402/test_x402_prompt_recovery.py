@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import JobRun, Purchase, PurchaseEvent
-from purchases.services.reconcile import reconcile_pending_settlements
+from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded

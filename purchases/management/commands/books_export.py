@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from purchases.books import Period, PeriodInvalid
-from purchases.services.books import books_export
+from purchases.services.jobs.books import books_export
 
 
 class Command(BaseCommand):

@@ -15,8 +15,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import housekeeping, reconcile
 from purchases.services.fulfil.sweeper import purchases_sweep_stalled
+from purchases.services.jobs import housekeeping, reconcile
 from purchases.services.remedy import paybacks
 from purchases.services.shared import outbox
 
