@@ -16,16 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
 from django.db.models import BooleanField, ExpressionWrapper, F, Q, Sum, Value
 from django.db.models.functions import Lower, TruncDate
-from eth_account import Account
 
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund, RelayerAccount
-from purchases.models import Offering
+from payments.selectors import relayer_key_address
+from purchases.selectors import seller_wallets
 
 
 class PeriodInvalid(ValueError):
@@ -140,22 +139,8 @@ def relayer_addresses() -> dict[str, set[str]]:
         found[network].add(address.lower())
     for network, raw in settings.X402_NETWORKS.items():
         if raw.get("relayer_private_key"):
-            found[network].add(_address_of(raw["relayer_private_key"]))
+            found[network].add(relayer_key_address(raw["relayer_private_key"]))
     return found
-
-
-@lru_cache(maxsize=16)
-def _address_of(key: str) -> str:
-    return str(Account.from_key(key).address).lower()
-
-
-def seller_wallets() -> set[str]:
-    """The seller's own wallets, lower-case: every offering's recipient, the relayers, and
-    any listed in TOLLBOOTH_SELLER_WALLETS (the same list refund paybacks trust)."""
-    wallets = {w.lower() for w in Offering.objects.values_list("pay_to", flat=True)}
-    for addresses in relayer_addresses().values():
-        wallets |= addresses
-    return wallets | {str(w).lower() for w in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if w}
 
 
 # One time column per row ("at"): decoding a timestamp with its zone is the dearest part of

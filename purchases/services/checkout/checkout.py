@@ -44,11 +44,10 @@ from purchases.events import (
     purchase_move_record,
 )
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
-from purchases.selectors import purchase_capability_url
+from purchases.selectors import purchase_capability_url, purchase_duplicate_find, purchase_reload
 from purchases.services.checkout.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
-    purchase_duplicate_find,
     purchase_duplicate_of_quote,
     purchase_duplicate_record,
     quote_release_if_unpaid,
@@ -64,7 +63,6 @@ from purchases.services.checkout.idempotency import (
 from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
 from purchases.services.settle.settlement import (
-    purchase_reload,
     purchase_settle_attempt,
     quote_terms,
 )

@@ -37,6 +37,7 @@ from django.db import connection
 
 from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
+from purchases.selectors import purchase_reload
 from purchases.services.fulfil.execution import (
     ExecutionOutcome,
     ExecutionRetryable,
@@ -44,7 +45,6 @@ from purchases.services.fulfil.execution import (
 )
 from purchases.services.fulfil.sweeper import EXECUTE_JOB, purchase_execution_key
 from purchases.services.fulfil.upstreams import offering_executor
-from purchases.services.settle.settlement import purchase_reload
 from purchases.services.shared.outbox import (
     outbox_relay_held,
     outbox_release_held,

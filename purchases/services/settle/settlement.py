@@ -23,7 +23,6 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
-from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
@@ -405,15 +404,3 @@ def purchase_queue_execution_if_due(
     )
     purchase_execution_stage(purchase_id=purchase.pk)
     return moved
-
-
-def purchase_reload(*, purchase: Purchase) -> Purchase:
-    # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
-    # the shared field object, which is not safe with threads serving requests.
-    return _PURCHASE_READ.get(pk=purchase.pk)
-
-
-# The answer's read of a purchase, compiled once per process (core.prepared).
-_PURCHASE_READ = PreparedQuery(
-    lambda pk: Purchase.objects.select_related("offering", "quote").filter(pk=pk), pk=int
-)
