@@ -37,7 +37,7 @@ from fulfillment.executors.report import REPORT_INPUT_SCHEMA
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Offering
-from purchases.services.buyers import api_key_issue, buyer_create
+from purchases.services.shared.buyers import api_key_issue, buyer_create
 
 OFFERING_SLUG = "bench-report"
 BALANCE = 10**15  # atomic units: no run drains it

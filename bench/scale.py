@@ -186,7 +186,7 @@ def _reconciliation(count: int) -> Figure:
     from devtools.settlement_backlog import settlement_backlog_create
     from devtools.test_token import deploy_test_usdc, mint
     from payments.models import PaymentAttempt
-    from purchases.services import reconcile
+    from purchases.services.jobs import reconcile
     from tests.factories import OfferingFactory
 
     landed, expired = count // 2, count - count // 2

@@ -3,7 +3,7 @@ as opposed to a bug (500).
 
 A request that loses its database or broker half-way cannot know more than that: what it
 committed stays committed, the payment id it held is given back (or recognised as
-abandoned, purchases/services/leases.py), and the buyer's retry with the same id resumes
+abandoned, purchases/services/checkout/leases.py), and the buyer's retry with the same id resumes
 from the recovery point. So the honest answer is "unavailable, retry after N seconds",
 never "internal error".
 """

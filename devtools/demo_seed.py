@@ -24,9 +24,9 @@ from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
-from purchases.services.buyers import api_key_issue, buyer_create
-from purchases.services.offerings import offering_update
-from purchases.services.upstreams import offering_upstream_save
+from purchases.services.fulfil.upstreams import offering_upstream_save
+from purchases.services.quote.offerings import offering_update
+from purchases.services.shared.buyers import api_key_issue, buyer_create
 
 DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when the chain runs
 DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"

@@ -60,9 +60,9 @@ from fulfillment.models import ExecutionAttempt, Result
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import IdempotencyRecord, Purchase
-from purchases.services import reconcile
-from purchases.services.buyers import api_key_issue, buyer_create
-from purchases.services.sweeper import purchases_sweep_stalled
+from purchases.services.fulfil.sweeper import purchases_sweep_stalled
+from purchases.services.jobs import reconcile
+from purchases.services.shared.buyers import api_key_issue, buyer_create
 
 __all__ = ["NETWORK", "SITUATIONS", "Played", "SituationFailed", "Stage", "StageProcesses"]
 

@@ -42,7 +42,7 @@ class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
     job_idempotency_key = models.CharField(max_length=120)
     reason_code = models.CharField(max_length=64, blank=True)
     # An execution that ended unknown is not forgotten: its job is asked again on a slower
-    # schedule (purchases.services.execution_recheck) until the executor says for sure.
+    # schedule (purchases.services.fulfil.execution_recheck) until the executor says for sure.
     next_check_at = models.DateTimeField(
         null=True, blank=True, help_text="When an unknown execution's job is asked again."
     )

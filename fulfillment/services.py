@@ -428,7 +428,8 @@ def execution_end(
         attempt.fail(reason_code=reason_code, at=now)
     else:
         attempt.lose_track(reason_code=reason_code, at=now)
-        # Unknown is not the end: the job is asked again (purchases.services.execution_recheck).
+        # Unknown is not the end: the job is asked again
+        # (purchases.services.fulfil.execution_recheck).
         attempt.next_check_at = execution_next_check_at(checks=0, now=now)
         evidence["next_check_at"] = attempt.next_check_at.isoformat()
     attempt.save(update_fields=["state", "reason_code", "finished_at", "next_check_at"])

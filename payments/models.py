@@ -84,7 +84,7 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     # how far from final it is without asking the chain on every page view.
     finality_seen = models.JSONField(default=dict, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
-    # The books (purchases.services.books) and signed receipts: the settling block's
+    # The books (purchases.services.jobs.books) and signed receipts: the settling block's
     # timestamp (UTC, the settlement time finance reports and a receipt's `settledAt`), and
     # the receipt's gas figures and sender. Gas is a
     # cost of sale only when our relayer sent the transaction (direct mode); a facilitator

@@ -5,7 +5,7 @@ matches.
 The phases keep network I/O out of locks: `refund_payback_verify` and `refund_payback_find`
 ask the chain with no transaction open; `refund_payback_record` and `refund_match_record`
 lock the refund, re-check and write. The purchases orchestration holds the purchase lock
-around them and writes the timeline (purchases.services.paybacks).
+around them and writes the timeline (purchases.services.remedy.paybacks).
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from eth_account import Account
 from eth_utils import is_address
 
 from core.changes import Change
-from payments.models import Refund, RelayerAccount
+from payments.models import Refund
 from payments.services import RefundReferenceInvalid
 from payments.x402.chain import ChainReader
 from payments.x402.networks import UnknownNetwork, network_config
@@ -52,24 +51,6 @@ class RefundPaybackRefused(RefundReferenceInvalid):
         super().__init__(f"{verdict.code.value}: {verdict.message}")
         self.verdict = verdict
         self.code = verdict.code
-
-
-def payments_wallets(*, network: str) -> set[str]:
-    """The seller's wallets this app knows of on `network`, lower-case: its relayers (the
-    configured key's and every one it ever used) and those listed in settings. The
-    offerings' recipients are added by the caller (purchases owns offerings)."""
-    wallets = {str(a).lower() for a in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if a}
-    # The refund Safe is a refund wallet: its batches pay refunds back.
-    if settings.TOLLBOOTH.get("REFUND_SAFE"):
-        wallets.add(str(settings.TOLLBOOTH["REFUND_SAFE"]).lower())
-    wallets |= {
-        a.lower()
-        for a in RelayerAccount.objects.filter(network=network).values_list("address", flat=True)
-    }
-    key = settings.X402_NETWORKS.get(network, {}).get("relayer_private_key", "")
-    if key:
-        wallets.add(Account.from_key(key).address.lower())
-    return wallets
 
 
 def _used_logs(*, network: str, tx_hashes: set[str], exclude: int | None) -> frozenset:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from django.conf import settings
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, NullIf
+from eth_account import Account
 
-from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Refund
+from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Refund, RelayerAccount
 
 
 def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
@@ -44,3 +48,30 @@ def payment_evidence_of_purchase() -> dict[str, Subquery]:
         # A settlement already final with its block time known: its receipt is signed at once.
         "payment_mined_at": Subquery(final.values("block_at")[:1]),
     }
+
+
+def payments_wallets(*, network: str | None = None) -> set[str]:
+    """The seller's wallets this app knows of on `network` (None: on every network),
+    lower-case: its relayers (the configured key's and every one it ever used) and those
+    listed in settings (TOLLBOOTH_SELLER_WALLETS, and the refund Safe,
+    TOLLBOOTH_REFUND_SAFE). The offerings' recipients are added by
+    purchases.selectors.seller_wallets (purchases owns offerings)."""
+    wallets = {str(a).lower() for a in settings.TOLLBOOTH.get("SELLER_WALLETS", []) if a}
+    # The refund Safe is a refund wallet: its batches pay refunds back.
+    if settings.TOLLBOOTH.get("REFUND_SAFE"):
+        wallets.add(str(settings.TOLLBOOTH["REFUND_SAFE"]).lower())
+    relayers = RelayerAccount.objects.all()
+    if network is not None:
+        relayers = relayers.filter(network=network)
+    wallets |= {a.lower() for a in relayers.values_list("address", flat=True)}
+    configs = settings.X402_NETWORKS
+    for raw in configs.values() if network is None else [configs.get(network, {})]:
+        if raw.get("relayer_private_key"):
+            wallets.add(relayer_key_address(raw["relayer_private_key"]))
+    return wallets
+
+
+@lru_cache(maxsize=16)
+def relayer_key_address(key: str) -> str:
+    """The address of a relayer's configured key, lower-case (derived once per process)."""
+    return str(Account.from_key(key).address).lower()

@@ -3,7 +3,7 @@
 A sale is a settled payment, timed by its settling block's timestamp (UTC; a prepaid
 purchase by its debit); a refund paid back on chain and a credit to a prepaid balance are
 timed by when they were paid. Amounts stay integers of the smallest unit here; they become
-decimals (the asset's decimals, never a float) only when written (purchases.services.books).
+decimals (the asset's decimals, never a float) only when written (purchases.services.jobs.books).
 A payment from one of the seller's own wallets is flagged: it moves the seller's money from
 one pocket to another and is no revenue. Reads only: the export service records the file.
 """
@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
-from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -36,10 +35,10 @@ from django.db.models import (
 )
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Collate, Lower, TruncDate
-from eth_account import Account
 
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund, RelayerAccount
-from purchases.models import Offering
+from payments.selectors import relayer_key_address
+from purchases.selectors import seller_wallets
 
 
 class PeriodInvalid(ValueError):
@@ -158,23 +157,8 @@ def relayer_addresses() -> dict[str, set[str]]:
         found[network].add(address.lower())
     for network, raw in settings.X402_NETWORKS.items():
         if raw.get("relayer_private_key"):
-            found[network].add(_address_of(raw["relayer_private_key"]))
+            found[network].add(relayer_key_address(raw["relayer_private_key"]))
     return found
-
-
-@lru_cache(maxsize=16)
-def _address_of(key: str) -> str:
-    return str(Account.from_key(key).address).lower()
-
-
-def seller_wallets() -> set[str]:
-    """The seller's own wallets, lower-case: every offering's recipient, the relayers, and
-    any listed in TOLLBOOTH_SELLER_WALLETS (the same list refund paybacks trust)."""
-    wallets = {w.lower() for w in Offering.objects.values_list("pay_to", flat=True)}
-    for addresses in relayer_addresses().values():
-        wallets |= addresses
-    listed = [*settings.TOLLBOOTH.get("SELLER_WALLETS", []), settings.TOLLBOOTH.get("REFUND_SAFE")]
-    return wallets | {str(w).lower() for w in listed if w}
 
 
 # One time column per row ("at"): decoding a timestamp with its zone is the dearest part of

@@ -21,7 +21,7 @@ ANY = "*"
 
 
 class Action(StrEnum):
-    """Staff actions on a purchase (purchases/services/case_actions.py runs each)."""
+    """Staff actions on a purchase (purchases/services/remedy/case_actions.py runs each)."""
 
     RECHECK_SETTLEMENT = "recheck_settlement"
     RECONCILE_EXECUTION = "reconcile_execution"
@@ -49,7 +49,7 @@ class Deadline(StrEnum):
     QUOTE_EXPIRY = "quote_expiry"  # the quote's expiry
     NEXT_CHECK = "next_check"  # the pending attempt's next reconciliation look-up
     # A pending settlement: reconciliation resolves it by RECONCILIATION_DEADLINE from its
-    # broadcast, or escalates it (purchases.services.reconcile._escalate_if_overdue).
+    # broadcast, or escalates it (purchases.services.jobs.reconcile._escalate_if_overdue).
     SETTLEMENT_ESCALATION = "settlement_escalation"
     AUTHORIZATION_WINDOW = "authorization_window"  # the authorization's validBefore
     # A failure: until when it can still change (a new payment for its open quote, or an
@@ -62,7 +62,7 @@ class Deadline(StrEnum):
     # for its quote or by an authorization it received that is not spent.
     STILL_PAYABLE = "still_payable"
     # Settled, not final yet: the finality watch escalates it if the chain still cannot say
-    # by RECONCILIATION_DEADLINE after the settlement (purchases.services.finality).
+    # by RECONCILIATION_DEADLINE after the settlement (purchases.services.settle.finality).
     FINALITY = "finality"
     NONE = "none"
 
@@ -392,7 +392,8 @@ class CaseFacts:
     relayer_gap: RelayerGapFact | None = None
     void_sweep_at: datetime | None = None  # from when the finalize sweep may mark it void
     execution: ExecutionFact | None = None  # the live (running) execution
-    # When the execution that ended unknown is asked again (purchases.services.execution_recheck).
+    # When the execution that ended unknown is asked again
+    # (purchases.services.fulfil.execution_recheck).
     execution_recheck_at: datetime | None = None
     # A settled x402 payment not final yet (the finality watch's row); None once final.
     unfinal: UnfinalFact | None = None
@@ -400,7 +401,7 @@ class CaseFacts:
 
 @dataclass(frozen=True)
 class UnfinalFact:
-    """A settled x402 payment the finality watch (purchases.services.finality) still looks
+    """A settled x402 payment the finality watch (purchases.services.settle.finality) still looks
     at: where it was settled, what the last look saw, when the watch looks next."""
 
     attempt_id: int

@@ -45,7 +45,7 @@ RESULT_RETENTION_EXPIRED = "result.retention_expired"
 RECEIPT_FETCHED = "receipt.fetched"
 RECEIPT_ISSUED = "receipt.issued"
 
-# --- staff actions on the case file (purchases/services/case_actions.py) -----------------
+# --- staff actions on the case file (purchases/services/remedy/case_actions.py) -----------------
 ESCALATION_ASSIGNED = "escalation.assigned"
 CASE_SETTLEMENT_RECHECKED = "case.settlement_rechecked"
 CASE_EXECUTION_RECONCILED = "case.execution_reconciled"

@@ -33,7 +33,7 @@ from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, 
 
 # The conflicts and sign-in counters register themselves in the default registry when
 # imported.
-from purchases.services import idempotency  # noqa: F401
+from purchases.services.checkout import idempotency  # noqa: F401
 from purchases.x402 import sign_in  # noqa: F401
 
 ATTEMPT = PaymentAttempt.State

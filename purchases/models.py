@@ -427,7 +427,7 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
     assigned_at = models.DateTimeField(null=True, blank=True)
     # The person (a staff username) working it now, besides the owning role: "assign to me".
     assignee = models.CharField(max_length=150, blank=True, db_index=True)
-    # Told to a person once (see purchases/services/alerts.py): claimed, then delivered.
+    # Told to a person once (see purchases/services/shared/alerts.py): claimed, then delivered.
     alert_claimed_at = models.DateTimeField(null=True, blank=True)
     alerted_at = models.DateTimeField(null=True, blank=True)
     state = FSMField(default=State.OPEN, choices=State.choices, protected=True)
@@ -574,7 +574,7 @@ OUTBOX_WAITING = Q(relayed_at__isnull=True, retired_at__isnull=True)
 class OutboxMessage(models.Model):
     """A job staged in the same transaction as the change that calls for it.
 
-    The relay (`purchases.services.outbox`) hands it to Celery after the commit, at least
+    The relay (`purchases.services.shared.outbox`) hands it to Celery after the commit, at least
     once; a rolled-back change leaves no message. `kwargs` holds ids only: the task re-reads
     and re-checks the rows it names. A message leaves the outbox relayed (handed to the
     broker) or retired (its job was done by the request that staged it, which held it back

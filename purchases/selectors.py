@@ -14,9 +14,12 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Count, Q, Sum
 from django.db.models.functions import Lower, TruncDate
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
+from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
 from core.refs import payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
@@ -109,7 +112,7 @@ def quote_get_for_buyer(*, buyer: Buyer, public_id: str) -> Quote:
 
 
 # Work whose outcome is unknown is still pending to the buyer: it is checked again until the
-# executor says for sure (purchases.services.execution_recheck). Unknown is never "failed".
+# executor says for sure (purchases.services.fulfil.execution_recheck). Unknown is never "failed".
 PENDING_RUN_STATES = (RUN.NOT_STARTED, RUN.QUEUED, RUN.RUNNING, RUN.UNKNOWN)
 
 
@@ -432,7 +435,7 @@ FINALITY_WATCH_EVERY = timedelta(seconds=30)
 
 def _unfinal_fact(attempts: Iterable[PaymentAttempt], now: datetime) -> UnfinalFact | None:
     """The settled x402 attempt the finality watch still looks at, as the watch reads it
-    (purchases.services.finality._claim_due): succeeded, `final_at` empty."""
+    (purchases.services.settle.finality._claim_due): succeeded, `final_at` empty."""
     attempt = next(
         (
             a
@@ -737,3 +740,100 @@ def refund_search_ids(*, term: str, kinds: Iterable[str] = REFUND_SEARCH_KINDS) 
         return []
     first, *rest = arms
     return list(first.union(*rest).values_list("pk", flat=True)[:SEARCH_MATCHES_MAX])
+
+
+# Reads the services ask for (they only query and return).
+
+# A payment in one of these states is the purchase a retry repeats; a failed one is not.
+DUPLICATE_REPEATABLE_STATES = (PAY.PAYING, PAY.SETTLEMENT_PENDING, PAY.PAID)
+
+
+def purchase_duplicate_find(
+    *, offering: Offering, duplicate_key: str, now: datetime
+) -> Purchase | None:
+    """The purchase a new payment with this key repeats, if one is inside the window."""
+    if not offering.duplicate_window:
+        return None
+    return (
+        Purchase.objects.select_related("offering", "quote")
+        .filter(
+            duplicate_key=duplicate_key,
+            offering=offering,
+            created_at__gt=now - offering.duplicate_window,
+            payment_state__in=DUPLICATE_REPEATABLE_STATES,
+        )
+        .order_by("-pk")
+        .first()
+    )
+
+
+def purchase_reload(*, purchase: Purchase) -> Purchase:
+    # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
+    # the shared field object, which is not safe with threads serving requests.
+    return _PURCHASE_READ.get(pk=purchase.pk)
+
+
+# The answer's read of a purchase, compiled once per process (core.prepared).
+_PURCHASE_READ = PreparedQuery(
+    lambda pk: Purchase.objects.select_related("offering", "quote").filter(pk=pk), pk=int
+)
+
+
+def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:
+    """Queued past the grace period, or running on an attempt whose lease has expired."""
+    now = now_or(now)
+    grace_cutoff = now - settings.TOLLBOOTH["SWEEP_GRACE"]
+    expired_lease = ExecutionAttempt.objects.filter(
+        state=ExecutionAttempt.State.RUNNING, lease_expires_at__lte=now
+    ).values("purchase_id")
+    ids = (
+        Purchase.objects.filter(
+            Q(fulfillment_state=Purchase.FulfillmentState.QUEUED, updated_at__lte=grace_cutoff)
+            | Q(fulfillment_state=Purchase.FulfillmentState.RUNNING, pk__in=expired_lease)
+        )
+        .order_by("updated_at")
+        .values_list("pk", flat=True)[:limit]
+    )
+    return list(ids)
+
+
+# A sender that claimed an alert and did not finish within this is presumed dead.
+ALERT_CLAIM_LEASE = timedelta(minutes=10)
+
+
+def alert_unsent() -> Q:
+    """An alert nobody sent yet, nor is sending (a claim older than the lease is dead)."""
+    stale = timezone.now() - ALERT_CLAIM_LEASE
+    return Q(alerted_at__isnull=True) & (
+        Q(alert_claimed_at__isnull=True) | Q(alert_claimed_at__lt=stale)
+    )
+
+
+def refunds_awaiting_alert(*, limit: int = 200) -> list[int]:
+    return list(
+        Refund.objects.filter(alert_unsent(), state=Refund.State.OWED)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def escalations_awaiting_alert(*, limit: int = 200) -> list[int]:
+    return list(
+        Escalation.objects.filter(alert_unsent(), state=Escalation.State.OPEN)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+
+
+def seller_wallets(*, network: str | None = None) -> set[str]:
+    """The seller's own wallets on `network` (None: on every network), lower-case: the
+    offerings' recipients, the relayers, and any listed in settings
+    (TOLLBOOTH_SELLER_WALLETS). A refund's payback is trusted only from one of them
+    (purchases.services.remedy.paybacks); the books flag a payment from one as no revenue."""
+    offerings = Offering.objects.all()
+    if network is not None:
+        offerings = offerings.filter(network=network)
+    recipients = offerings.values_list("pay_to", flat=True)
+    return {a.lower() for a in recipients if a} | payment_selectors.payments_wallets(
+        network=network
+    )

@@ -39,7 +39,7 @@ from purchases.models import (
 )
 
 if TYPE_CHECKING:
-    from purchases.services.idempotency import KeyedRequest
+    from purchases.services.checkout.idempotency import KeyedRequest
 
 
 def on_postgresql() -> bool:
@@ -157,7 +157,7 @@ def duplicate_guard_upsert(*, key: str, now: datetime) -> bool:
 # notes on the key's purchase, decided from the row it reads: an answered key asked again is
 # a replay (same principal and request), a conflict (another principal, or a changed
 # request) or, for a key compacted to its hash, a request after retention. Keys still in
-# flight are noted under their lock (purchases.services.idempotency._claim_recorded).
+# flight are noted under their lock (purchases.services.checkout.idempotency._claim_recorded).
 _KNOWN_CTE = """known AS (
     SELECT r.*, p.{ref} AS purchase_ref
     FROM {records} r LEFT JOIN {purchases} p ON p.{purchase_pk} = r.{purchase}

@@ -8,14 +8,17 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import finality, housekeeping, outbox, paybacks, reconcile
-from purchases.services.alerts import escalation_alert, refund_alert
-from purchases.services.execution import ExecutionRetryable, purchase_execute
-from purchases.services.execution_recheck import (
+from purchases.services.fulfil.execution import ExecutionRetryable, purchase_execute
+from purchases.services.fulfil.execution_recheck import (
     executions_recheck_due,
     purchase_execution_recheck,
 )
-from purchases.services.sweeper import purchases_sweep_stalled
+from purchases.services.fulfil.sweeper import purchases_sweep_stalled
+from purchases.services.jobs import housekeeping, reconcile
+from purchases.services.remedy import paybacks
+from purchases.services.settle import finality
+from purchases.services.shared import outbox
+from purchases.services.shared.alerts import escalation_alert, refund_alert
 
 logger = logging.getLogger(__name__)
 

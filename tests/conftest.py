@@ -14,8 +14,9 @@ from rest_framework.test import APIClient
 
 from core import rate_limit
 from purchases.models import Buyer, Offering
-from purchases.services import leases, outbox
-from purchases.services.buyers import api_key_issue
+from purchases.services.checkout import leases
+from purchases.services.shared import outbox
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
 pytest_plugins = [

@@ -164,7 +164,7 @@ class PaymentAttemptFactory(factory.django.DjangoModelFactory[PaymentAttempt]):
             broadcast_started_at=factory.LazyFunction(timezone.now),
         )
         # Settled and final, as "paid" means in most tests; `final_at=None` for a payment
-        # the finality watch still looks at (purchases.services.finality).
+        # the finality watch still looks at (purchases.services.settle.finality).
         succeeded = factory.Trait(
             state=PaymentAttempt.State.SUCCEEDED,
             tx_hash=factory.SelfAttribute("tx"),

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
 
 from config.wsgi import application
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
 
 EXAMPLES_PER_OPERATION = 200

@@ -11,7 +11,7 @@ from django.utils import timezone
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase, PurchaseEvent
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import PaymentAttemptFactory
 

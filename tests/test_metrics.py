@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from payments.models import PaymentAttempt
 from purchases import metrics
 from purchases.models import Escalation, JobRun, Offering, OutboxMessage, Purchase
-from purchases.services.idempotency import payment_id_conflicts
+from purchases.services.checkout.idempotency import payment_id_conflicts
 from tests.factories import (
     USDC_LOCAL,
     EscalationFactory,

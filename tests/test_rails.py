@@ -27,7 +27,7 @@ from payments.rails import (
 )
 from payments.rails.base import RAILS
 from payments.rails.prepaid import PrepaidRail
-from purchases.services import reconcile
+from purchases.services.jobs import reconcile
 from tests.factories import PaymentAttemptFactory, PurchaseFactory
 
 INTERFACE = sorted(

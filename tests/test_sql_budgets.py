@@ -12,7 +12,7 @@ from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
 
 from purchases.models import Purchase
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from tests.conftest import CSV_INPUT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

@@ -34,7 +34,7 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.services.idempotency import KeyedRequest
+from purchases.services.checkout.idempotency import KeyedRequest
 from tests.factories import BuyerFactory, PaymentAttemptFactory, PurchaseFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "twin"])]

@@ -282,7 +282,7 @@ TOLLBOOTH = {
     ),
     # A process renews the leases its live requests hold this often (one UPDATE for all of
     # them, from a thread of its own); a lease not renewed for 4 beats is its dead holder's
-    # and the next retry takes it over (purchases/services/leases.py).
+    # and the next retry takes it over (purchases/services/checkout/leases.py).
     "IDEMPOTENCY_HEARTBEAT": timedelta(
         seconds=env.float("TOLLBOOTH_IDEMPOTENCY_HEARTBEAT_SECONDS", default=2.0)
     ),
@@ -491,7 +491,7 @@ LOGGING = {
 }
 
 # The beat schedule lives in code; each entry says why it exists.
-# Jobs a service may stage in the outbox (purchases.services.outbox.outbox_stage), by name,
+# Jobs a service may stage in the outbox (purchases.services.shared.outbox.outbox_stage), by name,
 # and the Celery task the relay sends each to. Named here, as the beat schedule names its
 # tasks, so no service imports purchases.tasks.
 OUTBOX_JOBS = {

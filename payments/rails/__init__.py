@@ -2,8 +2,9 @@
 (payments.rails.prepaid; payments.x402.rail beside the x402 machinery), one line each in
 `RAILS`.
 
-The purchases orchestration (purchases.services.checkout, purchases.services.settlement,
-purchases.services.reconcile) drives every rail through this interface and never names one.
+The purchases orchestration (purchases.services.checkout.checkout,
+purchases.services.settle.settlement, purchases.services.jobs.reconcile) drives every rail through
+this interface and never names one.
 """
 
 from payments.rails.base import (

@@ -181,7 +181,7 @@ class PaymentRail(Protocol):
         self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
     ) -> bool:
         """True when `outcome` proves the payment never reached the money and sending the
-        same one again is safe (see purchases.services.resubmit)."""
+        same one again is safe (see purchases.services.settle.resubmit)."""
 
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
         """What the timeline says about how this attempt reaches the money."""

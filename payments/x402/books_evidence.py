@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def settlements_awaiting_block_time(*, created_before: datetime) -> Iterable[PaymentAttempt]:
     """Settled x402 payments whose block time is not recorded yet, oldest first."""
-    # A receipt may have recorded the block's time alone (purchases.services.receipts): the
+    # A receipt may have recorded the block's time alone (purchases.services.fulfil.receipts): the
     # sender and gas are still to be read then.
     return PaymentAttempt.objects.filter(
         Q(block_at__isnull=True) | Q(sent_by=""),

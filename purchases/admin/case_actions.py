@@ -1,7 +1,7 @@
 """The case file's staff actions: one view for all of them, with the forms of those that
 take input. The role table first (purchases.roles grants each case action to a role), then
 the case: an action the role may not run, or the case does not offer now, answers 403 even
-to a forged POST; then one call to purchases.services.case_actions."""
+to a forged POST; then one call to purchases.services.remedy.case_actions."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from payments.models import Refund
 from purchases.admin.case_file import money
 from purchases.case_file import ACTION_LABELS, RESOLUTION_CODES, Action
 from purchases.models import Escalation, Purchase
-from purchases.services import case_actions
+from purchases.services.remedy import case_actions
 from purchases.timeline import utc_seconds
 
 

@@ -31,7 +31,7 @@ from purchases.case_file import (
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.roles import EVIDENCE_SOURCES
 from purchases.selectors import CaseRecords
-from purchases.services import case_actions
+from purchases.services.remedy import case_actions
 from purchases.timeline import event_label, evidence_items, utc_seconds
 
 # The case file's evidence that is no purchase field, by its name in the role table.

@@ -29,14 +29,14 @@ from purchases.models import (
     Offering,
 )
 from purchases.selectors import offering_upstream_changes
-from purchases.services.buyers import (
+from purchases.services.fulfil.upstreams import offering_upstream_check, offering_upstream_save
+from purchases.services.quote.offerings import offering_update
+from purchases.services.shared.buyers import (
     api_key_issue,
     buyer_create,
     buyer_wallet_add,
     buyer_wallet_remove,
 )
-from purchases.services.offerings import offering_update
-from purchases.services.upstreams import offering_upstream_check, offering_upstream_save
 
 
 # --- what is sold, and who buys it -------------------------------------------------------

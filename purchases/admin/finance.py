@@ -29,7 +29,7 @@ from payments.services import export_batch_record
 from payments.x402.networks import network_config
 from purchases.books import Period, PeriodInvalid
 from purchases.models import Offering
-from purchases.services.books import books_export_stream
+from purchases.services.jobs.books import books_export_stream
 
 
 @dataclass(frozen=True)

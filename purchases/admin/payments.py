@@ -45,8 +45,8 @@ from purchases.admin.finance import (
 )
 from purchases.models import Buyer, Offering
 from purchases.selectors import refund_search_ids
-from purchases.services.paybacks import purchase_refund_match_confirm
-from purchases.services.remedies import purchase_refund_mark_paid
+from purchases.services.remedy.paybacks import purchase_refund_match_confirm
+from purchases.services.remedy.remedies import purchase_refund_mark_paid
 
 if TYPE_CHECKING:
     from django.contrib.admin.filters import _ListFilterChoices

@@ -47,8 +47,8 @@ from purchases.models import (
     Purchase,
 )
 from purchases.selectors import CaseRecords, purchase_case_records, purchase_search_ids
-from purchases.services.case_actions import escalations_assign_to_me
-from purchases.services.remedies import escalation_resolve
+from purchases.services.remedy.case_actions import escalations_assign_to_me
+from purchases.services.remedy.remedies import escalation_resolve
 from purchases.timeline import utc_seconds
 
 admin.site.site_header = "Tollbooth back office"

@@ -10,9 +10,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from core.errors import PROBLEM_HEADERS, DomainError
 from fulfillment.receipt_signing import receipt_header_value
-from purchases.services.idempotency import StoredAnswer
+from purchases.services.checkout.idempotency import StoredAnswer
 
-# A label for a deliberate extra copy of the same input (purchases.services.duplicates).
+# A label for a deliberate extra copy of the same input (purchases.services.checkout.duplicates).
 COPY_HEADER = "Tollbooth-Copy"
 # On an answer that repeats an existing purchase: that purchase's ref.
 DUPLICATE_HEADER = "Tollbooth-Duplicate-Of"

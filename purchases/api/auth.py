@@ -8,7 +8,7 @@ from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from purchases.models import Buyer
-from purchases.services.buyers import api_key_authenticate
+from purchases.services.shared.buyers import api_key_authenticate
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

@@ -11,11 +11,11 @@ from payments.models import PaymentAttempt
 from purchases.api.answers import DUPLICATE_HEADER, recorded_answer, refusal_answer
 from purchases.models import Purchase
 from purchases.selectors import purchase_status
-from purchases.services.idempotency import StoredAnswer
+from purchases.services.checkout.idempotency import StoredAnswer
 
 
 class PrepaidAnswers:
-    """The prepaid API's answers (purchases.services.checkout.CheckoutAnswers); each is
+    """The prepaid API's answers (purchases.services.checkout.checkout.CheckoutAnswers); each is
     rendered as (stored answer, is_replay)."""
 
     def __init__(self, now: datetime | None = None) -> None:

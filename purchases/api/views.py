@@ -25,9 +25,13 @@ from purchases.api.serializers import (
 from purchases.api.throttles import PAID_THROTTLES
 from purchases.models import Buyer, Offering
 from purchases.selectors import purchase_get_for_buyer, purchase_status, quote_representation
-from purchases.services.delivery import DeliveryPending, purchase_result_deliver, receipt_public
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.delivery import (
+    DeliveryPending,
+    purchase_result_deliver,
+    receipt_public,
+)
+from purchases.services.quote.quotes import quote_create
 
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(

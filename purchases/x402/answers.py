@@ -24,7 +24,7 @@ from purchases.api.answers import (
 )
 from purchases.models import Buyer, Purchase
 from purchases.selectors import purchase_capability_url, purchase_status
-from purchases.services.idempotency import StoredAnswer
+from purchases.services.checkout.idempotency import StoredAnswer
 from purchases.x402.offers import X402Offer, x402_offer, x402_offer_from_query
 from purchases.x402.outcomes import (
     PaymentFailed,
@@ -222,7 +222,7 @@ def x402_capability_answer(*, ref: str, token: str) -> X402Answer:
 
 
 class X402Answers:
-    """The x402 paid URL's answers (purchases.services.checkout.CheckoutAnswers): a settled
+    """The x402 paid URL's answers (purchases.services.checkout.checkout.CheckoutAnswers): a settled
     payment is answered live (from the purchase as it is at each replay); a failed one is
     stored byte for byte."""
 

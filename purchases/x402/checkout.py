@@ -8,8 +8,8 @@ id binds to the request normalized (x402 docs PR #2307): the offering, the quote
 input, API key and copy label, and what the authorization pays (scheme, network, asset,
 recipient, amount), never the signature itself. Clients that use ids re-sign on retry and
 keep the id: that retry is the same request, answered with its purchase and never charged.
-The orchestration is purchases.services.checkout; this module says only how x402 clients are
-asked.
+The orchestration is purchases.services.checkout.checkout; this module says only how x402
+clients are asked.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from core.errors import DomainError, ErrorCode
 from payments.rails import Presentation
 from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer, Purchase
-from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
-from purchases.services.duplicates import copy_label_validate
-from purchases.services.quotes import quote_input_canonicalize
+from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.services.checkout.duplicates import copy_label_validate
+from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.x402.offers import X402PaidRoute, x402_route_paid
 from purchases.x402.outcomes import x402_request_scope
 

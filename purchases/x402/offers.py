@@ -32,7 +32,11 @@ from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Quote
-from purchases.services.quotes import offering_get_active, quote_create, quote_input_canonicalize
+from purchases.services.quote.quotes import (
+    offering_get_active,
+    quote_create,
+    quote_input_canonicalize,
+)
 from purchases.x402.outcomes import x402_requirements, x402_requirements_for_offering
 from purchases.x402.tool_offers import mcp_discovery_items
 
@@ -75,7 +79,7 @@ class X402PaidRoute(X402Route):
 
 # Every paid request reads its offering; the named quote's input hash comes in the same
 # statement (what a payment id binds to needs it before the id is claimed), and whether a
-# seller's upstream runs the work (purchases.services.upstreams: no second read to decide
+# seller's upstream runs the work (purchases.services.fulfil.upstreams: no second read to decide
 # whether the request may run the work itself).
 _PAID_OFFERING = PreparedQuery(
     lambda slug, quote: (

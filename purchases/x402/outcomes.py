@@ -22,11 +22,17 @@ from payments.x402.networks import network_config
 from payments.x402.rail import x402_requirements as requirements_for_terms
 from payments.x402.types import Requirements
 from purchases.models import Offering, Purchase, Quote
-from purchases.selectors import purchase_get_by_capability
-from purchases.services.delivery import Delivery, DeliveryPending, purchase_result_deliver
-from purchases.services.finality import settlement_finality_follow
-from purchases.services.result_wait import purchase_await_result, purchase_inline_execution_scope
-from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
+from purchases.selectors import purchase_get_by_capability, purchase_reload
+from purchases.services.fulfil.delivery import Delivery, DeliveryPending, purchase_result_deliver
+from purchases.services.fulfil.result_wait import (
+    purchase_await_result,
+    purchase_inline_execution_scope,
+)
+from purchases.services.settle.finality import settlement_finality_follow
+from purchases.services.settle.settlement import (
+    purchase_settle_attempt,
+    quote_terms,
+)
 
 PAY = Purchase.PaymentState
 

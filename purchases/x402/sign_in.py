@@ -34,7 +34,7 @@ from purchases import event_subjects as subjects
 from purchases.events import event_record
 from purchases.models import Offering, Purchase, WalletSignIn
 from purchases.selectors import PENDING_RUN_STATES
-from purchases.services.quotes import quote_input_canonicalize
+from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.x402.offers import input_from_query, sign_in_binding, x402_route
 from purchases.x402.outcomes import (
     X402Outcome,

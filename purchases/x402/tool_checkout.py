@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from purchases.models import Buyer, Purchase
-from purchases.services.checkout import CheckoutAnswers
-from purchases.services.idempotency import StoredAnswer
-from purchases.services.prepaid_checkout import purchase_buy_prepaid
-from purchases.services.quotes import offering_get_active
+from purchases.services.checkout.checkout import CheckoutAnswers
+from purchases.services.checkout.idempotency import StoredAnswer
+from purchases.services.checkout.prepaid_checkout import purchase_buy_prepaid
+from purchases.services.quote.quotes import offering_get_active
 from purchases.x402.outcomes import (
     X402Outcome,
     x402_outcome_for_ref,

@@ -37,8 +37,12 @@ from purchases.models import (
     PurchaseEvent,
 )
 from purchases.roles import roles_ensure
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.remedies import escalation_open, escalation_resolve, purchase_refund_create
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.remedy.remedies import (
+    escalation_open,
+    escalation_resolve,
+    purchase_refund_create,
+)
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
 from tests.fixtures.anvil import closed_port_url
@@ -478,7 +482,7 @@ def test_export_csv_is_exact(world: World, finance: Client) -> None:
 
 # --- buyers, keys and the ledger ---------------------------------------------------------
 def test_issue_api_key_shows_it_once_and_keeps_only_the_hash(superuser: Client) -> None:
-    from purchases.services.buyers import buyer_create
+    from purchases.services.shared.buyers import buyer_create
 
     buyer = buyer_create(name="agent-admin", wallets=[WALLET.upper().replace("0X", "0x")])
     response = superuser.post(

@@ -29,8 +29,8 @@ from purchases.models import (
     Purchase,
     Quote,
 )
-from purchases.services.late_payments import settlement_unexpected
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.remedies import escalation_open
+from purchases.services.settle.late_payments import settlement_unexpected
 from tests.admin.test_admin import _change, _changelist, _messages, _paid_prepaid_purchase, _staff
 from tests.admin.test_admin_scale import PURCHASE_PAGE_MAX_QUERIES
 from tests.factories import (

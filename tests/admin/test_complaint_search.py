@@ -22,8 +22,8 @@ from django.utils import timezone
 from core.actors import Actor
 from payments.models import Refund
 from purchases.models import Escalation, Offering, Purchase
-from purchases.services.late_payments import settlement_unexpected
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.remedies import escalation_open
+from purchases.services.settle.late_payments import settlement_unexpected
 from tests.admin.test_admin import _messages, _staff
 from tests.factories import PAYER, PaymentAttemptFactory, PurchaseFactory, refund_paid_back
 

@@ -49,7 +49,7 @@ from purchases.models import (
     PurchaseEvent,
 )
 from purchases.roles import NEVER_SHOWN, ROLE_TABLE, roles_ensure
-from purchases.services.case_actions import case_refund_propose
+from purchases.services.remedy.case_actions import case_refund_propose
 from tests.admin.test_case_file_admin import Cases
 from tests.factories import OfferingFactory, PurchaseFactory
 

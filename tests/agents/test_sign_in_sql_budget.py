@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from purchases.services.result_wait import listeners_close
+from purchases.services.fulfil.result_wait import listeners_close
 from tests.x402.e2e import X402World, ask, sign_payment
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,8 +28,8 @@ from purchases.models import (
     PurchaseEvent,
 )
 from purchases.roles import FINANCE, SUPPORT, roles_ensure
-from purchases.services.buyers import api_key_issue
-from purchases.services.case_actions import purchase_case_now
+from purchases.services.remedy.case_actions import purchase_case_now
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import (
     BuyerFactory,
     EscalationFactory,

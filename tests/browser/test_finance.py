@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from devtools.situations import transfer_after_failure, two_authorizations_for_one_quote
 from payments.models import Refund
-from purchases.services.paybacks import refund_paybacks_watch
+from purchases.services.remedy.paybacks import refund_paybacks_watch
 from tests.browser.conftest import BrowserWorld, screenshot
 from tests.fixtures.anvil import erc20_transfer
 

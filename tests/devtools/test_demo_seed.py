@@ -8,7 +8,7 @@ import pytest
 
 from devtools.demo_seed import demo_seed
 from purchases.models import Offering
-from purchases.services.offerings import offering_update
+from purchases.services.quote.offerings import offering_update
 
 FIRST_TOKEN = "0x" + "1" * 40
 SECOND_TOKEN = "0x" + "2" * 40

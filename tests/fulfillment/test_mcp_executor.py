@@ -109,8 +109,8 @@ def _mcp_purchase(buyer, mcp_upstream: McpUpstream, data: dict, **config: object
     from fulfillment.models import Upstream
     from purchases.api.prepaid_answers import PrepaidAnswers
     from purchases.models import Purchase
-    from purchases.services.prepaid_checkout import purchase_pay_prepaid
-    from purchases.services.quotes import quote_create
+    from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+    from purchases.services.quote.quotes import quote_create
     from tests.factories import OfferingFactory
 
     offering = OfferingFactory.create(executor="mcp", input_schema={"type": "object"})
@@ -134,7 +134,7 @@ def test_a_purchase_runs_once_and_an_unknown_call_escalates_at_once(
 ) -> None:
     from fulfillment.models import Result
     from payments.models import Refund
-    from purchases.services.execution import ExecutionOutcome, purchase_execute
+    from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 
     done = _mcp_purchase(buyer, mcp_upstream, {"text": "hi", "request_id": "a"})
     assert purchase_execute(purchase_id=done.pk, worker="w1") == ExecutionOutcome.SUCCEEDED

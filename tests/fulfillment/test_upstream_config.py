@@ -10,7 +10,7 @@ from fulfillment.executors.http import HttpExecutor
 from fulfillment.executors.http_job import HttpJobExecutor
 from fulfillment.models import Upstream
 from fulfillment.upstreams import upstream_spec, upstream_validate
-from purchases.services.upstreams import offering_executor
+from purchases.services.fulfil.upstreams import offering_executor
 from tests.factories import OfferingFactory
 
 

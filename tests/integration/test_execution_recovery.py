@@ -16,14 +16,14 @@ from payments.models import LedgerEntry, Refund
 from payments.services import ledger_balance
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
-from purchases.services.execution import (
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import (
     ExecutionOutcome,
     ExecutionRetryable,
     purchase_execute,
     purchase_execution_give_up,
 )
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from purchases.tasks import purchase_execute_task, purchase_sweep_stalled_task
 from tests.factories import USDC_LOCAL, OfferingFactory
 from tests.integration.helpers import wait_for

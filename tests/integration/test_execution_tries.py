@@ -12,9 +12,13 @@ from fulfillment.models import ExecutionAttempt
 from payments.models import Refund
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
-from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import (
+    ExecutionOutcome,
+    ExecutionRetryable,
+    purchase_execute,
+)
+from purchases.services.quote.quotes import quote_create
 from purchases.tasks import purchase_sweep_stalled_task
 from tests.factories import OfferingFactory
 from tests.integration.helpers import wait_for

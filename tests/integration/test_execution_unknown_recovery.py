@@ -15,14 +15,18 @@ from payments.models import Refund
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.selectors import purchase_capability_token, purchase_capability_url
-from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.execution_recheck import (
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import (
+    ExecutionOutcome,
+    ExecutionRetryable,
+    purchase_execute,
+)
+from purchases.services.fulfil.execution_recheck import (
     RecheckOutcome,
     executions_recheck_due,
     purchase_execution_recheck,
 )
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from purchases.tasks import recheck_unknown_executions_task
 from purchases.x402.answers import x402_answer, x402_capability_answer
 from purchases.x402.outcomes import x402_outcome_for_ref

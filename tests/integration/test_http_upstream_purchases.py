@@ -14,9 +14,13 @@ from fulfillment.models import ExecutionAttempt, Result, Upstream
 from payments.models import Refund
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase, PurchaseEvent
-from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import (
+    ExecutionOutcome,
+    ExecutionRetryable,
+    purchase_execute,
+)
+from purchases.services.quote.quotes import quote_create
 from tests.factories import OfferingFactory
 from tests.fixtures.sample_upstream import SECRET_ENV, SampleUpstream
 

@@ -20,9 +20,9 @@ from payments.models import LedgerEntry, Refund
 from payments.services import ledger_balance, ledger_balances_mismatched
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.quote.quotes import quote_create
 from tests.factories import USDC_LOCAL, BuyerFactory, OfferingFactory, fund
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -17,9 +17,9 @@ from django.conf import settings
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
-from purchases.services import outbox
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.quote.quotes import quote_create
+from purchases.services.shared import outbox
 from tests.conftest import CSV_INPUT
 from tests.fixtures.worker import ROOT, _database_url
 from tests.integration.helpers import free_port, redis_server, wait_for
@@ -93,8 +93,8 @@ import os, signal, sys
 import django
 django.setup()
 from purchases.models import Buyer
-from purchases.services import outbox
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.shared import outbox
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.api.prepaid_answers import PrepaidAnswers
 outbox._relay_staged = lambda **_: os.kill(os.getpid(), signal.SIGKILL)
 purchase_pay_prepaid(

@@ -12,7 +12,7 @@ import requests
 from fulfillment.models import ExecutionAttempt, Result
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.conftest import CSV_INPUT
 from tests.integration.helpers import race, wait_for
 

@@ -19,9 +19,9 @@ from fulfillment.executors import registered_names
 from fulfillment.models import Result, Upstream
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.quote.quotes import quote_create
 from tests.factories import OfferingFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

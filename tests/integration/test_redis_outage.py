@@ -11,7 +11,7 @@ import re
 import pytest
 import requests
 
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.conftest import CSV_INPUT
 from tests.factories import BuyerFactory, OfferingFactory, fund
 from tests.integration.helpers import wait_for
@@ -78,7 +78,7 @@ def test_redis_stopped_mid_test_degrades_throttling_and_fails_nothing(
         (a.status_code, a.text[:200]) for a in during if a.status_code >= 500
     ]
     # Only the first payment of the outage tries the broker (about 0.8 s); then the outbox
-    # leaves its messages to the relay loop for a while (purchases/services/outbox.py).
+    # leaves its messages to the relay loop for a while (purchases/services/shared/outbox.py).
     slow = [a for a in during if a.elapsed.total_seconds() > 0.6]
     assert len(slow) <= 1, [(a.url, a.elapsed) for a in slow]
     # Every throttled request (quote, pay, 402) was decided in the process's memory.

@@ -19,7 +19,7 @@ from x402.schemas import PaymentPayload
 from fulfillment.models import ExecutionAttempt, Result
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, fund
 from tests.integration.helpers import race, wait_for
 from tests.x402.e2e import PRICE, X402World, build_world, sign_payment

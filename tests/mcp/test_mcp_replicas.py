@@ -10,7 +10,7 @@ import pytest
 
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, fund
 from tests.mcp.test_mcp_stock_client import buy
 from tests.x402.e2e import PRICE, build_world

@@ -22,7 +22,7 @@ from fulfillment.models import ExecutionAttempt
 from fulfillment.receipt_signing import receipt_verify, signing_key
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Purchase
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, fund
 from tests.x402.e2e import NETWORK, PRICE, X402World
 

@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from purchases.models import ApiKey
-from purchases.services.buyers import api_key_authenticate, api_key_issue, api_key_revoke
+from purchases.services.shared.buyers import api_key_authenticate, api_key_issue, api_key_revoke
 from tests.factories import BuyerFactory
 
 pytestmark = pytest.mark.django_db

@@ -23,9 +23,9 @@ from payments.models import ExportBatch, PaymentAttempt, RelayerAccount
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.books import Period, PeriodInvalid
 from purchases.models import Purchase, Quote
-from purchases.services.books import books_export
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.jobs.books import books_export
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory
 from tests.fixtures.anvil import closed_port_url

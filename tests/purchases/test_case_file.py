@@ -359,7 +359,10 @@ def _settlement_reasons() -> dict[str, set[str]]:
 
 def _execution_reasons() -> set[str]:
     found: set[str] = set()
-    for path in [*ROOT.glob("fulfillment/**/*.py"), ROOT / "purchases/services/execution.py"]:
+    for path in [
+        *ROOT.glob("fulfillment/**/*.py"),
+        ROOT / "purchases/services/fulfil/execution.py",
+    ]:
         text = path.read_text()
         found |= set(re.findall(r'ExecutorError\(\s*"(\w+)"', text))
         found |= set(re.findall(r'return "(execution_\w+)"', text))

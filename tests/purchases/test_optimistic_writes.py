@@ -13,8 +13,8 @@ from fulfillment.models import ExecutionAttempt, Result
 from payments.models import PaymentAttempt
 from payments.rails import SettlementOutcome, SettlementStatus
 from purchases.models import Purchase, PurchaseEvent
-from purchases.services import execution
-from purchases.services.settlement import settlement_record_outcome
+from purchases.services.fulfil import execution
+from purchases.services.settle.settlement import settlement_record_outcome
 from tests.factories import PaymentAttemptFactory
 
 pytestmark = pytest.mark.django_db

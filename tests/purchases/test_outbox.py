@@ -21,11 +21,11 @@ from kombu.exceptions import OperationalError
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
-from purchases.services import outbox
-from purchases.services.outbox import outbox_prune, outbox_relay_due, outbox_stage
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
-from purchases.services.sweeper import purchase_execution_stage, purchases_sweep_stalled
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.sweeper import purchase_execution_stage, purchases_sweep_stalled
+from purchases.services.quote.quotes import quote_create
+from purchases.services.shared import outbox
+from purchases.services.shared.outbox import outbox_prune, outbox_relay_due, outbox_stage
 from tests.conftest import CSV_INPUT
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

@@ -1,5 +1,5 @@
 """Payment-id leases renewed by their holder process's heartbeat, and given back when the
-database returns (purchases/services/leases.py), on PostgreSQL and the SQLite file; and
+database returns (purchases/services/checkout/leases.py), on PostgreSQL and the SQLite file; and
 which failures count as "the database is unreachable" (503) rather than a bug (500)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from django.utils import timezone
 from core.canonical import fingerprint
 from core.outages import dependency_unreachable
 from purchases.models import IdempotencyRecord
-from purchases.services import leases
-from purchases.services.idempotency import KeyedRequest, payment_id_claim
+from purchases.services.checkout import leases
+from purchases.services.checkout.idempotency import KeyedRequest, payment_id_claim
 from tests.integration.helpers import free_port, wait_for
 
 KEY = "lease-key-000000000001"

@@ -10,12 +10,12 @@ from fulfillment.models import Receipt
 from payments.models import LedgerEntry, PaymentAttempt
 from payments.services import ledger_balance
 from purchases.models import IdempotencyRecord, Purchase, Quote
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.idempotency import (
+from purchases.services.checkout.idempotency import (
     KeyedRequest,
     payment_id_claim,
     payment_id_conflicts,
 )
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 
@@ -74,7 +74,7 @@ def test_same_key_same_request_replays_the_stored_answer(client_for_buyer, buyer
 def test_stored_error_is_replayed_even_after_the_cause_is_fixed(client_for_buyer, offering):
     poor = BuyerFactory.create()
     fund(poor, 100)
-    from purchases.services.buyers import api_key_issue
+    from purchases.services.shared.buyers import api_key_issue
 
     client_for_buyer.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_issue(buyer=poor)}")
     quote_id = new_quote(client_for_buyer, offering)

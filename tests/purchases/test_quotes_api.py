@@ -7,7 +7,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from purchases.models import Offering, PurchaseEvent, Quote
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory
 

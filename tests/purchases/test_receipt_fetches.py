@@ -17,7 +17,7 @@ from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import Receipt
 from purchases import event_subjects
 from purchases.models import Purchase, PurchaseEvent
-from purchases.services.delivery import (
+from purchases.services.fulfil.delivery import (
     RECEIPT_FETCH_NOTE_WINDOW,
     _receipt_fetch_note,
     receipt_public,

@@ -15,11 +15,11 @@ from django.db import connection, transaction
 from fulfillment.executors.report import ReportExecutor
 from fulfillment.models import ExecutionAttempt
 from purchases.models import OutboxMessage, Purchase
-from purchases.services import execution, result_wait
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.outbox import outbox_stage
-from purchases.services.result_notify import fulfillment_notify
-from purchases.services.sweeper import purchase_execution_stage
+from purchases.services.fulfil import execution, result_wait
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.result_notify import fulfillment_notify
+from purchases.services.fulfil.sweeper import purchase_execution_stage
+from purchases.services.shared.outbox import outbox_stage
 from tests.factories import PaymentAttemptFactory, PurchaseFactory
 from tests.fixtures.broker import BrokerQueue
 

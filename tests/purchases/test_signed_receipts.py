@@ -25,8 +25,8 @@ from fulfillment import receipt_signing
 from fulfillment.models import Receipt, Result
 from fulfillment.receipt_signing import ReceiptInvalid, receipt_verify
 from purchases.models import Purchase
-from purchases.services import housekeeping
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.jobs import housekeeping
 from tests.purchases.test_prepaid_purchase_api import new_quote, pay
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]

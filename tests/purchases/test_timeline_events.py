@@ -14,10 +14,14 @@ from core.canonical import fingerprint
 from fulfillment.models import Result
 from purchases import event_subjects
 from purchases.models import IdempotencyRecord, Purchase, PurchaseEvent
-from purchases.services import housekeeping
-from purchases.services.alerts import escalation_alert, refund_alert
-from purchases.services.execution import purchase_execute
-from purchases.services.idempotency import KeyedRequest, payment_id_claim, payment_id_mark_recorded
+from purchases.services.checkout.idempotency import (
+    KeyedRequest,
+    payment_id_claim,
+    payment_id_mark_recorded,
+)
+from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.jobs import housekeeping
+from purchases.services.shared.alerts import escalation_alert, refund_alert
 from tests.conftest import CSV_INPUT
 from tests.factories import BuyerFactory, EscalationFactory, RefundFactory, fund
 from tests.purchases.test_timeline_labels import written_subjects

@@ -13,7 +13,7 @@ from django.utils import timezone
 from payments.models import PaymentAttempt
 from payments.x402.types import Authorization
 from purchases.models import Purchase, Quote
-from purchases.services import reconcile
+from purchases.services.jobs import reconcile
 from tests.x402.e2e import PRICE
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

@@ -15,7 +15,7 @@ from devtools.settlement_backlog import settlement_backlog_create
 from payments.models import PaymentAttempt
 from purchases.events import COPY_FROM
 from purchases.models import OutboxMessage, Purchase, PurchaseEvent
-from purchases.services import reconcile
+from purchases.services.jobs import reconcile
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 

@@ -13,8 +13,8 @@ from rest_framework.test import APIClient
 
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Escalation, JobRun, Offering, Purchase, PurchaseEvent, Quote
-from purchases.services import housekeeping, reconcile
-from purchases.services.quotes import quote_create
+from purchases.services.jobs import housekeeping, reconcile
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.x402.e2e import PRICE, ask, sign_payment
 
@@ -135,7 +135,7 @@ def test_expired_quotes_release_their_stock(buyer, offering):
 def test_a_payment_id_past_retention_is_answered_with_the_receipt(
     client_for_buyer, buyer, offering
 ):
-    from purchases.services.execution import purchase_execute
+    from purchases.services.fulfil.execution import purchase_execute
 
     quote = client_for_buyer.post(
         "/api/v1/quotes", {"offering": offering.slug, "input": CSV_INPUT}, format="json"

@@ -13,7 +13,7 @@ from x402.http.utils import decode_payment_signature_header
 from devtools.test_token import send_transfer_with_authorization
 from payments.models import Refund
 from purchases.models import Offering, Purchase, Quote
-from purchases.services import housekeeping, reconcile
+from purchases.services.jobs import housekeeping, reconcile
 from tests.x402.e2e import PRICE, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres]

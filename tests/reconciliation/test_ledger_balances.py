@@ -9,9 +9,9 @@ from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun
-from purchases.services import housekeeping
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.jobs import housekeeping
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import USDC_LOCAL, BuyerFactory, fund
 from tests.integration.helpers import race

@@ -15,7 +15,8 @@ from core.actors import Actor
 from core.bulk import bulk_insert_rows
 from purchases.events import COPY_FROM, event_record, events_batched
 from purchases.models import PurchaseEvent
-from purchases.services import finality, reconcile
+from purchases.services.jobs import reconcile
+from purchases.services.settle import finality
 from tests.factories import PurchaseFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

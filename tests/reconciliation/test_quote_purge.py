@@ -11,9 +11,9 @@ from rest_framework.test import APIClient
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
-from purchases.services import housekeeping
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.jobs import housekeeping
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 
 pytestmark = pytest.mark.django_db

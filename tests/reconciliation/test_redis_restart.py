@@ -11,8 +11,8 @@ from django.conf import settings
 
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
-from purchases.services.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.integration.helpers import free_port, redis_server, wait_for
 

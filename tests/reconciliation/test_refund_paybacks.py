@@ -29,7 +29,7 @@ from payments.models import Refund
 from payments.paybacks import RefundPaybackRefused
 from purchases.models import JobRun, PurchaseEvent
 from purchases.roles import roles_ensure
-from purchases.services.paybacks import (
+from purchases.services.remedy.paybacks import (
     purchase_refund_match_confirm,
     purchase_refund_payback_close,
     refund_paybacks_watch,

@@ -39,7 +39,7 @@ from payments.chain.token import balance_of
 from payments.models import Refund
 from purchases.books import Period, books_daily
 from purchases.roles import roles_ensure
-from purchases.services.books import books_export
+from purchases.services.jobs.books import books_export
 from purchases.tasks import refund_paybacks_watch_task
 from tests.fixtures.anvil import new_account
 from tests.reconciliation.test_refund_paybacks import fund_seller, owed_refund, send_transfer

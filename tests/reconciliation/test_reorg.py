@@ -28,9 +28,9 @@ from devtools.test_token import send_transfer_with_authorization
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.selectors import purchase_capability_url, purchase_status
-from purchases.services.alerts import escalation_alert
-from purchases.services.execution import purchase_execute
-from purchases.services.finality import watch_unfinal_settlements
+from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.settle.finality import watch_unfinal_settlements
+from purchases.services.shared.alerts import escalation_alert
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.e2e import PRICE, X402World, ask, build_world, sign_payment
 

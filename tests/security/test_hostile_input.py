@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from core.input_limits import MAX_JSON_DEPTH, SAFE_RECURSION_LIMIT
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase, Quote
-from purchases.services.quotes import quote_create
+from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 
 pytestmark = pytest.mark.django_db

@@ -12,7 +12,7 @@ import base64
 import pytest
 import requests
 
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.django_db(transaction=True)]

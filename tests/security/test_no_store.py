@@ -6,7 +6,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from purchases.models import Purchase
-from purchases.services.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from tests.conftest import CSV_INPUT
 
 pytestmark = pytest.mark.django_db

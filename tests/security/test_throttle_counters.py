@@ -21,7 +21,7 @@ from core import rate_limit
 from core.rate_limit import Window, rate_limit_hit
 from purchases.api.throttles import PaidRequestThrottle
 from purchases.models import Quote
-from purchases.services.buyers import api_key_issue
+from purchases.services.shared.buyers import api_key_issue
 from tests.conftest import CSV_INPUT
 from tests.security.test_throttling import assert_throttled, rates
 

@@ -28,7 +28,7 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from purchases.services.result_wait import listeners_close
+from purchases.services.fulfil.result_wait import listeners_close
 from tests.profiling import print_ours
 from tests.x402.e2e import X402World, ask, sign_payment
 

@@ -24,9 +24,9 @@ from payments.models import PaymentAttempt
 from payments.services import refund_record
 from payments.x402.chain import TRANSFER_TOPIC
 from purchases.books import Period
-from purchases.services.books import books_export
-from purchases.services.finality import watch_unfinal_settlements
-from purchases.services.paybacks import purchase_refund_payback_close
+from purchases.services.jobs.books import books_export
+from purchases.services.remedy.paybacks import purchase_refund_payback_close
+from purchases.services.settle.finality import watch_unfinal_settlements
 from tests.x402.e2e import sign_payment
 
 pytestmark = [pytest.mark.postgres]

@@ -16,7 +16,7 @@ from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
 from purchases.models import PurchaseEvent, WalletSignIn
-from purchases.services.housekeeping import purge_expired_quotes
+from purchases.services.jobs.housekeeping import purge_expired_quotes
 from purchases.x402.mcp.calls import ToolCall, tool_call
 from tests.factories import PurchaseFactory
 from tests.x402.e2e import NETWORK, X402World

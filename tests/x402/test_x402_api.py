@@ -13,7 +13,7 @@ from x402.schemas import PaymentRequired
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from tests.x402.e2e import NETWORK, PRICE, ask, sign_payment
 
 # Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.

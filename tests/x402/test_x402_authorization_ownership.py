@@ -22,8 +22,8 @@ from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.x402.rail import X402Rail, x402_presentation
 from purchases.models import BuyerWallet, Escalation, JobRun, Purchase, Quote
-from purchases.services import reconcile
-from purchases.services.quotes import quote_terms
+from purchases.services.jobs import reconcile
+from purchases.services.quote.quotes import quote_terms
 from tests.x402.e2e import PRICE, sign_payment
 
 INPUT_A = {"title": "A", "csv": "region,units\nnorth,3\n"}

@@ -17,7 +17,7 @@ from core.canonical import sha256_hex
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from purchases.x402.answers import X402Answers
 from purchases.x402.checkout import x402_pay
 from tests.integration.helpers import race

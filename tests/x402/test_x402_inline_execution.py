@@ -28,10 +28,10 @@ from fulfillment.executors.report import ReportExecutor
 from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt
 from purchases.models import OutboxMessage, Purchase
-from purchases.services.execution import ExecutionOutcome, purchase_execute
-from purchases.services.outbox import outbox_relay_due
-from purchases.services.reconcile import reconcile_pending_settlements
-from purchases.services.result_wait import listeners_close
+from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.result_wait import listeners_close
+from purchases.services.jobs.reconcile import reconcile_pending_settlements
+from purchases.services.shared.outbox import outbox_relay_due
 from tests.fixtures.broker import BrokerQueue
 from tests.fixtures.worker import ROOT, _database_url
 from tests.integration.helpers import wait_for
@@ -180,7 +180,7 @@ import json, os, signal, sys
 import django
 django.setup()
 from rest_framework.test import APIClient
-from purchases.services import result_wait
+from purchases.services.fulfil import result_wait
 result_wait._execute_inline = lambda purchase_id: os.kill(os.getpid(), signal.SIGKILL)
 APIClient().post(sys.argv[1], json.loads(sys.argv[2]), format="json",
                  HTTP_PAYMENT_SIGNATURE=sys.argv[3])

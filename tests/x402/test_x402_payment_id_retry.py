@@ -104,7 +104,7 @@ def test_resigned_retry_while_the_first_request_runs_is_in_flight_naming_it(clie
     assert ask(client, world, payment=_signed(client, world)).status_code == 202
     purchase = Purchase.objects.get()
     # The first request still holds the id (as while it waits for the chain), in another
-    # process whose heartbeat renews the lease (purchases/services/leases.py).
+    # process whose heartbeat renews the lease (purchases/services/checkout/leases.py).
     IdempotencyRecord.objects.update(
         state=IdempotencyRecord.State.IN_FLIGHT,
         locked_until=timezone.now() + timedelta(seconds=60),

@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import JobRun, Purchase, PurchaseEvent
-from purchases.services.reconcile import reconcile_pending_settlements
+from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -103,7 +103,7 @@ def test_only_the_first_resubmission_skips_the_backoff(make_facilitated_world, d
 def test_a_first_submission_that_may_still_be_running_keeps_its_backoff(make_facilitated_world, db):
     """A request that died after claiming the first broadcast leaves the attempt `recorded`:
     its /settle may still be on its way, so nothing is sent beside it for 30 s."""
-    from purchases.services.resubmit import payment_resubmit_next_at
+    from purchases.services.settle.resubmit import payment_resubmit_next_at
 
     world, _ = make_facilitated_world(mode="invalid_transaction_state")
     _first_payment(world, APIClient(), "prompt-resubmit-0003")

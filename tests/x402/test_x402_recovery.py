@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Offering, Purchase
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from tests.integration.helpers import race
 from tests.x402.e2e import PRICE, ask, sign_payment
 

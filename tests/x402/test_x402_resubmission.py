@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import Escalation, Purchase, PurchaseEvent
-from purchases.services.reconcile import reconcile_pending_settlements
+from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 # Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.

@@ -19,9 +19,9 @@ from fulfillment.receipt_signing import receipt_verify
 from payments.models import PaymentAttempt
 from purchases import event_subjects
 from purchases.models import Purchase
-from purchases.services import housekeeping
-from purchases.services.execution import purchase_execute
-from purchases.services.finality import watch_unfinal_settlements
+from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.jobs import housekeeping
+from purchases.services.settle.finality import watch_unfinal_settlements
 from tests.x402.e2e import NETWORK, PRICE, X402World, ask, sign_payment
 
 pytestmark = [pytest.mark.django_db]

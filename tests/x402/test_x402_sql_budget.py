@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from purchases.models import OutboxMessage, PurchaseEvent
-from purchases.services.result_wait import listeners_close
+from purchases.services.fulfil.result_wait import listeners_close
 from tests.x402.e2e import ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]

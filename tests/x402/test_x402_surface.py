@@ -15,7 +15,7 @@ from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Purchase, Quote
 from purchases.selectors import purchase_capability_url
-from purchases.services.execution import purchase_execute
+from purchases.services.fulfil.execution import purchase_execute
 from tests.x402.e2e import PRICE, sign_payment
 
 pytestmark = pytest.mark.django_db

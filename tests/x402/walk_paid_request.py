@@ -18,7 +18,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from bench.walk import Walk
-from purchases.services.result_wait import listeners_close
+from purchases.services.fulfil.result_wait import listeners_close
 from tests.x402.e2e import X402World, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

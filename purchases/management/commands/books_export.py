@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from payments.models import ExportBatch
 from purchases.books import Period, PeriodInvalid
-from purchases.services.books import books_export_stream
+from purchases.services.jobs.books import books_export_stream
 
 
 class Command(BaseCommand):

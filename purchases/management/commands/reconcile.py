@@ -15,8 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import housekeeping, outbox, paybacks, reconcile
-from purchases.services.sweeper import purchases_sweep_stalled
+from purchases.services.fulfil.sweeper import purchases_sweep_stalled
+from purchases.services.jobs import housekeeping, reconcile
+from purchases.services.remedy import paybacks
+from purchases.services.shared import outbox
 
 
 class Command(BaseCommand):

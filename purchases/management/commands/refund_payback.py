@@ -11,7 +11,7 @@ from core.actors import Actor
 from payments.models import Refund
 from payments.paybacks import RefundPaybackRefused
 from purchases.admin.payments import payback_status
-from purchases.services.paybacks import purchase_refund_payback_close
+from purchases.services.remedy.paybacks import purchase_refund_payback_close
 
 
 class Command(BaseCommand):

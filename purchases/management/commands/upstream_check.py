@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from purchases.models import Offering
-from purchases.services.upstreams import offering_upstream_check
+from purchases.services.fulfil.upstreams import offering_upstream_check
 
 
 class Command(BaseCommand):

@@ -21,7 +21,7 @@ from mcp import types
 from core.errors import DomainError, ErrorCode
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Buyer, Purchase
-from purchases.services.buyers import api_key_authenticate
+from purchases.services.shared.buyers import api_key_authenticate
 from purchases.x402.answers import PAYMENT_RESPONSE, X402Answers, x402_answer
 from purchases.x402.checkout import x402_pay
 from purchases.x402.mcp.results import (

@@ -23,7 +23,7 @@ from pydantic import AnyUrl
 from core.errors import DomainError
 from fulfillment.receipt_signing import receipt_decode
 from purchases.api.answers import DUPLICATE_HEADER, RECEIPT_HEADER, sent_bytes
-from purchases.services.idempotency import StoredAnswer
+from purchases.services.checkout.idempotency import StoredAnswer
 from purchases.x402.answers import PAYMENT_RESPONSE, X402Answer
 
 PAYMENT_RESPONSE_META = "x402/payment-response"

@@ -13,7 +13,7 @@ from django.db import transaction
 
 from core.actors import Actor
 from purchases.models import Escalation, Purchase
-from purchases.services.remedies import escalation_open
+from purchases.services.remedy.remedies import escalation_open
 
 logger = logging.getLogger(__name__)
 

@@ -37,15 +37,19 @@ from django.db import connection
 
 from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
-from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
-from purchases.services.outbox import (
+from purchases.selectors import purchase_reload
+from purchases.services.fulfil.execution import (
+    ExecutionOutcome,
+    ExecutionRetryable,
+    purchase_execute,
+)
+from purchases.services.fulfil.sweeper import EXECUTE_JOB, purchase_execution_key
+from purchases.services.fulfil.upstreams import offering_executor
+from purchases.services.shared.outbox import (
     outbox_relay_held,
     outbox_release_held,
     outbox_retire_held,
 )
-from purchases.services.settlement import purchase_reload
-from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
-from purchases.services.upstreams import offering_executor
 from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read, on_postgresql
 
 logger = logging.getLogger(__name__)

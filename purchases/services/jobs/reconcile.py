@@ -35,17 +35,17 @@ from payments.rails import (
 )
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
-from purchases.services.batches import row_isolated
-from purchases.services.job_runs import job_run
-from purchases.services.offerings import offering_stock_release
-from purchases.services.remedies import escalation_open
-from purchases.services.settlement import (
+from purchases.services.quote.offerings import offering_stock_release
+from purchases.services.remedy.batches import row_isolated
+from purchases.services.remedy.remedies import escalation_open
+from purchases.services.settle.settlement import (
     SettlementToRecord,
     purchase_settle_attempt,
     settlement_follow_up,
     settlement_record_outcome,
     settlement_record_outcomes,
 )
+from purchases.services.shared.job_runs import job_run
 
 ProgressFn = Callable[[int], None]
 

@@ -12,10 +12,10 @@ from core.errors import ErrorCode
 from payments.models import Rail
 from payments.rails import Presentation
 from purchases.models import Buyer, Purchase
-from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
-from purchases.services.duplicates import copy_label_validate
-from purchases.services.idempotency import payment_id_validate
-from purchases.services.quotes import quote_create
+from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.services.checkout.duplicates import copy_label_validate
+from purchases.services.checkout.idempotency import payment_id_validate
+from purchases.services.quote.quotes import quote_create
 
 A = TypeVar("A")
 
@@ -83,7 +83,7 @@ def purchase_buy_prepaid(
     """Quote and pay from the balance in one call (an MCP tool call has no quote step).
 
     The buyer's quote for the same canonical input is the same open quote
-    (purchases.services.quotes), so without a payment id the key is derived from it: the
+    (purchases.services.quote.quotes), so without a payment id the key is derived from it: the
     same call repeated while the quote is open replays the stored answer, and after it the
     duplicate window answers with the existing purchase. Nothing is debited twice either way.
     Raises DomainError: offering_not_found, invalid_input, sold_out, and everything

@@ -24,12 +24,15 @@ from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
-from purchases.services.alerts import alert_stage
-from purchases.services.execution_recheck import purchase_execution_recheck
-from purchases.services.finality import settlement_finality_follow
-from purchases.services.remedies import escalation_open, escalation_resolve
-from purchases.services.settlement import purchase_queue_execution_if_due, purchase_settle_attempt
-from purchases.services.sweeper import purchase_execution_stage
+from purchases.services.fulfil.execution_recheck import purchase_execution_recheck
+from purchases.services.fulfil.sweeper import purchase_execution_stage
+from purchases.services.remedy.remedies import escalation_open, escalation_resolve
+from purchases.services.settle.finality import settlement_finality_follow
+from purchases.services.settle.settlement import (
+    purchase_queue_execution_if_due,
+    purchase_settle_attempt,
+)
+from purchases.services.shared.alerts import alert_stage
 
 RECHECKED = "case.settlement_rechecked"
 RECONCILED = "case.execution_reconciled"
@@ -79,7 +82,7 @@ def case_settlement_recheck(
     """Look the pending settlement up on chain now, exactly as reconciliation does, and
     record what it showed; a settled payment not final yet gets the finality watch's look
     instead. Never re-signs; resubmits the same authorization only as
-    purchases.services.resubmit allows (and after a reorg, as the watch does). Raises
+    purchases.services.settle.resubmit allows (and after a reorg, as the watch does). Raises
     ActionNotSafe."""
     now = now_or(now)
     _require(purchase_id, Action.RECHECK_SETTLEMENT, now)

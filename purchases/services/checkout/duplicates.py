@@ -24,16 +24,11 @@ from core.canonical import sha256_hex
 from core.errors import DomainError, ErrorCode
 from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
-from purchases.services.quotes import quote_expire
+from purchases.selectors import DUPLICATE_REPEATABLE_STATES
+from purchases.services.quote.quotes import quote_expire
 from purchases.sql import duplicate_guard_upsert
 
 _COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
-# A payment in one of these states is the purchase a retry repeats; a failed one is not.
-_REPEATABLE_STATES = (
-    Purchase.PaymentState.PAYING,
-    Purchase.PaymentState.SETTLEMENT_PENDING,
-    Purchase.PaymentState.PAID,
-)
 
 
 def copy_label_validate(*, label: str | None) -> str:
@@ -99,28 +94,9 @@ def purchase_duplicate_of_quote(
         offering_id=OuterRef("offering_id"),
         duplicate_key=key,
         created_at__gt=since,
-        payment_state__in=_REPEATABLE_STATES,
+        payment_state__in=DUPLICATE_REPEATABLE_STATES,
     ).order_by("-pk")
     return Subquery(repeated.values("pk")[:1])
-
-
-def purchase_duplicate_find(
-    *, offering: Offering, duplicate_key: str, now: datetime
-) -> Purchase | None:
-    """The purchase a new payment with this key repeats, if one is inside the window."""
-    if not offering.duplicate_window:
-        return None
-    return (
-        Purchase.objects.select_related("offering", "quote")
-        .filter(
-            duplicate_key=duplicate_key,
-            offering=offering,
-            created_at__gt=now - offering.duplicate_window,
-            payment_state__in=_REPEATABLE_STATES,
-        )
-        .order_by("-pk")
-        .first()
-    )
 
 
 def duplicate_guard_lock(*, duplicate_key: str, now: datetime) -> bool:

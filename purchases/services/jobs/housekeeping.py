@@ -18,16 +18,15 @@ from core.refs import payment_id_hash
 from payments.models import Refund
 from payments.services import ledger_balances_mismatched
 from purchases.models import IdempotencyRecord, Offering, Quote
-from purchases.services.alerts import (
+from purchases.selectors import escalations_awaiting_alert, refunds_awaiting_alert
+from purchases.services.checkout.duplicates import duplicate_guards_prune
+from purchases.services.quote.quotes import quote_expire, quotes_purge_expired_batch
+from purchases.services.remedy.batches import row_isolated
+from purchases.services.shared.alerts import (
     escalation_alert,
-    escalations_awaiting_alert,
     refund_alert,
-    refunds_awaiting_alert,
 )
-from purchases.services.batches import row_isolated
-from purchases.services.duplicates import duplicate_guards_prune
-from purchases.services.job_runs import job_run
-from purchases.services.quotes import quote_expire, quotes_purge_expired_batch
+from purchases.services.shared.job_runs import job_run
 from purchases.x402.sign_in import wallet_sign_ins_prune
 
 logger = logging.getLogger(__name__)

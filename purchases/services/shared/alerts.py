@@ -9,11 +9,11 @@ and taken again if its sender died mid-send (the claim lease ran out).
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Model, Q
+from django.db.models import Model
 from django.utils import timezone
 
 from core.actors import Actor
@@ -28,11 +28,10 @@ from purchases.notify import (
     AlertReport,
     alert_send_report,
 )
-from purchases.services.outbox import outbox_stage
+from purchases.selectors import alert_unsent
+from purchases.services.shared.outbox import outbox_stage
 
 logger = logging.getLogger(__name__)
-# A sender that claimed an alert and did not finish within this is presumed dead.
-ALERT_CLAIM_LEASE = timedelta(minutes=10)
 
 
 def alert_stage(*, row: Refund | Escalation, now: datetime) -> None:
@@ -44,13 +43,6 @@ def alert_stage(*, row: Refund | Escalation, now: datetime) -> None:
     else:
         job, kwargs = "escalation_alert", {"escalation_id": row.pk}
     outbox_stage(job=job, kwargs=kwargs, dedup_key=f"{job}:{row.pk}", now=now)
-
-
-def _unsent() -> Q:
-    stale = timezone.now() - ALERT_CLAIM_LEASE
-    return Q(alerted_at__isnull=True) & (
-        Q(alert_claimed_at__isnull=True) | Q(alert_claimed_at__lt=stale)
-    )
 
 
 def _send_claimed(model: type[Model], pk: int, alert: Alert, purchase_id: int) -> bool:
@@ -91,7 +83,7 @@ def _note(purchase_id: int, alert: Alert, report: AlertReport | None, error: str
 
 def _claim(model: type[Model], pk: int) -> bool:
     return bool(
-        model._default_manager.filter(_unsent(), pk=pk).update(alert_claimed_at=timezone.now())
+        model._default_manager.filter(alert_unsent(), pk=pk).update(alert_claimed_at=timezone.now())
     )
 
 
@@ -140,19 +132,3 @@ def escalation_alert(*, escalation_id: int) -> bool:
         idempotency_key=f"tollbooth-escalation-{escalation.pk}",
     )
     return _send_claimed(Escalation, escalation_id, alert, escalation.purchase_id)
-
-
-def refunds_awaiting_alert(*, limit: int = 200) -> list[int]:
-    return list(
-        Refund.objects.filter(_unsent(), state=Refund.State.OWED)
-        .order_by("pk")
-        .values_list("pk", flat=True)[:limit]
-    )
-
-
-def escalations_awaiting_alert(*, limit: int = 200) -> list[int]:
-    return list(
-        Escalation.objects.filter(_unsent(), state=Escalation.State.OPEN)
-        .order_by("pk")
-        .values_list("pk", flat=True)[:limit]
-    )

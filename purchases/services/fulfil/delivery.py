@@ -20,7 +20,7 @@ from purchases import sql
 from purchases.events import event_note
 from purchases.models import Purchase
 from purchases.selectors import PENDING_RUN_STATES, pending_retry_after, purchase_status
-from purchases.services.receipts import (
+from purchases.services.fulfil.receipts import (
     is_final,
     purchase_receipt_issue,
     receipt_document,
@@ -66,7 +66,7 @@ def purchase_result_deliver(
     `created_with`: the purchase was created in this request with this payment (see
     purchase_status), so a pending answer reads nothing more. `attempt`: the purchase's
     latest payment attempt, if already read: an x402 settlement it shows not final yet
-    needs no look for a receipt to issue (purchases.services.receipts).
+    needs no look for a receipt to issue (purchases.services.fulfil.receipts).
 
     Raises DeliveryPending while the paid work runs or its outcome is unknown (never told
     as failed: it is checked again), and DomainError: payment_not_complete, execution_failed

@@ -44,17 +44,15 @@ from purchases.events import (
     purchase_move_record,
 )
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
-from purchases.selectors import purchase_capability_url
-from purchases.services.buyers import buyer_spend_cap_check
-from purchases.services.duplicates import (
+from purchases.selectors import purchase_capability_url, purchase_duplicate_find, purchase_reload
+from purchases.services.checkout.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
-    purchase_duplicate_find,
     purchase_duplicate_of_quote,
     purchase_duplicate_record,
     quote_release_if_unpaid,
 )
-from purchases.services.idempotency import (
+from purchases.services.checkout.idempotency import (
     KeyClaim,
     KeyedRequest,
     StoredAnswer,
@@ -62,9 +60,13 @@ from purchases.services.idempotency import (
     payment_id_mark_recorded,
     payment_id_store_answer,
 )
-from purchases.services.offerings import offering_stock_take
-from purchases.services.settlement import purchase_reload, purchase_settle_attempt, quote_terms
-from purchases.services.sweeper import purchase_execution_stage
+from purchases.services.fulfil.sweeper import purchase_execution_stage
+from purchases.services.quote.offerings import offering_stock_take
+from purchases.services.settle.settlement import (
+    purchase_settle_attempt,
+    quote_terms,
+)
+from purchases.services.shared.buyers import buyer_spend_cap_check
 
 A = TypeVar("A")
 A_co = TypeVar("A_co", covariant=True)

@@ -22,19 +22,13 @@ from payments.safe_refunds import safe_exported_refunds
 from payments.x402.chain import ChainUnavailable
 from payments.x402.networks import UnknownNetwork
 from purchases.events import event_record_change
-from purchases.models import Offering, Purchase
-from purchases.services.job_runs import job_run
+from purchases.models import Purchase
+from purchases.selectors import seller_wallets
+from purchases.services.shared.job_runs import job_run
 
 SAFE_BATCH_ACTOR = Actor.system("safe_batch_watch")
 
 logger = logging.getLogger(__name__)
-
-
-def seller_wallets(*, network: str) -> set[str]:
-    """The seller's wallets on `network`, lower-case: the offerings' recipients, the
-    relayers, and any listed in settings (TOLLBOOTH_SELLER_WALLETS)."""
-    recipients = Offering.objects.filter(network=network).values_list("pay_to", flat=True)
-    return {a.lower() for a in recipients if a} | paybacks.payments_wallets(network=network)
 
 
 def purchase_refund_payback_close(

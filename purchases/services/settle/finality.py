@@ -9,11 +9,11 @@ look again.
 If the transfer is gone from the chain, the timeline says so (`payment_attempt.reorged`),
 the attempt and the purchase are pending again, and the same signed authorization is
 settled again at once through the rail (our relayer's identical bytes in direct mode, the
-same payload to the facilitator in facilitator mode: purchases.services.resubmit), which
+same payload to the facilitator in facilitator mode: purchases.services.settle.resubmit), which
 EIP-3009 makes safe. If it can no longer land (window closed with its nonce unused, or the
 nonce spent by a transfer that does not pay us), settlement records the failure as
 "delivered, payment reversed" (`payment_reversed`) with an escalation and its alert
-(purchases.services.settlement).
+(purchases.services.settle.settlement).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from payments.x402.types import NetworkConfig
 from purchases import event_subjects as subjects
 from purchases.events import event_record, event_record_change, purchase_transition
 from purchases.models import Escalation, Purchase
-from purchases.services.batches import row_isolated
-from purchases.services.job_runs import job_run
-from purchases.services.receipts import purchase_receipt_issue, settlement_mined_at
-from purchases.services.remedies import escalation_open
-from purchases.services.settlement import settlement_follow_up, settlement_record_outcome
+from purchases.services.fulfil.receipts import purchase_receipt_issue, settlement_mined_at
+from purchases.services.remedy.batches import row_isolated
+from purchases.services.remedy.remedies import escalation_open
+from purchases.services.settle.settlement import settlement_follow_up, settlement_record_outcome
+from purchases.services.shared.job_runs import job_run
 
 REORGED = "settlement_reorged"
 MOVED = "transfer_moved"

@@ -30,12 +30,12 @@ from fulfillment.models import ExecutionAttempt
 from payments import selectors as payment_selectors
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Escalation, Purchase
-from purchases.services.execution import purchase_payment_evidence
-from purchases.services.job_runs import job_run
-from purchases.services.outbox import outbox_stage
-from purchases.services.remedies import escalation_resolve, purchase_remedy_after_failure
-from purchases.services.result_notify import fulfillment_notify
-from purchases.services.upstreams import offering_executor, purchase_job_spec
+from purchases.services.fulfil.execution import purchase_payment_evidence
+from purchases.services.fulfil.result_notify import fulfillment_notify
+from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
+from purchases.services.remedy.remedies import escalation_resolve, purchase_remedy_after_failure
+from purchases.services.shared.job_runs import job_run
+from purchases.services.shared.outbox import outbox_stage
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState

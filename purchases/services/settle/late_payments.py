@@ -14,8 +14,8 @@ from core.actors import Actor
 from payments.models import PaymentAttempt, Refund
 from purchases.events import event_record, purchase_transition
 from purchases.models import Offering, Purchase, PurchaseEvent
-from purchases.services.offerings import offering_stock_take
-from purchases.services.remedies import purchase_refund_create
+from purchases.services.quote.offerings import offering_stock_take
+from purchases.services.remedy.remedies import purchase_refund_create
 
 PAY = Purchase.PaymentState
 LATE = "late_settlement"

@@ -14,8 +14,8 @@ from payments.models import PaymentAttempt, Refund
 from payments.rails import rail_for
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Offering, Purchase
-from purchases.services.alerts import alert_stage
-from purchases.services.paybacks import purchase_refund_payback_close
+from purchases.services.remedy.paybacks import purchase_refund_payback_close
+from purchases.services.shared.alerts import alert_stage
 
 
 def escalation_open(
@@ -199,7 +199,7 @@ def purchase_refund_mark_paid(
 ) -> Refund:
     """Finance paid a refund back: close it with the payment's reference, on the timeline.
     A chain refund's reference is its payback's transaction, judged on chain first
-    (purchases.services.paybacks): it may come back still owed, its payback pending.
+    (purchases.services.remedy.paybacks): it may come back still owed, its payback pending.
 
     Raises ValueError for an empty reference or one that differs from an earlier close, and
     RefundPaybackRefused (a ValueError) naming the failed check of a chain payback.

@@ -21,7 +21,7 @@ from core.refs import new_ref
 from payments.rails import QuoteTerms
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
-from purchases.services.offerings import offering_stock_release, offering_stock_take
+from purchases.services.quote.offerings import offering_stock_release, offering_stock_take
 from purchases.sql import event_after_insert
 
 

@@ -3,7 +3,7 @@ money's keeper said.
 
 An attempt whose first broadcast may already have happened is looked up before anything is
 sent again; what is sent again is only ever the same signed payment, and only as
-`purchases.services.resubmit` allows. Network I/O happens with no transaction open; the
+`purchases.services.settle.resubmit` allows. Network I/O happens with no transaction open; the
 outcome is recorded after, under the purchase's lock.
 """
 
@@ -23,7 +23,6 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
-from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
@@ -34,17 +33,17 @@ from purchases.events import (
     purchase_transition,
 )
 from purchases.models import Offering, Purchase
-from purchases.services.late_payments import settlement_unexpected
-from purchases.services.quotes import quote_terms
-from purchases.services.remedies import escalation_open_payment_reversed
-from purchases.services.resubmit import payment_resubmit_if_due
-from purchases.services.settlement_events import (
+from purchases.services.fulfil.sweeper import purchase_execution_stage, purchase_executions_stage
+from purchases.services.quote.quotes import quote_terms
+from purchases.services.remedy.remedies import escalation_open_payment_reversed
+from purchases.services.settle.late_payments import settlement_unexpected
+from purchases.services.settle.resubmit import payment_resubmit_if_due
+from purchases.services.settle.settlement_events import (
     payment_broadcast_record,
     relayer_gap_notes_record,
     settlement_notes_take,
     settler_answers_record,
 )
-from purchases.services.sweeper import purchase_execution_stage, purchase_executions_stage
 
 logger = logging.getLogger(__name__)
 PAY = Purchase.PaymentState
@@ -405,15 +404,3 @@ def purchase_queue_execution_if_due(
     )
     purchase_execution_stage(purchase_id=purchase.pk)
     return moved
-
-
-def purchase_reload(*, purchase: Purchase) -> Purchase:
-    # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
-    # the shared field object, which is not safe with threads serving requests.
-    return _PURCHASE_READ.get(pk=purchase.pk)
-
-
-# The answer's read of a purchase, compiled once per process (core.prepared).
-_PURCHASE_READ = PreparedQuery(
-    lambda pk: Purchase.objects.select_related("offering", "quote").filter(pk=pk), pk=int
-)

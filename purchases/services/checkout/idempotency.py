@@ -31,7 +31,7 @@ from purchases import event_subjects as subjects
 from purchases import sql
 from purchases.events import event_record
 from purchases.models import IdempotencyRecord, Purchase
-from purchases.services.leases import (
+from purchases.services.checkout.leases import (
     lease_abandoned,
     lease_done,
     lease_hold,
@@ -39,7 +39,7 @@ from purchases.services.leases import (
     lease_token_new,
     lease_until,
 )
-from purchases.services.receipts import signed_receipt_extra
+from purchases.services.fulfil.receipts import signed_receipt_extra
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ def _claim_recorded(request: KeyedRequest, token: str) -> KeyClaim:
 
 def _lease_is_live(record: IdempotencyRecord, now: datetime) -> bool:
     """Someone still works under this key: its lease is renewed (its holder's process
-    lives, purchases/services/leases.py) and, if this process is the holder, one of its
+    lives, purchases/services/checkout/leases.py) and, if this process is the holder, one of its
     requests still holds it."""
     if record.locked_until is None or record.locked_until <= now:
         return False
@@ -335,7 +335,7 @@ def payment_id_store_answer(
 def payment_id_release(*, claim: KeyClaim) -> None:
     """Give the key back unanswered (an unanticipated error): the next retry starts afresh
     from its recovery point. If the database cannot be reached to say so, the release is
-    sent when it can (purchases/services/leases.py); never raises for that."""
+    sent when it can (purchases/services/checkout/leases.py); never raises for that."""
     try:
         IdempotencyRecord.objects.filter(
             pk=claim.record_id,

@@ -44,7 +44,7 @@ from core.clock import now_or
 from core.prepared import PreparedUpdate
 from purchases import sql
 from purchases.models import OUTBOX_WAITING, JobRun, OutboxMessage
-from purchases.services.job_runs import job_run
+from purchases.services.shared.job_runs import job_run
 
 logger = logging.getLogger(__name__)
 

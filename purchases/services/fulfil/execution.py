@@ -39,10 +39,10 @@ from payments import selectors as payment_selectors
 from payments.models import Rail
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
-from purchases.services.receipts import receipt_facts, receipt_resource_url
-from purchases.services.remedies import purchase_remedy_after_failure
-from purchases.services.result_notify import fulfillment_notify
-from purchases.services.upstreams import offering_executor, purchase_job_spec
+from purchases.services.fulfil.receipts import receipt_facts, receipt_resource_url
+from purchases.services.fulfil.result_notify import fulfillment_notify
+from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
+from purchases.services.remedy.remedies import purchase_remedy_after_failure
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState

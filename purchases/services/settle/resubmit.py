@@ -33,9 +33,9 @@ from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record, events_batched
 from purchases.models import Escalation, Purchase, PurchaseEvent
-from purchases.services.quotes import quote_terms
-from purchases.services.remedies import escalation_open
-from purchases.services.settlement_events import (
+from purchases.services.quote.quotes import quote_terms
+from purchases.services.remedy.remedies import escalation_open
+from purchases.services.settle.settlement_events import (
     payment_drop_record,
     settlement_notes_take,
     settler_answers_record,
@@ -73,7 +73,7 @@ def payment_resubmit_next_at(*, attempt: PaymentAttempt) -> datetime | None:
         return None
     if attempt.reorged_at is not None and last <= attempt.reorged_at:
         # A reorg undid a transfer that had landed: no submission of it can be in flight,
-        # so the first one after the reorg need not wait (purchases.services.finality).
+        # so the first one after the reorg need not wait (purchases.services.settle.finality).
         return attempt.reorged_at
     if attempt.resubmissions == 0 and attempt.state == PaymentAttempt.State.SETTLEMENT_PENDING:
         return last

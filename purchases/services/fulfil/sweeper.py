@@ -11,36 +11,15 @@ import logging
 from collections import Counter
 from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 
 from core.clock import now_or
-from fulfillment.models import ExecutionAttempt
-from purchases.models import Purchase
-from purchases.services.job_runs import job_run
-from purchases.services.outbox import outbox_stage, outbox_stage_many
+from purchases.selectors import purchases_awaiting_execution
+from purchases.services.shared.job_runs import job_run
+from purchases.services.shared.outbox import outbox_stage, outbox_stage_many
 
 logger = logging.getLogger(__name__)
 EXECUTE_JOB = "purchase_execute"
-
-
-def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:
-    """Queued past the grace period, or running on an attempt whose lease has expired."""
-    now = now_or(now)
-    grace_cutoff = now - settings.TOLLBOOTH["SWEEP_GRACE"]
-    expired_lease = ExecutionAttempt.objects.filter(
-        state=ExecutionAttempt.State.RUNNING, lease_expires_at__lte=now
-    ).values("purchase_id")
-    ids = (
-        Purchase.objects.filter(
-            Q(fulfillment_state=Purchase.FulfillmentState.QUEUED, updated_at__lte=grace_cutoff)
-            | Q(fulfillment_state=Purchase.FulfillmentState.RUNNING, pk__in=expired_lease)
-        )
-        .order_by("updated_at")
-        .values_list("pk", flat=True)[:limit]
-    )
-    return list(ids)
 
 
 def purchase_execution_key(purchase_id: int) -> str:

@@ -1,0 +1,1 @@
+"""Modules that serve every boundary: the outbox, alerts, job runs, buyers and their API keys."""
