@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 
-from purchases.services import finality, housekeeping, outbox, paybacks, reconcile
+from purchases.services import finality, housekeeping, outbox, paybacks, payout_reconcile, reconcile
 from purchases.services.alerts import escalation_alert, refund_alert
 from purchases.services.execution import ExecutionRetryable, purchase_execute
 from purchases.services.execution_recheck import (
@@ -119,6 +119,17 @@ def heal_relayers_task() -> dict[str, int]:
 @shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
 def refund_paybacks_watch_task() -> dict[str, int]:
     return paybacks.refund_paybacks_watch()
+
+
+# A send is one bounded RPC call; a lost one is the reconcile job's (it sends the same bytes).
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+def payout_broadcast_task(*, payout_id: int) -> str:
+    return payout_reconcile.payout_broadcast(payout_id=payout_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
+def payouts_reconcile_task() -> dict[str, int]:
+    return payout_reconcile.payouts_reconcile()
 
 
 # --- the outbox (see OUTBOX_JOBS for the jobs it carries) --------------------------------
