@@ -112,6 +112,10 @@ def refund_payback_verify(
     `destination`: another wallet than the payer's, for a payout two people approved."""
     refund = Refund.objects.get(pk=refund_id)
     tx_hash = tx_hash.strip().lower()
+    live = refund.payouts.filter(state__in=LIVE_PAYOUT_STATES).exclude(tx_hash=tx_hash)
+    if live.exists():
+        # Closing it by another transfer would let the payout pay it a second time.
+        return PaybackVerdict(PaybackCode.PAYOUT_LIVE, tx_hash)
     used = _used_logs(network=refund.network, tx_hashes={tx_hash}, exclude=refund.pk)
     try:
         owed = _owed(refund, seller_wallets, used, destination)

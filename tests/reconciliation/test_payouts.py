@@ -20,8 +20,11 @@ from hexbytes import HexBytes
 
 from core.actors import Actor
 from core.errors import ErrorCode
+from devtools.test_token import mint
 from payments.models import Payout, Refund
+from payments.paybacks import RefundPaybackRefused
 from purchases.models import OutboxMessage, PurchaseEvent
+from purchases.services.paybacks import purchase_refund_payback_close
 from purchases.services.payout_reconcile import payout_broadcast, payouts_reconcile
 from purchases.services.payouts import (
     PayoutRefused,
@@ -30,6 +33,7 @@ from purchases.services.payouts import (
     refund_payout_approve,
     refunds_payout_approve,
 )
+from tests.fixtures.anvil import erc20_transfer
 from tests.reconciliation.payout_world import FINALITY_DEPTH, PayoutWorld, add_refund_wallet
 from tests.x402.e2e import PRICE, X402World
 
@@ -268,3 +272,51 @@ def test_refusals_name_their_code_and_record_nothing(payouts: PayoutWorld, setti
         refund_payout_approve(refund_id=refund.pk, actor=FAY)
     assert no_wallet.value.code == ErrorCode.PAYOUT_WALLET_UNCONFIGURED
     assert not Payout.objects.exists() and payouts.wallet_sent() == 0
+
+
+@pytest.mark.django_db
+def test_a_refund_with_a_live_payout_is_not_closed_by_another_transfer(
+    payouts: PayoutWorld,
+) -> None:
+    world = payouts.world
+    payer = world.payers[0]
+    refund = payouts.owed_refund(payer)
+    payout = refund_payout_approve(refund_id=refund.pk, actor=FAY)
+    # Someone also pays it back by hand from a seller wallet: a transfer the checks accept.
+    mint(world.w3, world.token, world.deployer, world.seller.address, PRICE)
+    by_hand = erc20_transfer(world.w3, world.token, world.seller, payer.address, PRICE)
+    world.node.mine(FINALITY_DEPTH)
+    with pytest.raises(RefundPaybackRefused) as refused:
+        purchase_refund_payback_close(refund_id=refund.pk, tx_hash=by_hand, now=None, actor=FAY)
+    assert refused.value.code == "payback_payout_live"
+    refund.refresh_from_db()
+    assert refund.state == "owed"
+    # The payout's own transfer still closes it.
+    assert payout_broadcast(payout_id=payout.pk) == "sent"
+    world.node.mine(FINALITY_DEPTH)
+    assert payouts_reconcile(now=later()) == {"confirmed": 1}
+
+
+@pytest.mark.django_db
+def test_a_payout_whose_nonce_another_transaction_took_fails_once_that_is_final(
+    payouts: PayoutWorld,
+) -> None:
+    world = payouts.world
+    refund = payouts.owed_refund()
+    payout = refund_payout_approve(refund_id=refund.pk, actor=FAY)
+    # The wallet's key used outside Tollbooth: another transaction takes the payout's nonce.
+    erc20_transfer(world.w3, world.token, payouts.wallet, world.payers[2].address, 1)
+    assert payout_broadcast(payout_id=payout.pk) == "known"  # "nonce too low": judged next
+    assert payouts_reconcile(now=later()) == {"pending:finality": 1}
+    payout.refresh_from_db()
+    assert (payout.state, payout.evidence["look"]) == ("broadcast", "nonce_taken")
+    world.node.mine(FINALITY_DEPTH)
+    assert payouts_reconcile(now=later(2)) == {"failed": 1}
+    payout.refresh_from_db()
+    refund.refresh_from_db()
+    assert (payout.state, payout.reason_code, refund.state) == (
+        "failed",
+        "payout_nonce_taken",
+        "owed",
+    )
+    assert payouts.balance(world.payers[0].address) == 100 * 10**6  # nothing reached the payer
