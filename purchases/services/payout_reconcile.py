@@ -171,8 +171,14 @@ def _resend(payout: Payout, network: NetworkConfig, look: PayoutLook, now: datet
                 evidence={**_evidence(payout, said=said), "broadcasts": payout.broadcasts},
             ),
         )
-    _pend(payout.pk, Awaiting.INCLUSION, {"look": look.look.value, "send": sent.value}, now)
-    return "resent"
+    arrived = sent in (Sent.SENT, Sent.KNOWN)
+    evidence = {
+        "look": look.look.value,
+        "send": sent.value,
+        **({"node_said": said} if said else {}),
+    }
+    _pend(payout.pk, Awaiting.INCLUSION if arrived else Awaiting.BROADCAST, evidence, now)
+    return "resent" if arrived else f"resend_{sent.value}"
 
 
 def _close(payout: Payout, look: PayoutLook, now: datetime) -> str:

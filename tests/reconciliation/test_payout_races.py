@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -50,9 +51,7 @@ def test_approvals_racing_never_pass_the_days_cap(
     refunds = [payouts.owed_refund(payer) for payer in x402_live_world.payers * 2]
     results = race(
         [
-            lambda refund_id=refund.pk, n=n: refund_payout_approve(
-                refund_id=refund_id, actor=Actor.staff(f"finance-{n}")
-            )
+            partial(refund_payout_approve, refund_id=refund.pk, actor=Actor.staff(f"finance-{n}"))
             for n, refund in enumerate(refunds)
         ]
     )
@@ -74,7 +73,7 @@ def test_one_refund_approved_at_once_by_several_people_gets_one_payout(
     refund = payouts.owed_refund()
     results = race(
         [
-            lambda n=n: refund_payout_approve(refund_id=refund.pk, actor=Actor.staff(f"f-{n}"))
+            partial(refund_payout_approve, refund_id=refund.pk, actor=Actor.staff(f"f-{n}"))
             for n in range(4)
         ]
     )
