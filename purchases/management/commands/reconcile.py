@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from payments.models import PaymentAttempt
-from purchases.services import housekeeping, outbox, paybacks, reconcile
+from purchases.services import housekeeping, outbox, paybacks, payout_reconcile, reconcile
 from purchases.services.sweeper import purchases_sweep_stalled
 
 
@@ -79,6 +79,7 @@ class Command(BaseCommand):
                 ("alerts", housekeeping.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),
                 ("refund_paybacks", lambda: Counter(paybacks.refund_paybacks_watch())),
+                ("payouts", lambda: Counter(payout_reconcile.payouts_reconcile())),
                 ("executions", purchases_sweep_stalled),
                 ("outbox_relay", outbox.outbox_relay_due),
                 ("prune_outbox", outbox.outbox_prune),
