@@ -79,6 +79,13 @@ class ErrorCode(StrEnum):
     RESULT_EXPIRED = "result_expired"
     RETENTION_EXPIRED = "retention_expired"
     RECEIPT_NOT_FOUND = "receipt_not_found"
+    # Payouts (finance, in the back office): refunds Tollbooth pays from the refund wallet.
+    PAYOUT_NOT_PAYABLE = "payout_not_payable"
+    PAYOUT_DESTINATION_INVALID = "payout_destination_invalid"
+    PAYOUT_CAP_EXCEEDED = "payout_cap_exceeded"
+    PAYOUT_SECOND_APPROVER_REQUIRED = "payout_second_approver_required"
+    PAYOUT_WALLET_UNCONFIGURED = "payout_wallet_unconfigured"
+    PAYOUT_CHAIN_UNAVAILABLE = "payout_chain_unavailable"
     # A dependency (the database, the broker) cannot be reached right now.
     SERVICE_UNAVAILABLE = "service_unavailable"
     # Anything unanticipated.
@@ -328,6 +335,45 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "This payment id's record is past retention; the purchase it paid is in the receipt.",
     ),
     ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
+    ErrorCode.PAYOUT_NOT_PAYABLE: CodeSpec(
+        409,
+        Owner.FINANCE,
+        "see_refund",
+        False,
+        "The refund cannot be paid out: not an owed chain refund, its payback already named, "
+        "or a payout of it is live.",
+    ),
+    ErrorCode.PAYOUT_DESTINATION_INVALID: CodeSpec(
+        400, Owner.FINANCE, "fix_destination", False, "The destination is not an address."
+    ),
+    ErrorCode.PAYOUT_CAP_EXCEEDED: CodeSpec(
+        409,
+        Owner.FINANCE,
+        "wait_for_next_day_or_raise_cap",
+        False,
+        "The payout would take the day's payouts in this asset past the daily cap.",
+    ),
+    ErrorCode.PAYOUT_SECOND_APPROVER_REQUIRED: CodeSpec(
+        403,
+        Owner.FINANCE,
+        "ask_another_approver",
+        False,
+        "A destination other than the payer's needs a second approver, another staff user.",
+    ),
+    ErrorCode.PAYOUT_WALLET_UNCONFIGURED: CodeSpec(
+        503,
+        Owner.FINANCE,
+        "configure_refund_wallet",
+        False,
+        "No refund wallet (signer, token) is configured for the refund's network.",
+    ),
+    ErrorCode.PAYOUT_CHAIN_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.FINANCE,
+        "retry_later",
+        True,
+        "The chain could not be read to sign the payout; nothing was recorded.",
+    ),
     ErrorCode.SERVICE_UNAVAILABLE: CodeSpec(
         503,
         Owner.SYSTEM,

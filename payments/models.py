@@ -453,3 +453,152 @@ class ExportBatch(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} export {self.pk}: {self.row_count} rows, {self.sha256[:12]}"
+
+
+# A payout that is not over: it holds its refund (one live payout per refund) and its
+# amount counts against the day's cap.
+LIVE_PAYOUT_STATES = ("awaiting_approval", "recorded", "broadcast", "confirmed")
+# Failure is final only on proof that no money moved (payments.payouts says which).
+PROVABLE_FAILURES = ("payout_reverted", "payout_nonce_taken")
+
+
+class Payout(ConcurrentTransitionMixin, models.Model):
+    """One transfer of a refund's money from the refund wallet, recorded (signed, its hash
+    and nonce known) before its broadcast, like a settlement: the same signed bytes are the
+    only ones ever sent for it, so it can be re-sent but never paid twice."""
+
+    class State(models.TextChoices):
+        AWAITING_APPROVAL = "awaiting_approval", "Awaiting a second approver"
+        RECORDED = "recorded", "Signed and recorded, not yet broadcast"
+        BROADCAST = "broadcast", "Broadcast, not yet confirmed final"
+        CONFIRMED = "confirmed", "Confirmed final: the refund is paid"
+        FAILED = "failed", "Failed, provably: no money moved"
+        CANCELLED = "cancelled", "Cancelled before it was signed"
+
+    refund = models.ForeignKey(Refund, on_delete=models.PROTECT, related_name="payouts")
+    network = models.CharField(max_length=64)
+    asset = models.CharField(max_length=64, help_text="The token contract paid in.")
+    destination = models.CharField(max_length=64)
+    amount = models.PositiveBigIntegerField(help_text="Atomic units.")
+    from_address = models.CharField(max_length=64, blank=True, help_text="The refund wallet.")
+    nonce = models.PositiveBigIntegerField(null=True, blank=True)
+    raw_transaction = models.TextField(blank=True)
+    tx_hash = models.CharField(max_length=80, null=True, blank=True)
+    # Who approved: a destination other than the payer's needs a second, different person.
+    approved_by = models.CharField(max_length=150)
+    approved_at = models.DateTimeField()
+    second_approved_by = models.CharField(max_length=150, blank=True)
+    second_approved_at = models.DateTimeField(null=True, blank=True)
+    # The UTC day whose cap this payout counts against (the day it was approved).
+    cap_day = models.DateField()
+    broadcast_started_at = models.DateTimeField(null=True, blank=True)
+    broadcast_at = models.DateTimeField(null=True, blank=True)
+    broadcasts = models.PositiveIntegerField(default=0, help_text="Sends of the same bytes.")
+    # What a pending payout waits for (payments.payouts.Awaiting) and when it is looked at
+    # next; what the last look saw.
+    awaiting = models.CharField(max_length=40, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    block_number = models.PositiveBigIntegerField(null=True, blank=True)
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+    reason_code = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    state = FSMField(default=State.RECORDED, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            # Never a second transfer for one refund while one may still land or has landed.
+            models.UniqueConstraint(
+                fields=["refund"],
+                condition=Q(state__in=LIVE_PAYOUT_STATES),
+                name="one_live_payout_per_refund",
+            ),
+            models.UniqueConstraint(
+                fields=["network", "tx_hash"],
+                condition=Q(tx_hash__isnull=False),
+                name="unique_payout_tx_hash",
+            ),
+            # One signed transaction per nonce of the refund wallet.
+            models.UniqueConstraint(
+                fields=["network", "from_address", "nonce"],
+                condition=Q(nonce__isnull=False),
+                name="one_payout_per_wallet_nonce",
+            ),
+        ]
+        indexes = [
+            # The reconcile job reads the payouts due: a few among many.
+            models.Index(
+                fields=["next_check_at"],
+                condition=Q(state__in=("recorded", "broadcast")),
+                name="payout_due",
+            ),
+            models.Index(fields=["network", "asset", "cap_day"], name="payout_cap_day"),
+        ]
+
+    def has_proof(self) -> bool:
+        return self.reason_code in PROVABLE_FAILURES
+
+    @transition(field=state, source=State.AWAITING_APPROVAL, target=State.RECORDED)
+    def approve_second(self, *, by: str, at: Any) -> None:
+        self.second_approved_by, self.second_approved_at = by, at
+
+    @transition(field=state, source=State.AWAITING_APPROVAL, target=State.CANCELLED)
+    def cancel(self, *, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    @transition(field=state, source=State.RECORDED, target=State.BROADCAST)
+    def mark_broadcast(self, *, at: Any) -> None:
+        self.broadcast_at = at
+
+    @transition(field=state, source=State.BROADCAST, target=State.CONFIRMED)
+    def confirm(self, *, block: int, at: Any) -> None:
+        self.block_number, self.confirmed_at = block, at
+        self.awaiting, self.next_check_at = "", None
+
+    @transition(
+        field=state,
+        source=[State.RECORDED, State.BROADCAST],
+        target=State.FAILED,
+        conditions=[has_proof],  # type: ignore[list-item]
+    )
+    def fail(self) -> None:
+        self.awaiting, self.next_check_at = "", None
+
+    def __str__(self) -> str:
+        return f"payout {self.pk} {self.amount} to {self.destination} ({self.state})"
+
+
+class PayoutWallet(models.Model):
+    """The refund wallet on one network and its next nonce, handed out under this row's
+    lock (as the relayer's), so concurrent approvals sign distinct nonces."""
+
+    network = models.CharField(max_length=64)
+    address = models.CharField(max_length=64)
+    next_nonce = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["network", "address"], name="one_payout_wallet_row"),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund wallet {self.address} on {self.network} (next {self.next_nonce})"
+
+
+class PayoutDay(models.Model):
+    """The lock of one day's payout cap in one asset: approvals of that day and asset take
+    it before they sum what the day already holds, so two cannot both pass the cap."""
+
+    network = models.CharField(max_length=64)
+    asset = models.CharField(max_length=64)
+    day = models.DateField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["network", "asset", "day"], name="one_payout_day"),
+        ]
+
+    def __str__(self) -> str:
+        return f"payouts of {self.day} in {self.asset} on {self.network}"

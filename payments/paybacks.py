@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from eth_utils import is_address
 
 from core.changes import Change
-from payments.models import Refund
+from payments.models import LIVE_PAYOUT_STATES, Payout, Refund
 from payments.services import RefundReferenceInvalid
 from payments.x402.chain import ChainReader
 from payments.x402.networks import UnknownNetwork, network_config
@@ -61,11 +61,13 @@ def _used_logs(*, network: str, tx_hashes: set[str], exclude: int | None) -> fro
     return frozenset(rows.values_list("payback_tx_hash", "payback_log_index"))
 
 
-def _owed(refund: Refund, seller_wallets: set[str], used: frozenset) -> PaybackOwed:
+def _owed(
+    refund: Refund, seller_wallets: set[str], used: frozenset, destination: str | None = None
+) -> PaybackOwed:
     """Raises UnknownNetwork."""
     return PaybackOwed(
         network=network_config(refund.network),
-        destination=refund.payer,
+        destination=destination or refund.payer,
         amount=refund.amount,
         seller_wallets=frozenset(w.lower() for w in seller_wallets),
         used_logs=used,
@@ -73,15 +75,25 @@ def _owed(refund: Refund, seller_wallets: set[str], used: frozenset) -> PaybackO
 
 
 def refund_payback_verify(
-    *, refund_id: int, tx_hash: str, seller_wallets: set[str], reader: ChainReader | None = None
+    *,
+    refund_id: int,
+    tx_hash: str,
+    seller_wallets: set[str],
+    reader: ChainReader | None = None,
+    destination: str | None = None,
 ) -> PaybackVerdict:
     """Ask the chain whether `tx_hash` pays refund `refund_id` back. No transaction may be
-    open (it is network I/O); the verdict is recorded by refund_payback_record."""
+    open (it is network I/O); the verdict is recorded by refund_payback_record.
+    `destination`: another wallet than the payer's, for a payout two people approved."""
     refund = Refund.objects.get(pk=refund_id)
     tx_hash = tx_hash.strip().lower()
+    live = refund.payouts.filter(state__in=LIVE_PAYOUT_STATES).exclude(tx_hash=tx_hash)
+    if live.exists():
+        # Closing it by another transfer would let the payout pay it a second time.
+        return PaybackVerdict(PaybackCode.PAYOUT_LIVE, tx_hash)
     used = _used_logs(network=refund.network, tx_hashes={tx_hash}, exclude=refund.pk)
     try:
-        owed = _owed(refund, seller_wallets, used)
+        owed = _owed(refund, seller_wallets, used, destination)
     except UnknownNetwork:
         return PaybackVerdict(PaybackCode.NETWORK_UNKNOWN, tx_hash)
     if not is_address(owed.network.token_address):
@@ -222,7 +234,7 @@ def refunds_unmatched(*, limit: int = 500) -> list[Refund]:
     for their transfer."""
     rows = Refund.objects.filter(
         state=Refund.State.OWED, method=Refund.Method.PAY_BACK, payback_tx_hash="", match_tx_hash=""
-    )
+    ).exclude(payouts__state__in=LIVE_PAYOUT_STATES)  # a payout closes those itself
     return list(rows.select_related("payment_attempt").order_by("pk")[:limit])
 
 
@@ -243,6 +255,12 @@ def refund_payback_find(
             "match_tx_hash", "match_log_index"
         )
     )
+    # A payout's transfer pays its own refund: never offered to another one.
+    payout_txs = set(
+        Payout.objects.filter(network=network, tx_hash__isnull=False).values_list(
+            "tx_hash", flat=True
+        )
+    )
     for refund in refunds:
         owed = _owed(refund, seller_wallets, frozenset())
         attempt = refund.payment_attempt
@@ -257,6 +275,7 @@ def refund_payback_find(
             if (
                 transfer.value == refund.amount
                 and (transfer.tx_hash, transfer.log_index) not in used
+                and transfer.tx_hash not in payout_txs
             ):
                 found[refund.pk] = transfer
                 taken.add((transfer.tx_hash, transfer.log_index))

@@ -9,7 +9,14 @@ from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, NullIf
 from eth_account import Account
 
-from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Refund, RelayerAccount
+from payments.models import (
+    LIVE_ATTEMPT_STATES,
+    PaymentAttempt,
+    PayoutWallet,
+    Refund,
+    RelayerAccount,
+)
+from payments.signers import refund_wallet_address
 
 
 def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
@@ -68,6 +75,15 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
     for raw in configs.values() if network is None else [configs.get(network, {})]:
         if raw.get("relayer_private_key"):
             wallets.add(relayer_key_address(raw["relayer_private_key"]))
+    # The refund wallet (payouts), configured now and every one that ever signed a payout.
+    payout_wallets = PayoutWallet.objects.all()
+    if network is not None:
+        payout_wallets = payout_wallets.filter(network=network)
+    wallets |= {a.lower() for a in payout_wallets.values_list("address", flat=True)}
+    for name in configs if network is None else [network]:
+        refund_wallet = refund_wallet_address(network=name)
+        if refund_wallet:
+            wallets.add(refund_wallet)
     return wallets
 
 

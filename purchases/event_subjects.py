@@ -29,6 +29,11 @@ PAYMENT_REORGED = "payment_attempt.reorged"
 PAYMENT_FINAL = "payment_attempt.final"
 FACILITATOR_ANSWERED = "facilitator.answered"
 
+# --- payouts: a refund paid from the refund wallet (purchases/services/remedy/payouts.py) ---
+PAYOUT = "payout"
+PAYOUT_BROADCAST = "payout.broadcast"
+PAYOUT_REBROADCAST = "payout.rebroadcast"
+
 # --- the payment id ------------------------------------------------------------------------
 PAYMENT_ID_REPLAYED = "payment_id.replayed"
 PAYMENT_ID_IN_FLIGHT = "payment_id.in_flight"
@@ -88,6 +93,15 @@ SUBJECTS: dict[str, str] = {
     FACILITATOR_ANSWERED: (
         "What the facilitator answered to /verify or /settle: HTTP status, valid or success, "
         "the reason it gave, the transaction (never the whole body)."
+    ),
+    PAYOUT: (
+        "A payout of a refund moved: approved (awaiting a second approver, or recorded with "
+        "its signed transaction), confirmed final, provably failed, or cancelled."
+    ),
+    PAYOUT_BROADCAST: "The payout's signed transaction was sent (or the send was refused).",
+    PAYOUT_REBROADCAST: (
+        "The payout's transaction was unknown to the node with its nonce free (dropped): "
+        "the same signed bytes were sent again."
     ),
     PAYMENT_ID_REPLAYED: "The same payment id and request came again: the stored answer.",
     PAYMENT_ID_IN_FLIGHT: "The payment id came again while its first request ran: 409.",

@@ -80,7 +80,15 @@ _REFUND = (
     "network payer transaction reason_code state created_at paid_reference paid_by paid_at "
     "ledger_reference note proposed_by decided_by decided_at paid_back payback payback_tx_hash "
     "payback_log_index payback_block_number payback_code payback_evidence payback_checked_at "
-    "payback_next_check_at match_tx_hash match_log_index match_block_number match_found_at"
+    "payback_next_check_at match_tx_hash match_log_index match_block_number match_found_at "
+    "payout"
+)
+# A payout's signed bytes are the wallet's own transaction, as the relayer's: superusers only.
+_PAYOUT = (
+    "pk refund refund__purchase__ref network asset destination amount amount_human state "
+    "status from_address nonce tx_hash approved_by approved_at second_approved_by "
+    "second_approved_at cap_day broadcast_started_at broadcast_at broadcasts awaiting "
+    "checked_at next_check_at evidence block_number confirmed_at reason_code created_at"
 )
 _LEDGER = (
     "pk reference buyer buyer__ref kind amount amount_human asset purchase purchase__ref memo "
@@ -130,6 +138,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.apikey": _scope("prefix label created_at revoked_at"),
         "payments.paymentattempt": _scope(f"{_ATTEMPT_MONEY} {_ATTEMPT_EVIDENCE}"),
         "payments.refund": _scope(_REFUND),
+        "payments.payout": _scope(_PAYOUT),
         "payments.ledgerentry": _scope(_LEDGER),
         "payments.ledgerbalance": _scope(_BALANCE),
         "fulfillment.executionattempt": _scope(
@@ -155,8 +164,11 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchaseevent": _scope(_TIMELINE),
         "payments.paymentattempt": _scope(_ATTEMPT_MONEY),
         "payments.refund": _scope(
-            _REFUND, actions="mark_paid_back confirm_payback_match export_safe_batch export_csv"
+            _REFUND,
+            actions="approve_payouts mark_paid_back confirm_payback_match export_safe_batch "
+            "export_csv",
         ),
+        "payments.payout": _scope(_PAYOUT, actions="approve_second_payout cancel_payout"),
         "payments.ledgerentry": _scope(_LEDGER, actions="top_up"),
         "payments.ledgerbalance": _scope(_BALANCE),
         "payments.exportbatch": _scope(

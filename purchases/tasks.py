@@ -15,7 +15,7 @@ from purchases.services.fulfil.execution_recheck import (
 )
 from purchases.services.fulfil.sweeper import purchases_sweep_stalled
 from purchases.services.jobs import housekeeping, reconcile
-from purchases.services.remedy import paybacks
+from purchases.services.remedy import paybacks, payout_reconcile
 from purchases.services.settle import finality
 from purchases.services.shared import outbox
 from purchases.services.shared.alerts import escalation_alert, refund_alert
@@ -122,6 +122,17 @@ def heal_relayers_task() -> dict[str, int]:
 @shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
 def refund_paybacks_watch_task() -> dict[str, int]:
     return paybacks.refund_paybacks_watch()
+
+
+# A send is one bounded RPC call; a lost one is the reconcile job's (it sends the same bytes).
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+def payout_broadcast_task(*, payout_id: int) -> str:
+    return payout_reconcile.payout_broadcast(payout_id=payout_id)
+
+
+@shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
+def payouts_reconcile_task() -> dict[str, int]:
+    return payout_reconcile.payouts_reconcile()
 
 
 # --- the outbox (see OUTBOX_JOBS for the jobs it carries) --------------------------------

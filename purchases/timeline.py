@@ -113,6 +113,18 @@ EVENT_LABELS: dict[str, Label] = {
             "declined": "Refund proposal declined",
         },
     ),
+    "payout": Label(
+        "Payout updated",
+        by_state={
+            "awaiting_approval": "Payout approved (awaiting a second approver)",
+            "recorded": "Payout approved and signed (recorded before its broadcast)",
+            "confirmed": "Payout confirmed final",
+            "failed": "Payout failed (proven: no money moved)",
+            "cancelled": "Payout cancelled",
+        },
+    ),
+    "payout.broadcast": Label("Payout broadcast"),
+    "payout.rebroadcast": Label("Payout re-sent (same signed transaction)"),
     "escalation": Label(
         "Escalation updated",
         by_state={"open": "Escalated", "resolved": "Escalation resolved"},

@@ -14,7 +14,7 @@ import factory
 from django.utils import timezone
 
 from fulfillment.executors.report import REPORT_INPUT_SCHEMA
-from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund
+from payments.models import LedgerEntry, PaymentAttempt, Payout, Rail, Refund
 from payments.services import ledger_credit
 from purchases.models import Buyer, Escalation, IdempotencyRecord, Offering, Purchase, Quote
 
@@ -207,6 +207,38 @@ class RefundFactory(factory.django.DjangoModelFactory[Refund]):
             paid_reference="bank-transfer-1",
             paid_by="finance",
             paid_at=factory.LazyFunction(timezone.now),
+        )
+
+
+class PayoutFactory(factory.django.DjangoModelFactory[Payout]):
+    """A payout of an owed chain refund, signed and recorded (not broadcast) unless a trait
+    says otherwise. The bytes are placeholders: chain tests approve through the service."""
+
+    class Meta:
+        model = Payout
+
+    refund = factory.SubFactory(RefundFactory)
+    network = factory.LazyAttribute(lambda o: o.refund.network)
+    asset = factory.LazyAttribute(lambda o: o.refund.asset)
+    destination = factory.LazyAttribute(lambda o: o.refund.payer)
+    amount = factory.LazyAttribute(lambda o: o.refund.amount)
+    from_address = "0x" + "5" * 40
+    nonce = factory.Sequence(int)
+    tx_hash = factory.Sequence(lambda n: "0x" + f"{n:064x}")
+    raw_transaction = "0x02"
+    approved_by = "fay-finance"
+    approved_at = factory.LazyFunction(timezone.now)
+    cap_day = factory.LazyFunction(lambda: timezone.now().date())
+    awaiting = "broadcast"
+    state = Payout.State.RECORDED
+
+    class Params:
+        awaiting_approval = factory.Trait(
+            state=Payout.State.AWAITING_APPROVAL,
+            awaiting="second_approval",
+            nonce=None,
+            tx_hash=None,
+            raw_transaction="",
         )
 
 

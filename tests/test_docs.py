@@ -76,3 +76,12 @@ def test_finance_guide_names_every_payback_code() -> None:
     missing = [code.value for code in PaybackCode if f"`{code.value}`" not in guide]
     # `payback_closes` is the timeline's reason for a close, named in the text.
     assert missing == []
+
+
+def test_finance_guide_names_every_payout_wait_and_proven_failure() -> None:
+    from payments.models import PROVABLE_FAILURES
+    from payments.payouts import Awaiting
+
+    guide = (ROOT / "docs/finance.md").read_text()
+    names = [a.value for a in Awaiting] + list(PROVABLE_FAILURES)
+    assert [name for name in names if f"`{name}`" not in guide] == []

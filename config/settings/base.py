@@ -364,6 +364,26 @@ TOLLBOOTH = {
     # A payback named before it is final (or while the node did not answer) is looked at
     # again this long after; the watch also offers transfers it finds as matches.
     "PAYBACK_RECHECK": timedelta(seconds=env.int("TOLLBOOTH_PAYBACK_RECHECK_SECONDS", default=60)),
+    # Payouts (docs/finance.md#payouts): refunds Tollbooth pays itself from the refund
+    # wallet. Its key comes from the environment only (X402_<NET>_REFUND_WALLET_KEY per
+    # network, else this one); TOLLBOOTH_REFUND_SIGNER names another signer class (a KMS).
+    "REFUND_WALLET_KEY": env.str("TOLLBOOTH_REFUND_WALLET_KEY", default=""),
+    "REFUND_SIGNER": env.str("TOLLBOOTH_REFUND_SIGNER", default="payments.signers.EnvKeySigner"),
+    # The most the refund wallet pays out per UTC day, per asset, in atomic units:
+    # `<token address>=<units>` pairs, `*` for every other asset. An asset with no cap pays
+    # nothing out (a forgotten setting must not mean "no limit").
+    "PAYOUT_DAILY_CAPS": {
+        str(asset).lower(): int(units)
+        for asset, units in env.dict("TOLLBOOTH_PAYOUT_DAILY_CAPS", default={}).items()
+    },
+    # A payout recorded this long without its broadcast (the worker died, the broker was
+    # down) is sent by the reconcile job; a pending one is looked at again this often.
+    "PAYOUT_BROADCAST_GRACE": timedelta(
+        seconds=env.float("TOLLBOOTH_PAYOUT_BROADCAST_GRACE_SECONDS", default=60.0)
+    ),
+    "PAYOUT_RECHECK": timedelta(
+        seconds=env.float("TOLLBOOTH_PAYOUT_RECHECK_SECONDS", default=30.0)
+    ),
     # The external job service used by the http_job executor.
     "JOB_SERVICE_URL": env.str("JOB_SERVICE_URL", default="http://127.0.0.1:8765"),
     "JOB_SERVICE_TIMEOUT": env.float("JOB_SERVICE_TIMEOUT_SECONDS", default=5.0),
@@ -391,6 +411,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_LOCAL_FINALITY_DEPTH", default=3),
         "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+        "refund_wallet_key": env.str("X402_LOCAL_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
     },
     "eip155:84532": {  # Base Sepolia
@@ -407,6 +428,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_BASE_SEPOLIA_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+        "refund_wallet_key": env.str("X402_BASE_SEPOLIA_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
     },
     "eip155:8453": {  # Base mainnet
@@ -423,6 +445,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_BASE_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+        "refund_wallet_key": env.str("X402_BASE_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
 }
@@ -498,6 +521,7 @@ OUTBOX_JOBS = {
     "purchase_execute": "purchases.tasks.purchase_execute_task",
     "purchase_execution_recheck": "purchases.tasks.purchase_execution_recheck_task",
     "refund_alert": "purchases.tasks.refund_alert_task",
+    "payout_broadcast": "purchases.tasks.payout_broadcast_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
 }
 
@@ -569,6 +593,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "purchases.tasks.refund_paybacks_watch_task",
         "schedule": 60.0,
     },
+    # Payouts recorded but never broadcast (a worker died between the two), dropped from the
+    # pool (sent again, the same bytes), or not final yet: each is looked at when due, and
+    # its refund closes on the chain's proof once final. Idle runs are one indexed query.
+    "reconcile-payouts": {"task": "purchases.tasks.payouts_reconcile_task", "schedule": 30.0},
     # Refund-owed alerts that a crashed process never sent.
     "send-pending-alerts": {"task": "purchases.tasks.send_pending_alerts_task", "schedule": 60.0},
 }

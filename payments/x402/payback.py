@@ -42,6 +42,8 @@ class PaybackCode(StrEnum):
     NOT_FROM_SELLER = "payback_not_from_seller"
     WRONG_AMOUNT = "payback_wrong_amount"
     ALREADY_USED = "payback_already_used"
+    # A payout of the refund (from the refund wallet) is live: it alone may close it.
+    PAYOUT_LIVE = "payback_payout_live"
 
 
 PENDING_CODES = frozenset(
@@ -64,6 +66,8 @@ MESSAGES = {
     PaybackCode.NOT_FROM_SELLER: "The transfer to the destination is not from a seller wallet.",
     PaybackCode.WRONG_AMOUNT: "The transfer to the destination is not of the amount owed.",
     PaybackCode.ALREADY_USED: "That transfer already closes another refund.",
+    PaybackCode.PAYOUT_LIVE: "A payout of this refund is live and pays it itself: wait for it, "
+    "or cancel it while it awaits its second approver.",
 }
 
 

@@ -6,6 +6,14 @@ and fulfilment records lives here too, not in payments or fulfillment (which nev
 purchases).
 """
 
-from purchases.admin import catalog, evidence, finance, fulfillment, payments, purchases
+from purchases.admin import (
+    catalog,
+    evidence,
+    finance,
+    fulfillment,
+    payments,
+    payouts,
+    purchases,
+)
 
-__all__ = ["catalog", "evidence", "finance", "fulfillment", "payments", "purchases"]
+__all__ = ["catalog", "evidence", "finance", "fulfillment", "payments", "payouts", "purchases"]

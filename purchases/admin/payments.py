@@ -43,6 +43,7 @@ from purchases.admin.finance import (
     refund_safe_batch,
     with_asset_units,
 )
+from purchases.admin.payouts import approve_payouts_view, refund_payout_status
 from purchases.models import Buyer, Offering
 from purchases.selectors import refund_search_ids
 from purchases.services.remedy.paybacks import purchase_refund_match_confirm
@@ -228,7 +229,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
     search_fields = ("=purchase__ref", "=payer", "=transaction", "=paid_reference")
     show_full_result_count = False
     paginator = CappedCountPaginator
-    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference", "payback")
+    readonly_fields = ("amount_human", "asset_symbol", "ledger_reference", "payback", "payout")
     fields = (
         "purchase",
         "payment_attempt",
@@ -252,6 +253,7 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "paid_by",
         "paid_at",
         "payback",
+        "payout",
         "payback_tx_hash",
         "payback_log_index",
         "payback_block_number",
@@ -264,10 +266,19 @@ class RefundAdmin(ReadOnlyModelAdmin):
         "match_block_number",
         "match_found_at",
     )
-    actions = ("mark_paid_back", "confirm_payback_match", "export_safe_batch", "export_csv")
+    actions = (
+        "approve_payouts",
+        "mark_paid_back",
+        "confirm_payback_match",
+        "export_safe_batch",
+        "export_csv",
+    )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Refund]:
-        return ledger_reference_of_refunds(super().get_queryset(request))
+        # Each row's payouts (few, usually none): one query for the page.
+        return ledger_reference_of_refunds(super().get_queryset(request)).prefetch_related(
+            "payouts"
+        )
 
     def action_checkbox(self, obj: Refund) -> SafeString:
         # Django's own markup, written without a widget template per row: the 100 widget
@@ -305,17 +316,36 @@ class RefundAdmin(ReadOnlyModelAdmin):
     def payback(self, obj: Refund) -> str:
         return payback_status(obj)
 
+    @admin.display(description="payout")
+    def payout(self, obj: Refund) -> str:
+        return refund_payout_status(obj) or "-"
+
     @admin.display(description="paid reference", ordering="paid_reference")
     def paid_back(self, obj: Refund) -> str:
         # One cell for what paid it back, or what the chain offers (the page fits 1366 px):
-        # the reference, a pending payback and its next check, or a match to confirm.
+        # the reference, a pending payout or payback and its next check, or a match.
         if obj.state == Refund.State.PAID:
             return obj.paid_reference
+        payout = refund_payout_status(obj)
+        if payout and "pending" in payout:
+            return payout
         if obj.payback_tx_hash and obj.payback_next_check_at:
             return f"pending: {obj.payback_code}, next check {_utc(obj.payback_next_check_at)}"
         if obj.match_tx_hash:
             return f"match found: {obj.match_tx_hash}, confirm it"
         return "-"
+
+    def has_approve_payouts_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.role_allows_action(request, "approve_payouts")
+
+    @admin.action(
+        description="Pay out from the refund wallet (approve batch)",
+        permissions=["approve_payouts"],
+    )
+    def approve_payouts(
+        self, request: HttpRequest, queryset: QuerySet[Refund]
+    ) -> HttpResponse | None:
+        return approve_payouts_view(self, request, queryset)
 
     def has_mark_paid_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self.role_allows_action(request, "mark_paid_back")

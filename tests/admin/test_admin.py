@@ -44,7 +44,13 @@ from purchases.services.remedy.remedies import (
     purchase_refund_create,
 )
 from tests.conftest import CSV_INPUT
-from tests.factories import USDC_LOCAL, OfferingFactory, PaymentAttemptFactory, PurchaseFactory
+from tests.factories import (
+    USDC_LOCAL,
+    OfferingFactory,
+    PaymentAttemptFactory,
+    PayoutFactory,
+    PurchaseFactory,
+)
 from tests.fixtures.anvil import closed_port_url
 
 pytestmark = pytest.mark.django_db
@@ -129,6 +135,7 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
     JobRun.objects.create(
         job="pending_settlements", started_at=now, finished_at=now, stats={"claimed": 0}
     )
+    PayoutFactory.create(refund=owed)
     return World(prepaid, x402, owed, paid, escalation)
 
 
@@ -198,6 +205,7 @@ def test_every_admin_renders_its_list_and_detail(world: World, superuser: Client
         "JobRun",
         "LedgerBalance",
         "ExportBatch",
+        "Payout",
     }
     export_batch_record(
         kind="refunds",
@@ -659,6 +667,7 @@ def test_roles_are_idempotent_and_exact() -> None:
         "view_purchase",
         "view_purchaseevent",
         "view_paymentattempt",
+        "view_payout",
     }
     support = second["support"]
     assert {"view_purchase", "view_refund", "view_ledgerentry", "view_result"} <= support

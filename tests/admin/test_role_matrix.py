@@ -34,6 +34,7 @@ from payments.models import (
     LedgerBalance,
     LedgerEntry,
     PaymentAttempt,
+    Payout,
     Refund,
 )
 from purchases.admin.case_file import CASE_EVIDENCE_NAMES
@@ -178,6 +179,12 @@ MARKS = [
     _m("purchases.idempotencyrecord", "lease_token", "markidemlease01", NOBODY),
     _m("purchases.jobrun", "job", "mark-job", SU),
     _m("purchases.jobrun", "error", "mark-jobrun-error", SU),
+    # Payouts: finance works them, support reads them; the signed bytes are superusers'.
+    _m("payments.payout", "destination", "0x" + "e5" * 20, ALL),
+    _m("payments.payout", "tx_hash", "0x" + "e6" * 32, ALL),
+    _m("payments.payout", "approved_by", "mark-payout-approver", ALL),
+    _m("payments.payout", "second_approved_by", "mark-payout-second", ALL),
+    _m("payments.payout", "raw_transaction", "0xmarkpayoutraw", ONLY_SUPERUSER),
     # Export batches: finance's books.
     _m("payments.exportbatch", "created_by", "mark-exporter", FU),
     _m("payments.exportbatch", "sha256", "e3" * 32, FU),
@@ -291,6 +298,24 @@ def _seed() -> dict[str, Model]:
                 "note",
                 "proposed_by",
                 "decided_by",
+            )
+        },
+    )
+    Payout.objects.create(
+        refund=Refund.objects.get(purchase=purchase),
+        network=purchase.network,
+        asset=purchase.asset,
+        amount=1,
+        approved_at=timezone.now(),
+        cap_day=timezone.now().date(),
+        **{
+            f: _v("payments.payout", f)
+            for f in (
+                "destination",
+                "tx_hash",
+                "approved_by",
+                "second_approved_by",
+                "raw_transaction",
             )
         },
     )

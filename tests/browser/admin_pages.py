@@ -12,7 +12,14 @@ from typing import Any
 from django.urls import reverse
 
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from payments.models import ExportBatch, LedgerBalance, LedgerEntry, PaymentAttempt, Refund
+from payments.models import (
+    ExportBatch,
+    LedgerBalance,
+    LedgerEntry,
+    PaymentAttempt,
+    Payout,
+    Refund,
+)
 from purchases.models import Buyer, Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
 from purchases.roles import FINANCE, SUPPORT
 from tests.browser.admin_rows import PAYER
@@ -82,6 +89,9 @@ PAGES: list[AdminPage] = [
     AdminPage("refunds list, all", "admin:payments_refund_changelist", BOTH, query="?state=all"),
     AdminPage("refunds: mark paid back", "admin:payments_refund_changelist", F,
               action="mark_paid_back"),
+    AdminPage("refunds: approve payouts", "admin:payments_refund_changelist", F,
+              action="approve_payouts"),
+    *_model_pages(Payout, "payout", BOTH),
     *_model_pages(LedgerEntry, "top-up", BOTH),
     AdminPage("ledger entries: top up", "admin:payments_ledgerentry_top_up", F),
     *_model_pages(LedgerBalance, "balance", BOTH),

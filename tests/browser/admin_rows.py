@@ -36,6 +36,7 @@ from tests.factories import (
     IdempotencyRecordFactory,
     OfferingFactory,
     PaymentAttemptFactory,
+    PayoutFactory,
     PurchaseFactory,
     QuoteFactory,
     RefundFactory,
@@ -134,7 +135,26 @@ def _late_transfer(offering: Offering, buyer: Buyer, pks: dict[str, int]) -> Non
         authorization_nonce=_tx(0xA11CE),
         settlement_reference=_tx(0xFEED),
     )
-    RefundFactory.create(payment_attempt=late, transaction=late.tx_hash, note=PROSE)
+    refund = RefundFactory.create(payment_attempt=late, transaction=late.tx_hash, note=PROSE)
+    # Paid out to another wallet than the payer's, broadcast and awaiting finality.
+    pks["payout"] = PayoutFactory.create(
+        refund=refund,
+        destination=OTHER_PAYER,
+        tx_hash=_tx(0xB0B),
+        from_address=SELLER.lower(),
+        state="broadcast",
+        awaiting="finality",
+        approved_by="finance.lead@tollbooth.example",
+        second_approved_by="finance.second@tollbooth.example",
+        second_approved_at=timezone.now(),
+        evidence={
+            "code": "payback_awaiting_finality",
+            "depth": 17,
+            "finality_depth": 64,
+            "node_said": PROSE,
+        },
+        next_check_at=timezone.now(),
+    ).pk
     escalation = EscalationFactory.create(
         purchase=purchase,
         reason_code="late_settlement_after_facilitator_rejection_needs_a_person",

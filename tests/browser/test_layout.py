@@ -177,6 +177,8 @@ DOWNLOADS = {
     "export_safe_batch": "a JSON file, not a page",
     "assign_to_me": "applied at once, back to the list (its message is the list's)",
     "confirm_payback_match": "applied at once, back to the list (its message is the list's)",
+    "approve_second_payout": "applied at once, back to the list (its message is the list's)",
+    "cancel_payout": "applied at once, back to the list (its message is the list's)",
 }
 
 

@@ -17,7 +17,7 @@ from rich.table import Table
 from payments.models import PaymentAttempt
 from purchases.services.fulfil.sweeper import purchases_sweep_stalled
 from purchases.services.jobs import housekeeping, reconcile
-from purchases.services.remedy import paybacks
+from purchases.services.remedy import paybacks, payout_reconcile
 from purchases.services.shared import outbox
 
 
@@ -81,6 +81,7 @@ class Command(BaseCommand):
                 ("alerts", housekeeping.send_pending_alerts),
                 ("heal_relayers", reconcile.heal_relayers),
                 ("refund_paybacks", lambda: Counter(paybacks.refund_paybacks_watch())),
+                ("payouts", lambda: Counter(payout_reconcile.payouts_reconcile())),
                 ("executions", purchases_sweep_stalled),
                 ("outbox_relay", outbox.outbox_relay_due),
                 ("prune_outbox", outbox.outbox_prune),
