@@ -189,6 +189,8 @@ def test_a_transfer_that_landed_again_elsewhere_is_followed_not_resubmitted(worl
     landed = send_transfer_with_authorization(
         world.w3, world.token, world.deployer, signed["authorization"], signed["signature"]
     ).lower()
+    # Mined before the watch looks (automine answers the send before the block exists).
+    assert world.w3.eth.wait_for_transaction_receipt(landed, timeout=30)["status"] == 1
     assert landed != vanished
     stats = watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))
     assert stats["watching"] == 1

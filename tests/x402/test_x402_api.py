@@ -241,14 +241,16 @@ def test_authorization_already_used_on_chain_is_refused_before_broadcast(client,
     payer = x402_world.payers[0]
     payment = sign_payment(required_header(client, x402_world), payer, PAY_ID)
     decoded = decode_payment_signature_header(payment)
-    # Someone else broadcasts this exact authorization first.
-    send_transfer_with_authorization(
+    # Someone else broadcasts this exact authorization first, and it is mined (automine
+    # answers the send before the block exists).
+    sent = send_transfer_with_authorization(
         x402_world.w3,
         x402_world.token,
         x402_world.deployer,
         decoded.payload["authorization"],
         decoded.payload["signature"],
     )
+    assert x402_world.w3.eth.wait_for_transaction_receipt(sent, timeout=30)["status"] == 1
     response = ask(client, x402_world, payment=payment)
     assert response.status_code == 402
     assert response.json()["code"] == "authorization_used"

@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db.models import F
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -21,6 +20,7 @@ from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
 from purchases.models import JobRun, Purchase, PurchaseEvent
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
+from purchases.services.settle.resubmit import BACKOFF
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -30,6 +30,9 @@ BROADCAST = "payment_attempt.broadcast"
 ANSWERED = "facilitator.answered"
 GAP_CLOSED = "payment_attempt.relayer_gap_closed"
 DUPLICATE_OF = "Tollbooth-Duplicate-Of"
+# The wall-clock time this machine may take between a test stamping a backoff's start and
+# the request checking it: the backoff is proven not due this much before it ends.
+MARGIN = timedelta(seconds=5)
 
 
 def _first_payment(world: X402World, client: APIClient, payment_id: str | None) -> str:
@@ -87,10 +90,12 @@ def test_only_the_first_resubmission_skips_the_backoff(make_facilitated_world, d
     ask(client, world, payment=payment)  # try 1, at once; still refused
     ask(client, world, payment=payment)  # try 2 waits its 2 minutes
     assert double.calls["settle"] == 2
-    PaymentAttempt.objects.update(resubmitted_at=F("resubmitted_at") - timedelta(seconds=119))
+    # Try 1 stamped as 2 minutes ago less MARGIN, from now (not from its own stamp, which the
+    # rest of its request already aged by a second or more on a loaded machine).
+    PaymentAttempt.objects.update(resubmitted_at=timezone.now() - BACKOFF[1] + MARGIN)
     ask(client, world, payment=payment)
     assert double.calls["settle"] == 2
-    PaymentAttempt.objects.update(resubmitted_at=F("resubmitted_at") - timedelta(seconds=2))
+    PaymentAttempt.objects.update(resubmitted_at=timezone.now() - BACKOFF[1] - timedelta(seconds=1))
     double.mode = "ok"
     paid = ask(client, world, payment=payment)
 
