@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 NODE_STAMP := node_modules/.installed-$(shell cat package.json package-lock.json 2>/dev/null | sha256sum | cut -c1-12)
 
-.PHONY: install demo serve test lint typecheck pytest bench clean
+.PHONY: install demo serve test lint typecheck pytest bench bench-hosts clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,22 @@ serve: install
 BENCH_SCALE ?= full
 bench: install
 	$(BIN)/python bench/run.py --scale $(BENCH_SCALE) $(BENCH_ARGS)
+
+# The production shape across hosts (docs/deployment.md): network namespaces for a load
+# balancer (Debian's haproxy, installed as chromium and pgbouncer are), two web hosts, two
+# worker hosts and a private PostgreSQL and Redis host, a delay proxy on every link; then a
+# web host and a worker host cut off mid-load. Needs root (ip netns), as CI runs.
+# BENCH_SCALE=smoke: one repeat of one call per agent, one web fault.
+HAPROXY := /usr/sbin/haproxy
+$(HAPROXY):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "make bench-hosts: needs Debian's haproxy: sudo apt-get install haproxy" >&2; \
+	exit 1; fi; \
+	$$SUDO apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy
+
+bench-hosts: install $(HAPROXY)
+	$(BIN)/python bench/hosts.py --scale $(BENCH_SCALE) $(BENCH_HOSTS_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
