@@ -6,8 +6,9 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin, transition
 
+from core.fsm import FSMField
 from core.refs import new_ref
 from fulfillment.upstreams import upstream_validate
 

@@ -7,7 +7,9 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, transition
+
+from core.fsm import FSMField
 
 LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
 # Money not yet proven moved or not: what settlement and reconciliation look after.

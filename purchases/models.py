@@ -8,8 +8,9 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
-from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, transition
 
+from core.fsm import FSMField
 from core.refs import new_ref
 from payments.models import Rail
 
