@@ -29,7 +29,7 @@ from purchases.sql import duplicate_guard_upsert
 
 _COPY_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 # A payment in one of these states is the purchase a retry repeats; a failed one is not.
-_REPEATABLE_STATES = (
+REPEATABLE_STATES = (
     Purchase.PaymentState.PAYING,
     Purchase.PaymentState.SETTLEMENT_PENDING,
     Purchase.PaymentState.PAID,
@@ -99,7 +99,7 @@ def purchase_duplicate_of_quote(
         offering_id=OuterRef("offering_id"),
         duplicate_key=key,
         created_at__gt=since,
-        payment_state__in=_REPEATABLE_STATES,
+        payment_state__in=REPEATABLE_STATES,
     ).order_by("-pk")
     return Subquery(repeated.values("pk")[:1])
 
@@ -116,7 +116,7 @@ def purchase_duplicate_find(
             duplicate_key=duplicate_key,
             offering=offering,
             created_at__gt=now - offering.duplicate_window,
-            payment_state__in=_REPEATABLE_STATES,
+            payment_state__in=REPEATABLE_STATES,
         )
         .order_by("-pk")
         .first()
