@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def worker(requests: int, input_kb: int) -> dict[str, Any]:
     PurchaseEvent.objects.filter(quote__offering__slug=SLUG, purchase__isnull=True).delete()
     Quote.objects.filter(offering__slug=SLUG).delete()
     OfferingFactory.create(slug=SLUG)
-    rows = ["region,units"] + [f"r{i},{i}" for i in range(input_kb * 1024 // 8)]
+    # Random cells: an input PostgreSQL cannot compress (the worst case for what is stored).
+    rows = ["region,units"] + [f"{secrets.token_hex(3)},{i}" for i in range(input_kb * 1024 // 8)]
     body = {"title": "Sales", "csv": "\n".join(rows)[: input_kb * 1024]}
     client = APIClient()
 
@@ -74,11 +76,12 @@ def worker(requests: int, input_kb: int) -> dict[str, Any]:
         cpu.append((time.process_time() - start) * 1000)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), coalesce(sum(pg_column_size(q.*)), 0) FROM purchases_quote q "
+            "SELECT count(*), coalesce(sum(pg_column_size(q.*)), 0), "
+            "coalesce(sum(octet_length(q.canonical_input::text)), 0) FROM purchases_quote q "
             "WHERE q.id > %s",
             [last_quote],
         )
-        quotes, quote_bytes = cursor.fetchone()
+        quotes, quote_bytes, input_text_bytes = cursor.fetchone()
         cursor.execute(
             "SELECT count(*), coalesce(sum(pg_column_size(e.*)), 0) FROM purchases_purchaseevent e "
             "WHERE e.id > %s",
@@ -92,6 +95,8 @@ def worker(requests: int, input_kb: int) -> dict[str, Any]:
         "writes": len(writes),
         "rows_per_402": (quotes + events) / requests,
         "bytes_per_402": (quote_bytes + event_bytes) / requests,
+        # What the rows carry before PostgreSQL compresses the input (TOAST): sent and logged.
+        "input_text_bytes_per_402": input_text_bytes / requests,
         "input_bytes": len(json.dumps(body)),
     }
 
@@ -121,6 +126,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--input-kb", type=int, default=4)
     parser.add_argument("--sequential", action="store_true")
+    # The per-address throttle's default (TOLLBOOTH_THROTTLE_ADDRESS_RATE): 402s a minute.
+    parser.add_argument("--throttle-per-min", type=int, default=120)
     args = parser.parse_args()
     if args.worker:
         print(json.dumps(worker(args.requests, args.input_kb)))
@@ -167,7 +174,12 @@ def main() -> int:
             f"{side}: cpu median {statistics.median(cpus):.2f} ms; statements {last['statements']} "
             f"({last['statements_with_control']} with transaction control), writes "
             f"{last['writes']}, rows {last['rows_per_402']:.2f}, bytes {last['bytes_per_402']:.0f}"
-            " per 402"
+            f" stored ({last['input_text_bytes_per_402']:.0f} of input before compression) per "
+            f"402; at {args.throttle_per_min}/min per address: "
+            f"{last['rows_per_402'] * args.throttle_per_min:.0f} rows, "
+            f"{last['bytes_per_402'] * args.throttle_per_min / 1e6:.2f} MB stored, "
+            f"{last['input_text_bytes_per_402'] * args.throttle_per_min / 1e6:.2f} MB of input "
+            "a minute"
         )
     return 0
 
