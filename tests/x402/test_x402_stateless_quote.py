@@ -46,7 +46,7 @@ def _extra(response: Any) -> dict[str, Any]:
 
 
 def _row_counts() -> dict[str, int]:
-    return {model._meta.label: model.objects.count() for model in apps.get_models()}
+    return {model._meta.label: model._default_manager.count() for model in apps.get_models()}
 
 
 def _nothing_recorded(world) -> None:
