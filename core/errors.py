@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     QUOTE_EXPIRED = "quote_expired"
     INPUT_TOO_LARGE = "input_too_large"
     INPUT_MISMATCH = "input_mismatch"
+    QUOTE_TERMS_INVALID = "quote_terms_invalid"
     # Payment boundary.
     UNSUPPORTED_RAIL = "unsupported_rail"
     INSUFFICIENT_FUNDS = "insufficient_funds"
@@ -167,6 +168,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "request_quote",
         False,
         "The call's input is not the input of the quote its payment names.",
+    ),
+    ErrorCode.QUOTE_TERMS_INVALID: CodeSpec(
+        400,
+        Owner.BUYER,
+        "request_quote",
+        False,
+        "The quote's signed terms were changed or are not ours.",
     ),
     ErrorCode.UNSUPPORTED_RAIL: CodeSpec(
         400, Owner.BUYER, "fix_request", False, "This endpoint does not take that payment rail."

@@ -450,8 +450,15 @@ X402_NETWORKS = {
     },
 }
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
-# Anonymous 402s open a quote that lives this long and holds no stock.
+# Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
+# An anonymous 402 writes nothing: its quote's terms travel signed in the 402
+# (`accepts[].extra.signedQuote`, purchases/x402/quote_seal.py, docs/x402.md) and the quote is
+# written with the purchase. HMAC-SHA256 key: this one, or (empty) a key derived from
+# SECRET_KEY. Rotation: put the old key in the fallbacks (comma-separated) for at least
+# X402_ANONYMOUS_QUOTE_TTL_SECONDS; empty fallbacks: SECRET_KEY_FALLBACKS.
+X402_QUOTE_SIGNING_KEY = env.str("X402_QUOTE_SIGNING_KEY", default="")
+X402_QUOTE_SIGNING_KEY_FALLBACKS = env.list("X402_QUOTE_SIGNING_KEY_FALLBACKS", default=[])
 # After settlement the request waits this long for a fast job, then answers 202.
 X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
 # A 402's sign-in-with-x challenge is good this long (the extension's default: 5 minutes);

@@ -46,6 +46,9 @@ class Requirements:
     quote_id: str | None  # None: a price-only offer (no input yet, nothing to pay against)
     # Seller terms the buyer may read (e.g. the duplicate window); not signed, not checked.
     terms: tuple[tuple[str, int | str], ...] = ()
+    # A quote that was never written: its terms as signed by us (`extra.signedQuote`,
+    # purchases.x402.quote_seal), carried back in the payment's `accepted`.
+    signed_quote: tuple[tuple[str, int | str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ __all__ = [
     "PAYMENT_REQUIRED_HEADER",
     "PAYMENT_RESPONSE_HEADER",
     "PAYMENT_SIGNATURE_HEADER",
+    "SIGNED_QUOTE",
     "DecodedPayment",
     "MalformedPayment",
     "decode_payment",
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 
+# `accepts[].extra` key of a quote's signed terms (purchases.x402.quote_seal).
+SIGNED_QUOTE = "signedQuote"
 # An honest v2 payload is about 2 KB of base64; this leaves room for echoed extensions and
 # bounds what one header can make us decode (docs/security.md).
 MAX_PAYMENT_SIGNATURE_CHARS = 16_384
@@ -83,8 +86,13 @@ def requirements_wire(requirements: Requirements, network: NetworkConfig) -> Pay
             "version": network.token_version,
             **({"quote": requirements.quote_id} if requirements.quote_id else {}),
             **dict(requirements.terms),
+            **_signed_quote(requirements),
         },
     )
+
+
+def _signed_quote(requirements: Requirements) -> dict[str, Any]:
+    return {SIGNED_QUOTE: dict(requirements.signed_quote)} if requirements.signed_quote else {}
 
 
 def payment_required_header(

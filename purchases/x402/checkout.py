@@ -14,6 +14,8 @@ clients are asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -22,12 +24,13 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from payments.rails import Presentation
 from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
-from purchases.models import Buyer, Purchase
+from purchases.models import Buyer, Offering, Purchase, Quote
 from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.checkout.duplicates import copy_label_validate
 from purchases.services.quote.quotes import quote_input_canonicalize
-from purchases.x402.offers import X402PaidRoute, x402_route_paid
+from purchases.x402.offers import X402PaidRoute, x402_route_paid, x402_route_paid_sealed
 from purchases.x402.outcomes import x402_request_scope
+from purchases.x402.quote_seal import quote_from_seal, quote_seal_check, quote_seal_read
 
 A = TypeVar("A")
 
@@ -52,25 +55,54 @@ def x402_pay(
     copy_label: str | None = None,
     channel: str = Purchase.Channel.HTTP,
     raw_input: Any = None,
+    carried_input: Callable[[Offering], Any] | None = None,
     now: datetime | None = None,
 ) -> A:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
 
     `raw_input`: the input a door carries beside the payment (an MCP call's arguments); it
     must be the input of the quote the payment names. None: the quote's input is the input
-    (the paid URL ignores its body once paid).
+    (the paid URL ignores its body once paid) unless the quote is an unwritten one whose
+    terms the payment carries signed (purchases.x402.quote_seal): then `carried_input`, given
+    the offering, reads the input the request carries (the paid URL's body or query string),
+    which must be the quoted one.
     Raises DomainError (never stored): payment_signature_malformed, payment_identifier_invalid,
-    copy_label_invalid, invalid_payload, invalid_input, input_too_large, input_mismatch,
+    copy_label_invalid, invalid_payload, quote_terms_invalid (malformed signed terms),
+    invalid_input, input_too_large, input_mismatch,
     payment_in_flight, payment_identifier_conflict, verification_unavailable,
     authorization_in_use. Every other outcome is returned as `answers` render it, and stored
     or live.
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
+    now = now_or(now)
+    sealed = quote_seal_read(accepted=presentation.accepted)
+    unwritten: Quote | None = None
+    refusal: DomainError | None = None
     # The paid URL names the offering: only its quotes can be paid there.
-    route = x402_route_paid(offering_slug=offering_slug, quote_id=presentation.quote_id)
+    if sealed is None:
+        route = x402_route_paid(offering_slug=offering_slug, quote_id=presentation.quote_id)
+    else:
+        route = x402_route_paid_sealed(
+            offering_slug=offering_slug,
+            quote_id=sealed.quote_ref,
+            payer=presentation.payer,
+            buyer_ref=buyer.ref if buyer else None,
+            input_hash=sealed.input_hash,
+            copy_label=label,
+            now=now,
+        )
+        refusal = quote_seal_check(sealed=sealed, offering=route.offering)
+        if refusal is None and route.quote_input_hash is None:
+            # Not written yet (the usual case): written with the purchase, from the signed
+            # terms and the input this request carries, which must be the quoted one.
+            carried = raw_input if raw_input is not None else _carried(carried_input, route)
+            unwritten = quote_from_seal(sealed=sealed, offering=route.offering, raw_input=carried)
+            unwritten.duplicate_id = route.duplicate_id  # type: ignore[attr-defined]
+            unwritten.payer_owner_id = route.payer_owner_id  # type: ignore[attr-defined]
+            route = replace(route, quote_input_hash=sealed.input_hash)
     offering = route.offering
-    if raw_input is not None:
+    if raw_input is not None and unwritten is None and refusal is None:
         _input_matches_quote(route, raw_input)
     request = PaymentRequest(
         presentation=presentation,
@@ -78,15 +110,21 @@ def x402_pay(
         buyer=buyer,
         copy_label=label,
         offering=offering,
-        now=now_or(now),
+        now=now,
         unstored=UNSTORED_CODES,
         fingerprint=_request_fingerprint(presentation, route, buyer, label),
         channel=channel,
+        quote=unwritten,
+        quote_refusal=refusal,
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
     with x402_request_scope(offering=offering):
         return purchase_pay(request=request, answers=answers)
+
+
+def _carried(carried_input: Callable[[Offering], Any] | None, route: X402PaidRoute) -> Any:
+    return carried_input(route.offering) if carried_input is not None else None
 
 
 def _input_matches_quote(route: X402PaidRoute, raw_input: Any) -> None:

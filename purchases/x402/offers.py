@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,13 +31,18 @@ from payments.x402.sign_in import SignInChallenge, sign_in_declaration
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
 from purchases.events import event_record
-from purchases.models import Buyer, Offering, Quote
+from purchases.models import Buyer, BuyerWallet, Offering, Quote
+from purchases.services.checkout.duplicate_reads import (
+    duplicate_key_for_slug,
+    purchase_duplicate_of_offering,
+)
 from purchases.services.quote.quotes import (
     offering_get_active,
     quote_create,
     quote_input_canonicalize,
 )
 from purchases.x402.outcomes import x402_requirements, x402_requirements_for_offering
+from purchases.x402.quote_seal import quote_seal, quote_unwritten
 from purchases.x402.tool_offers import mcp_discovery_items
 
 # The largest bazaar description a 402 carries (JSON characters): echoed in base64 beside the
@@ -72,9 +77,15 @@ class X402Route:
 @dataclass(frozen=True)
 class X402PaidRoute(X402Route):
     """The paid URL's route and what the payment's quote asks for: the input hash of the
-    quote `accepted.extra.quote` names (None: no such quote of this offering)."""
+    quote `accepted.extra.quote` names (None: no such quote of this offering).
+
+    Read for a quote not yet written (its terms signed in the payment), also what its read
+    would otherwise bring: the purchase this payment would repeat (`duplicate_id`) and the
+    buyer the paying wallet is registered to (`payer_owner_id`)."""
 
     quote_input_hash: str | None
+    duplicate_id: int | None = None
+    payer_owner_id: int | None = None
 
 
 # Every paid request reads its offering; the named quote's input hash comes in the same
@@ -99,6 +110,34 @@ _PAID_OFFERING = PreparedQuery(
 )
 
 
+# The same for a payment of a quote whose terms it carries signed (purchases.x402.quote_seal):
+# with the duplicate it would repeat and the paying wallet's owner, so the quote's
+# terms, duplicate and owner come in this one read (no quote row to read them with).
+_PAID_OFFERING_SEALED = PreparedQuery(
+    lambda slug, quote, payer, duplicate_key, now: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            quote_input_hash=Subquery(
+                Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
+                    "input_hash"
+                )[:1]
+            ),
+            has_upstream=Exists(Upstream.objects.filter(offering_id=OuterRef("pk"))),
+            duplicate_id=purchase_duplicate_of_offering(duplicate_key=duplicate_key, now=now),
+            payer_owner_id=Subquery(
+                BuyerWallet.objects.filter(address=payer).values("buyer_id")[:1]
+            ),
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
+    quote=str,
+    payer=str,
+    duplicate_key=str,
+    now=datetime,
+)
+
+
 def x402_route(*, offering_slug: str) -> X402Route:
     """Raises DomainError: offering_not_found (also for an offering on no x402 network)."""
     return _route(offering_get_active(slug=offering_slug))
@@ -116,6 +155,44 @@ def x402_route_paid(*, offering_slug: str, quote_id: str | None) -> X402PaidRout
     return X402PaidRoute(route.offering, route.network, offering.quote_input_hash)  # type: ignore[attr-defined]
 
 
+def x402_route_paid_sealed(
+    *,
+    offering_slug: str,
+    quote_id: str,
+    payer: str,
+    buyer_ref: str | None,
+    input_hash: str,
+    copy_label: str,
+    now: datetime,
+) -> X402PaidRoute:
+    """x402_route_paid for a payment carrying its quote's signed terms: with the duplicate
+    (as purchase_duplicate_find finds it for this payer, key, input and copy label) and the
+    paying wallet's owner. `input_hash`: the signed one (the seal is checked by the caller).
+
+    Raises DomainError: offering_not_found.
+    """
+    key = duplicate_key_for_slug(
+        payer=payer,
+        buyer_ref=buyer_ref,
+        offering_slug=offering_slug,
+        input_hash=input_hash,
+        copy_label=copy_label,
+    )
+    offering = _PAID_OFFERING_SEALED.first(
+        slug=offering_slug, quote=quote_id, payer=payer.lower(), duplicate_key=key, now=now
+    )
+    if offering is None:
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
+    route = _route(offering)
+    return X402PaidRoute(
+        route.offering,
+        route.network,
+        offering.quote_input_hash,  # type: ignore[attr-defined]
+        offering.duplicate_id,  # type: ignore[attr-defined]
+        offering.payer_owner_id,  # type: ignore[attr-defined]
+    )
+
+
 def _route(offering: Offering) -> X402Route:
     try:
         return X402Route(offering, network_config(offering.network))
@@ -126,7 +203,8 @@ def _route(offering: Offering) -> X402Route:
 
 
 def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote:
-    """A fresh short-lived quote that holds no stock: free 402s can never drain stock."""
+    """A fresh short-lived quote of an offering with stock: still written (docs/x402.md),
+    holding no stock: free 402s can never drain stock."""
     canonical = quote_input_canonicalize(offering=offering, raw_input=raw_input)
     with transaction.atomic():
         quote = Quote.objects.create(
@@ -171,10 +249,17 @@ def x402_offer(
     """
     now = now_or(now)
     route = x402_route(offering_slug=offering_slug)
+    signed_quote: tuple[tuple[str, int | str], ...] = ()
     if buyer is not None:
         quote = quote_create(
             buyer=buyer, offering_slug=offering_slug, raw_input=raw_input, now=now
         ).quote
+    elif route.offering.stock is None:
+        # Nothing written: the 402 carries the quote's terms signed, and the payment brings
+        # its input back (purchases.x402.quote_seal); the quote is written with the purchase.
+        canonical = quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
+        quote = quote_unwritten(offering=route.offering, canonical_input=canonical, now=now)
+        signed_quote = quote_seal(quote=quote, offering=route.offering)
     else:
         quote = _quote_anonymous(route.offering, raw_input, now)
     challenge = (
@@ -187,8 +272,11 @@ def x402_offer(
         if sign_in
         else {}
     )
+    requirements = x402_requirements(quote=quote)
+    if signed_quote:
+        requirements = replace(requirements, signed_quote=signed_quote)
     header, document = payment_required_header(
-        requirements=x402_requirements(quote=quote),
+        requirements=requirements,
         network=route.network,
         resource_url=resource_url,
         description=route.offering.title,

@@ -20,7 +20,7 @@ from payments.x402.sign_in import SIGN_IN_HEADER
 from purchases.api.answers import COPY_HEADER
 from purchases.api.serializers import ProblemSerializer
 from purchases.api.throttles import PAID_THROTTLES
-from purchases.models import Buyer
+from purchases.models import Buyer, Offering
 from purchases.x402.answers import (
     X402Answer,
     X402Answers,
@@ -30,6 +30,7 @@ from purchases.x402.answers import (
 )
 from purchases.x402.checkout import x402_pay
 from purchases.x402.offers import (
+    input_from_query,
     x402_catalog,
     x402_offer,
     x402_offer_from_query,
@@ -119,7 +120,15 @@ class X402PaidApi(APIView):
             )
         )
 
-    def _pay(self, request: Request, offering: str, header: str) -> Response | HttpResponse:
+    def _pay(
+        self, request: Request, offering: str, header: str, from_query: bool
+    ) -> Response | HttpResponse:
+        def carried(sold: Offering) -> Any:
+            # Read only for a quote the 402 signed instead of writing: its input comes back.
+            if from_query:
+                return input_from_query(sold, request.query_params.dict())
+            return request.data
+
         return _render(
             x402_pay(
                 offering_slug=offering,
@@ -127,6 +136,7 @@ class X402PaidApi(APIView):
                 buyer=_buyer(request),
                 answers=X402Answers(),
                 copy_label=request.headers.get(COPY_HEADER),
+                carried_input=carried,
             )
         )
 
@@ -139,7 +149,7 @@ class X402PaidApi(APIView):
     def post(self, request: Request, offering: str) -> Response | HttpResponse:
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
-            return self._pay(request, offering, header)
+            return self._pay(request, offering, header, from_query=False)
         sign_in = request.headers.get(SIGN_IN_HEADER)
         if sign_in:
             return self._sign_in(request, offering, sign_in, request.data, from_query=False)
@@ -159,7 +169,7 @@ class X402PaidApi(APIView):
     def get(self, request: Request, offering: str) -> Response | HttpResponse:
         header = request.headers.get("PAYMENT-SIGNATURE")
         if header:
-            return self._pay(request, offering, header)
+            return self._pay(request, offering, header, from_query=True)
         sign_in = request.headers.get(SIGN_IN_HEADER)
         if sign_in:
             params = request.query_params.dict()

@@ -10,7 +10,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from purchases.api.prepaid_answers import PrepaidAnswers
-from purchases.models import JobRun, Purchase, PurchaseEvent, Quote
+from purchases.models import JobRun, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.jobs import housekeeping
 from purchases.services.quote.quotes import quote_create
@@ -29,7 +29,10 @@ def test_expired_unpaid_quotes_are_purged_with_their_own_events_only(
 ):
     start = timezone.now()
     stale = keyed_quote(buyer, offering, "stale")
+    # An anonymous 402 writes its quote only for an offering with stock (docs/x402.md).
+    Offering.objects.filter(pk=offering.pk).update(stock=5)
     answer = APIClient().post(f"/x402/{offering.slug}", CSV_INPUT, format="json")
+    Offering.objects.filter(pk=offering.pk).update(stock=None)
     assert answer.status_code == 402
     anonymous = Quote.objects.get(public_id=answer.json()["quote"])
     recent = keyed_quote(buyer, offering, "recent")

@@ -20,10 +20,10 @@ from x402.schemas import PaymentPayload, PaymentRequired
 
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
+from payments.rails import QuoteTerms
 from payments.x402.rail import X402Rail, x402_presentation
-from purchases.models import BuyerWallet, Escalation, JobRun, Purchase, Quote
+from purchases.models import BuyerWallet, Escalation, JobRun, Purchase
 from purchases.services.jobs import reconcile
-from purchases.services.quote.quotes import quote_terms
 from tests.x402.e2e import PRICE, sign_payment
 
 INPUT_A = {"title": "A", "csv": "region,units\nnorth,3\n"}
@@ -76,8 +76,16 @@ def test_a_presentation_that_passed_verify_before_the_first_landed_is_refused_na
     again = x402_presentation(
         header=_same_authorization_for(payment, other_required, "second-presentation-00002")
     )
-    other_quote = Quote.objects.exclude(purchase__isnull=False).get()
-    terms = quote_terms(quote=other_quote)
+    # The other quote is anonymous and unwritten (its terms are in its 402): the same terms.
+    offering = world.offering
+    terms = QuoteTerms(
+        quote_id=str(again.quote_id),
+        network=offering.network,
+        asset=offering.asset,
+        amount=offering.price,
+        pay_to=offering.pay_to,
+        duplicate_window_seconds=int(offering.duplicate_window.total_seconds()),
+    )
 
     with pytest.raises(DomainError) as refused:
         X402Rail().verify_funds(presentation=again, terms=terms)

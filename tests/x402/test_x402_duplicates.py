@@ -165,9 +165,12 @@ def test_a_copy_label_buys_a_second_copy_and_its_retries_are_still_answered(clie
 def test_window_zero_and_other_inputs_are_new_purchases(client, x402_world):
     world = x402_world
     _pay(client, world, _fresh_payment(client, world))
-    other = client.post(world.paid_url, {**INPUT, "title": "Other"}, format="json")
+    other_input = {**INPUT, "title": "Other"}
+    other = client.post(world.paid_url, other_input, format="json")
     payment = sign_payment(other["PAYMENT-REQUIRED"], world.payers[0], None)
-    assert _pay(client, world, payment).status_code == 202
+    # Paid as a client retries: with the input it was quoted for.
+    paid = client.post(world.paid_url, other_input, format="json", HTTP_PAYMENT_SIGNATURE=payment)
+    assert paid.status_code == 202
     assert world.seller_balance() == 2 * PRICE  # another input is another purchase
 
     Offering.objects.update(duplicate_window=timedelta(0))

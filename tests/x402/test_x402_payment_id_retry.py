@@ -91,7 +91,10 @@ def test_same_id_for_another_payer_input_amount_or_recipient_is_a_conflict(clien
         ),
     }[change]()
 
-    conflict = ask(client, world, payment=changed)
+    # Sent as a client retries: with the input its quote was offered for.
+    conflict = ask(
+        client, world, OTHER_INPUT if change == "another input" else None, payment=changed
+    )
 
     assert conflict.status_code == 409, conflict.content
     assert conflict.json()["code"] == "payment_identifier_conflict"

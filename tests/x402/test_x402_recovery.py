@@ -22,10 +22,15 @@ pytestmark = pytest.mark.embedded
 PAY_ID = "x402-recovery-id-000001"
 
 
+# Asked and paid with the same input, as clients retry (an anonymous quote's input comes
+# back with its payment: docs/x402.md, stateless anonymous quotes).
+INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\n"}
+
+
 def _post(base: str, world, payment: str) -> tuple[int, dict]:
     response = requests.post(
         f"{base}{world.paid_url}",
-        json={"title": "Sales", "csv": "region,units\nnorth,3\n"},
+        json=INPUT,
         headers={"PAYMENT-SIGNATURE": payment},
         timeout=60,
     )
@@ -35,9 +40,7 @@ def _post(base: str, world, payment: str) -> tuple[int, dict]:
 @pytest.mark.sqlite_concurrency
 def test_eight_parallel_requests_with_one_payment_id_transfer_once(x402_live_world, http_server):
     world = x402_live_world
-    required = requests.post(
-        f"{http_server}{world.paid_url}", json={"title": "S", "csv": "a\n1\n"}, timeout=10
-    )
+    required = requests.post(f"{http_server}{world.paid_url}", json=INPUT, timeout=10)
     payment = sign_payment(required.headers["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
     answers = race(8, lambda i: _post(http_server, world, payment))
     statuses = [status for status, _ in answers]
@@ -54,9 +57,7 @@ def test_different_payment_ids_on_one_quote_transfer_once(x402_live_world, http_
     # Window off: every other payment is refused as quote_already_paid, not answered as a
     # duplicate of the first (tests/x402/test_duplicates.py covers the window).
     Offering.objects.update(duplicate_window=timedelta(0))
-    required = requests.post(
-        f"{http_server}{world.paid_url}", json={"title": "S", "csv": "a\n1\n"}, timeout=10
-    )
+    required = requests.post(f"{http_server}{world.paid_url}", json=INPUT, timeout=10)
     header = required.headers["PAYMENT-REQUIRED"]
     payments = [
         sign_payment(header, world.payers[i % 3], f"x402-distinct-id-{i:06d}") for i in range(8)

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_required_header, decode_payment_response_header
 from x402.schemas import PaymentRequired
 
+from core.canonical import canonical_json, sha256_hex
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Purchase, Quote
@@ -90,18 +91,24 @@ def test_unpaid_get_answers_the_same_402_and_a_query_input_gets_a_quote(client, 
     assert bare.json()["input_schema"]["required"] == ["title", "csv"]
     assert not Quote.objects.exists()  # a price-only offer writes nothing
 
-    quoted = client.get(x402_world.paid_url, {"title": "Sales", "csv": "a,b\nx,1\n"})
+    query = {"title": "Sales", "csv": "a,b\nx,1\n"}
+    quoted = client.get(x402_world.paid_url, query)
     assert quoted.status_code == 402
     quoted_required = decode_payment_required_header(quoted["PAYMENT-REQUIRED"])
     assert isinstance(quoted_required, PaymentRequired)
-    quote = Quote.objects.get(public_id=(quoted_required.accepts[0].extra or {})["quote"])
-    assert quote.canonical_input == {"title": "Sales", "csv": "a,b\nx,1\n"}
+    extra = quoted_required.accepts[0].extra or {}
+    # Anonymous and no stock: nothing written, the quote's terms travel signed in the 402.
+    assert not Quote.objects.exists()
+    assert extra["signedQuote"]["inputHash"] == sha256_hex(canonical_json(query))
 
-    # Buying by GET: the signed payment names the quote; its input came from the query.
+    # Buying by GET, as a client retries it (the same URL, query string included): the
+    # payment names the quote, whose input comes from the query and is written now.
     payment = sign_payment(quoted["PAYMENT-REQUIRED"], x402_world.payers[0], None)
-    paid = client.get(x402_world.paid_url, HTTP_PAYMENT_SIGNATURE=payment)
+    paid = client.get(x402_world.paid_url, query, HTTP_PAYMENT_SIGNATURE=payment)
     assert paid.status_code == 202 and paid.json()["payment"]["state"] == "paid"
     assert x402_world.seller_balance() == PRICE
+    quote = Quote.objects.get(public_id=extra["quote"])
+    assert quote.canonical_input == query and quote.state == Quote.State.ACCEPTED
 
 
 def test_head_never_settles(client, x402_world):

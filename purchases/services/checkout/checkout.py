@@ -29,6 +29,7 @@ from django.db.models import QuerySet, Subquery
 from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
+from core.bulk import insert_unless_conflict
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
@@ -88,6 +89,13 @@ class PaymentRequest:
     fingerprint: str = ""
     # The door it came in by, written on a purchase it creates (Purchase.Channel).
     channel: str = Purchase.Channel.HTTP
+    # A quote not written yet (its terms came signed with the payment, checked by the door),
+    # written with the purchase; with `duplicate_id` and `payer_owner_id` annotated as
+    # _quote_named reads them. None: the quote the presentation names, read from the database.
+    quote: Quote | None = None
+    # Why the quote the payment carries cannot be paid (its signed terms are not ours),
+    # answered under the payment's key where reading a quote would have refused it.
+    quote_refusal: DomainError | None = None
 
     @property
     def actor(self) -> Actor:
@@ -170,7 +178,9 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
     if rail.settles_when_recorded:
         # Nothing to ask anyone outside the database: everything happens under the locks.
         return _record_and_answer(checkout, claim)
-    quote = _quote_named(request, with_duplicate=True)
+    if request.quote_refusal is not None:
+        raise request.quote_refusal
+    quote = request.quote or _quote_named(request, with_duplicate=True)
     terms = quote_terms(quote=quote)
     rail.verify(presentation=request.presentation, terms=terms, now=request.now)
     duplicate_key = _duplicate_key(request, quote)
@@ -400,10 +410,11 @@ def _record_once(
             if duplicate is not None:
                 raise _Duplicate(duplicate)
         if lock_quote or (not rail.settles_when_recorded and quote.state != Quote.State.OPEN):
+            # By public id: an unwritten quote has no pk until a racing payment wrote it.
             quote = (
                 Quote.objects.select_for_update(of=("self",))
                 .select_related("offering")
-                .get(pk=quote.pk)
+                .get(public_id=quote.public_id)
             )
         purchase = _purchase_for_payment(request, quote, duplicate_key)
         is_new = purchase.pk is None
@@ -417,7 +428,8 @@ def _record_once(
         else:
             pay, run = purchase_move(purchase=purchase, transition=purchase.payment_begin), None
         if is_new:
-            was = _quote_accept(quote)  # before the purchase: the quote's row is the lock
+            # Before the purchase: the quote's row is the lock (an unwritten one: its INSERT).
+            was = _quote_accept(quote) if quote.pk is not None else _quote_write(quote)
             purchase.save()
             event_record(
                 subject="quote",
@@ -545,6 +557,23 @@ def _quote_accept(quote: Quote) -> str:
     return str(was)
 
 
+def _quote_write(quote: Quote) -> str:
+    """The first payment of an unwritten quote writes it, accepted: one INSERT unless a
+    racing payment of the same quote wrote it first (ConcurrentTransition: read again under
+    its lock, which says what became of it). Returns the state it was offered in."""
+    quote.accept()
+    if not insert_unless_conflict(quote, conflict="(public_id)"):
+        raise ConcurrentTransition(f"quote {quote.public_id} was written by another payment")
+    event_record(
+        subject="quote",
+        quote=quote,
+        actor=Actor.agent("anonymous"),
+        to_state=Quote.State.OPEN,
+        evidence={"offering": quote.offering.slug, "anonymous": True, "signed": True},
+    )
+    return str(Quote.State.OPEN)
+
+
 def _answer_duplicate(
     checkout: _Checkout[A], purchase: Purchase, quote: Quote, claim: KeyClaim
 ) -> A:
@@ -583,7 +612,8 @@ def _answer_duplicate(
                 "copy_label": request.copy_label,
             },
         )
-        quote_release_if_unpaid(quote=quote, actor=request.actor)
+        if quote.pk is not None:  # an unwritten quote holds nothing to release
+            quote_release_if_unpaid(quote=quote, actor=request.actor)
         stored = checkout.answers.duplicate(purchase=purchase)
         payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=request.now)
     return checkout.answers.render(stored, False)
