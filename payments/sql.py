@@ -13,29 +13,12 @@ import functools
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection
 from django.db.models import F
 
 from core.bulk import insert_returning_pk
+from core.sql import column, on_postgresql, table
 from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, RelayerAccount
-
-
-def on_postgresql() -> bool:
-    """Whether the statements below run in their one-statement (PostgreSQL) form."""
-    return connection.vendor == "postgresql"
-
-
-def table(model: type[models.Model]) -> str:
-    """A model's table, quoted."""
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
-
 
 # -- the prepaid ledger ---------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from core.actors import AGENT, Actor
 from core.bulk import insert_after
 from core.prepared import PreparedRaw
 from core.prepared.inserts import insert_statement_of
+from core.sql import column, on_postgresql, table
 from fulfillment.models import Receipt, Result
 from purchases import event_subjects as subjects
 from purchases.events import event_note, events_pending
@@ -40,26 +41,6 @@ from purchases.models import (
 
 if TYPE_CHECKING:
     from purchases.services.idempotency import KeyedRequest
-
-
-def on_postgresql() -> bool:
-    """Whether the statements below run in their one-statement (PostgreSQL) form."""
-    return connection.vendor == "postgresql"
-
-
-# -- names, from the models ---------------------------------------------------------------
-
-
-def table(model: type[models.Model]) -> str:
-    """A model's table, quoted."""
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
 
 
 # The timeline's insert columns, in the order the event INSERTs below select them.

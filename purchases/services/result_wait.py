@@ -35,6 +35,7 @@ from contextvars import ContextVar
 import psycopg
 from django.db import connection
 
+from core.sql import on_postgresql
 from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
 from purchases.services.execution import ExecutionOutcome, ExecutionRetryable, purchase_execute
@@ -46,7 +47,7 @@ from purchases.services.outbox import (
 from purchases.services.settlement import purchase_reload
 from purchases.services.sweeper import EXECUTE_JOB, purchase_execution_key
 from purchases.services.upstreams import offering_executor
-from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read, on_postgresql
+from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
