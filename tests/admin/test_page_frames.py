@@ -4,6 +4,7 @@ breadcrumbs Home > app > model > the page. Each page says only its own crumb and
 
 from __future__ import annotations
 
+import html
 import re
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def _frame(page: str) -> tuple[list[str], str]:
     """The breadcrumbs' link targets and last crumb, and the body's classes."""
     (crumbs,) = CRUMBS.findall(page)
     links = re.findall(r'href="([^"]+)"', crumbs)
-    last = re.sub(r"<[^>]+>", "", crumbs).split("\u203a")[-1].strip()
+    last = html.unescape(re.sub(r"<[^>]+>", "", crumbs)).split("\u203a")[-1].strip()
     (body,) = re.findall(r'<body class="([^"]*)"', page)
     return [*links, last], body
 
