@@ -118,21 +118,26 @@ def _mark_prepared_sql(vendor: str, signed: bool) -> str:
 def relayer_nonce_next(*, network: str, address: str, floor: int, now: datetime) -> int:
     """Move the relayer account's counter to at least `floor` and one past its last nonce,
     in one upsert that takes the row lock for one statement: the counter's new value."""
+    sql = _relayer_nonce_sql(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [network, address, floor, now])
+        (next_nonce,) = cursor.fetchone()
+    return int(next_nonce)
+
+
+@functools.cache  # its text written once per database vendor
+def _relayer_nonce_sql(vendor: str) -> str:
     # SQLite's two-argument MAX is PostgreSQL's GREATEST: the twin is one word.
-    greatest = "GREATEST" if on_postgresql() else "MAX"
+    greatest = "GREATEST" if vendor == "postgresql" else "MAX"
     accounts = table(RelayerAccount)
     nonce = column(RelayerAccount, "next_nonce")
     updated_at = column(RelayerAccount, "updated_at")
     names = ", ".join(
         column(RelayerAccount, name) for name in ("network", "address", "next_nonce", "updated_at")
     )
-    sql = (
+    return (
         f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s) "  # noqa: S608 - names from the model
         f"ON CONFLICT ({column(RelayerAccount, 'network')}, {column(RelayerAccount, 'address')}) "
         f"DO UPDATE SET {nonce} = {greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1, "
         f"{updated_at} = excluded.{updated_at} RETURNING {nonce}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [network, address, floor, now])
-        (next_nonce,) = cursor.fetchone()
-    return int(next_nonce)
