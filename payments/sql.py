@@ -37,6 +37,19 @@ RETURNING {entry_pk}
 _DEBIT_FIELDS = ("buyer", "asset", "amount", "kind", "reference", "purchase", "memo", "created_at")
 
 
+@functools.cache  # its text written once per database vendor
+def _debit_sql(vendor: str) -> str:
+    return _DEBIT_SQL.format(
+        balances=table(LedgerBalance),
+        amount=column(LedgerBalance, "amount"),
+        buyer=column(LedgerBalance, "buyer"),
+        asset=column(LedgerBalance, "asset"),
+        entries=table(LedgerEntry),
+        columns=", ".join(column(LedgerEntry, name) for name in _DEBIT_FIELDS),
+        entry_pk=column(LedgerEntry, "id"),
+    )
+
+
 def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
     """Take `amount` off the entry's buyer's running balance and post `entry` (a new debit
     of -amount), or neither when the balance is short: whether it posted (`entry` is then
@@ -49,15 +62,7 @@ def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
             return False
         entry.save(force_insert=True)
         return True
-    sql = _DEBIT_SQL.format(
-        balances=table(LedgerBalance),
-        amount=column(LedgerBalance, "amount"),
-        buyer=column(LedgerBalance, "buyer"),
-        asset=column(LedgerBalance, "asset"),
-        entries=table(LedgerEntry),
-        columns=", ".join(column(LedgerEntry, name) for name in _DEBIT_FIELDS),
-        entry_pk=column(LedgerEntry, "id"),
-    )
+    sql = _debit_sql(connection.vendor)
     params: dict[str, Any] = {
         "amount": amount,
         "buyer": entry.buyer_id,
