@@ -109,6 +109,10 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     state = FSMField(default=State.RECORDED, choices=State.choices, protected=True)
+    # Not a column: the rail's context for this attempt (its network, settler, parsed
+    # authorization: payments.rails.base.Charge.context), kept on the instance the paying
+    # request recorded (or a job read) so each later step does not derive it again.
+    rail_context: Any = None
 
     class Meta:
         indexes = [

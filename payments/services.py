@@ -523,12 +523,3 @@ def payment_attempt_reopen(
         reason_code=reason_code,
         evidence={**vanished, **evidence},
     )
-
-
-def payment_attempt_record_mined(*, attempt_id: int, mined_at: datetime) -> datetime:
-    """Record when the block holding the attempt's transfer was mined (the settlement time a
-    receipt states), once: returns the stored time, the first recorded if two raced."""
-    PaymentAttempt.objects.filter(pk=attempt_id, block_at__isnull=True).update(block_at=mined_at)
-    stored = PaymentAttempt.objects.filter(pk=attempt_id).values_list("block_at", flat=True).get()
-    assert stored is not None
-    return stored

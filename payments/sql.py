@@ -13,29 +13,12 @@ import functools
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection
 from django.db.models import F
 
 from core.bulk import insert_returning_pk
+from core.sql import column, on_postgresql, table
 from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, RelayerAccount
-
-
-def on_postgresql() -> bool:
-    """Whether the statements below run in their one-statement (PostgreSQL) form."""
-    return connection.vendor == "postgresql"
-
-
-def table(model: type[models.Model]) -> str:
-    """A model's table, quoted."""
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
-
 
 # -- the prepaid ledger ---------------------------------------------------------------------
 
@@ -54,6 +37,19 @@ RETURNING {entry_pk}
 _DEBIT_FIELDS = ("buyer", "asset", "amount", "kind", "reference", "purchase", "memo", "created_at")
 
 
+@functools.cache  # its text written once per database vendor
+def _debit_sql(vendor: str) -> str:
+    return _DEBIT_SQL.format(
+        balances=table(LedgerBalance),
+        amount=column(LedgerBalance, "amount"),
+        buyer=column(LedgerBalance, "buyer"),
+        asset=column(LedgerBalance, "asset"),
+        entries=table(LedgerEntry),
+        columns=", ".join(column(LedgerEntry, name) for name in _DEBIT_FIELDS),
+        entry_pk=column(LedgerEntry, "id"),
+    )
+
+
 def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
     """Take `amount` off the entry's buyer's running balance and post `entry` (a new debit
     of -amount), or neither when the balance is short: whether it posted (`entry` is then
@@ -66,15 +62,7 @@ def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
             return False
         entry.save(force_insert=True)
         return True
-    sql = _DEBIT_SQL.format(
-        balances=table(LedgerBalance),
-        amount=column(LedgerBalance, "amount"),
-        buyer=column(LedgerBalance, "buyer"),
-        asset=column(LedgerBalance, "asset"),
-        entries=table(LedgerEntry),
-        columns=", ".join(column(LedgerEntry, name) for name in _DEBIT_FIELDS),
-        entry_pk=column(LedgerEntry, "id"),
-    )
+    sql = _debit_sql(connection.vendor)
     params: dict[str, Any] = {
         "amount": amount,
         "buyer": entry.buyer_id,
@@ -135,21 +123,26 @@ def _mark_prepared_sql(vendor: str, signed: bool) -> str:
 def relayer_nonce_next(*, network: str, address: str, floor: int, now: datetime) -> int:
     """Move the relayer account's counter to at least `floor` and one past its last nonce,
     in one upsert that takes the row lock for one statement: the counter's new value."""
+    sql = _relayer_nonce_sql(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [network, address, floor, now])
+        (next_nonce,) = cursor.fetchone()
+    return int(next_nonce)
+
+
+@functools.cache  # its text written once per database vendor
+def _relayer_nonce_sql(vendor: str) -> str:
     # SQLite's two-argument MAX is PostgreSQL's GREATEST: the twin is one word.
-    greatest = "GREATEST" if on_postgresql() else "MAX"
+    greatest = "GREATEST" if vendor == "postgresql" else "MAX"
     accounts = table(RelayerAccount)
     nonce = column(RelayerAccount, "next_nonce")
     updated_at = column(RelayerAccount, "updated_at")
     names = ", ".join(
         column(RelayerAccount, name) for name in ("network", "address", "next_nonce", "updated_at")
     )
-    sql = (
+    return (
         f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s) "  # noqa: S608 - names from the model
         f"ON CONFLICT ({column(RelayerAccount, 'network')}, {column(RelayerAccount, 'address')}) "
         f"DO UPDATE SET {nonce} = {greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1, "
         f"{updated_at} = excluded.{updated_at} RETURNING {nonce}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [network, address, floor, now])
-        (next_nonce,) = cursor.fetchone()
-    return int(next_nonce)

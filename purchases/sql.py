@@ -25,6 +25,7 @@ from core.actors import AGENT, Actor
 from core.bulk import insert_after
 from core.prepared import PreparedRaw
 from core.prepared.inserts import insert_statement_of
+from core.sql import column, on_postgresql, table
 from fulfillment.models import Receipt, Result
 from purchases import event_subjects as subjects
 from purchases.events import event_note, events_pending
@@ -40,26 +41,6 @@ from purchases.models import (
 
 if TYPE_CHECKING:
     from purchases.services.checkout.idempotency import KeyedRequest
-
-
-def on_postgresql() -> bool:
-    """Whether the statements below run in their one-statement (PostgreSQL) form."""
-    return connection.vendor == "postgresql"
-
-
-# -- names, from the models ---------------------------------------------------------------
-
-
-def table(model: type[models.Model]) -> str:
-    """A model's table, quoted."""
-    return connection.ops.quote_name(model._meta.db_table)
-
-
-def column(model: type[models.Model], field_name: str) -> str:
-    """A model field's column, quoted."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field)
-    return connection.ops.quote_name(str(field.column))
 
 
 # The timeline's insert columns, in the order the event INSERTs below select them.
@@ -123,29 +104,33 @@ def event_after_insert(event: PurchaseEvent, *, about: str) -> tuple[str, list[A
 # -- duplicate guards -----------------------------------------------------------------------
 
 
-def duplicate_guard_upsert(*, key: str, now: datetime) -> bool:
-    """Take the guard's row lock and stamp its last use in one upsert (never a failing
-    INSERT). True when the guard is new."""
+@functools.cache  # its text written once per database vendor
+def _duplicate_guard_sql(vendor: str) -> str:
     insert = (
         f"INSERT INTO {table(DuplicateGuard)} ({column(DuplicateGuard, 'key')}, "  # noqa: S608 - names from the model
         f"{column(DuplicateGuard, 'created_at')}) VALUES (%s, %s) "
     )
     conflict = f"ON CONFLICT ({column(DuplicateGuard, 'key')}) "
+    if vendor != "postgresql":
+        return insert + conflict + "DO NOTHING RETURNING 1"
+    # xmax is 0 on a row this statement inserted, the locker's id on one it updated.
+    stamped = column(DuplicateGuard, "created_at")
+    return insert + conflict + f"DO UPDATE SET {stamped} = EXCLUDED.{stamped} RETURNING (xmax = 0)"
+
+
+def duplicate_guard_upsert(*, key: str, now: datetime) -> bool:
+    """Take the guard's row lock and stamp its last use in one upsert (never a failing
+    INSERT). True when the guard is new."""
+    sql = _duplicate_guard_sql(connection.vendor)
     with connection.cursor() as cursor:
         if not on_postgresql():
             # SQLite has one writer at a time: no row lock to take.
-            cursor.execute(insert + conflict + "DO NOTHING RETURNING 1", [key, now])
+            cursor.execute(sql, [key, now])
             if cursor.fetchone():
                 return True
             DuplicateGuard.objects.filter(key=key).update(created_at=now)
             return False
-        # xmax is 0 on a row this statement inserted, the locker's id on one it updated.
-        stamped = column(DuplicateGuard, "created_at")
-        cursor.execute(
-            insert + conflict + f"DO UPDATE SET {stamped} = EXCLUDED.{stamped} "
-            "RETURNING (xmax = 0)",
-            [key, now],
-        )
+        cursor.execute(sql, [key, now])
         row = cursor.fetchone()
     return bool(row and row[0])
 
@@ -345,11 +330,7 @@ def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed:
 def payment_id_mark_recorded(*, record_id: int, lease_token: str, purchase_id: int) -> None:
     """The key's recovery point is `payment_recorded` and it names its purchase, while our
     lease holds it; the flow's events so far in the same statement (events_flush_with)."""
-    sql = (
-        f"UPDATE {table(IdempotencyRecord)} SET {_record_column('purchase')} = %s, "  # noqa: S608 - names from the model
-        f"{_record_column('recovery_point')} = %s "
-        f"WHERE {_record_column('id')} = %s AND {_record_column('lease_token')} = %s"
-    )
+    sql = _mark_recorded_sql(connection.vendor)
     params = [
         purchase_id,
         IdempotencyRecord.RecoveryPoint.PAYMENT_RECORDED,
@@ -357,6 +338,15 @@ def payment_id_mark_recorded(*, record_id: int, lease_token: str, purchase_id: i
         lease_token,
     ]
     events_flush_with(sql, params)
+
+
+@functools.cache  # its text written once per database vendor
+def _mark_recorded_sql(vendor: str) -> str:
+    return (
+        f"UPDATE {table(IdempotencyRecord)} SET {_record_column('purchase')} = %s, "  # noqa: S608 - names from the model
+        f"{_record_column('recovery_point')} = %s "
+        f"WHERE {_record_column('id')} = %s AND {_record_column('lease_token')} = %s"
+    )
 
 
 def payment_id_answer_store(*, record_id: int, lease_token: str, values: dict[str, Any]) -> int:
@@ -445,6 +435,17 @@ SELECT %(purchase)s, NULL,
 """
 
 
+@functools.cache  # its text written once per database vendor
+def _delivery_sql(vendor: str) -> str:
+    return _DELIVERY_SQL.format(
+        results=table(Result),
+        first_delivered_at=column(Result, "first_delivered_at"),
+        pk=column(Result, "id"),
+        events=table(PurchaseEvent),
+        event_columns=event_columns(),
+    )
+
+
 def result_delivery_note(
     *, result: Result, purchase: Purchase, evidence: dict[str, Any], now: datetime
 ) -> None:
@@ -462,13 +463,7 @@ def result_delivery_note(
             evidence=evidence,
         )
         return
-    sql = _DELIVERY_SQL.format(
-        results=table(Result),
-        first_delivered_at=column(Result, "first_delivered_at"),
-        pk=column(Result, "id"),
-        events=table(PurchaseEvent),
-        event_columns=event_columns(),
-    )
+    sql = _delivery_sql(connection.vendor)
     params: dict[str, Any] = {
         "now": now,
         "result": result.pk,

@@ -120,6 +120,8 @@ class Charge:
     terms: QuoteTerms
     idempotency_record_id: int
     search_from_block: int | None = None
+    # What the rail's `verify` returned for this presentation (None: nothing, or not asked).
+    context: Any = None
 
 
 class PaymentRail(Protocol):
@@ -131,17 +133,25 @@ class PaymentRail(Protocol):
     def requirements(self, *, terms: QuoteTerms) -> Any:
         """What the payer must present for this quote (None: nothing beyond the quote id)."""
 
-    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
-        """Cheap checks with no network I/O. Raises DomainError with the payer's fix."""
+    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> Any:
+        """Cheap checks with no network I/O. Raises DomainError with the payer's fix.
+
+        Returns the rail's context for this payment (what it derived to judge it; x402: the
+        network, its settler, the parsed authorization), or None. The orchestration passes it
+        on to `verify_funds` and `record` (`Charge.context`), which keeps it on the attempt,
+        so no later step of the request derives it again."""
 
     def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
         """Raises DomainError naming the purchase the presentation's payment already pays, if
         any (verify may skip this where the payment id already proves it; the database's
         refusal of a second attempt brings the orchestration here)."""
 
-    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int | None:
+    def verify_funds(
+        self, *, presentation: Presentation, terms: QuoteTerms, context: Any = None
+    ) -> int | None:
         """What only the money's keeper can say (the chain). Returns where a later look-up
-        may start (a block number), or None. Raises DomainError."""
+        may start (a block number), or None. Raises DomainError. `context`: what `verify`
+        returned (None: derive it)."""
 
     def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
         """Write the attempt (and, for a rail that settles when recorded, move the money)."""

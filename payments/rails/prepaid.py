@@ -40,7 +40,9 @@ class PrepaidRail:
     def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
         return None  # a debit is its own payment: nothing else can already hold it
 
-    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
+    def verify_funds(
+        self, *, presentation: Presentation, terms: QuoteTerms, context: Any = None
+    ) -> None:
         return None  # checked atomically by the debit itself, never read ahead of it
 
     def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:

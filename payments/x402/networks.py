@@ -14,6 +14,11 @@ class UnknownNetwork(LookupError):
     pass
 
 
+def network_is_settled(caip2: str) -> bool:
+    """Whether we settle on this network (its configuration is read where it is used)."""
+    return caip2 in settings.X402_NETWORKS
+
+
 def network_config(caip2: str) -> NetworkConfig:
     """Raises UnknownNetwork for a network we do not settle on."""
     raw = settings.X402_NETWORKS.get(caip2)

@@ -45,10 +45,10 @@ from payments.x402.attempts import (
 )
 from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.x402.chain import ChainReader, ChainUnavailable
+from payments.x402.context import X402Context
 from payments.x402.direct import BroadcastNotPrepared
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
-from payments.x402.settlers import settler_for
 from payments.x402.types import (
     Authorization,
     NetworkConfig,
@@ -160,29 +160,33 @@ class X402Rail:
     def requirements(self, *, terms: QuoteTerms) -> Requirements:
         return x402_requirements(terms=terms, network=network_config(terms.network))
 
-    def verify(self, *, presentation: Presentation, terms: QuoteTerms, now: datetime) -> None:
+    def verify(
+        self, *, presentation: Presentation, terms: QuoteTerms, now: datetime
+    ) -> X402Context:
         """The signed terms are the ones we offered, the authorization pays nothing else yet,
-        and its signature and window hold. No RPC.
+        and its signature and window hold. No RPC. Returns the attempt's context (network,
+        settler, authorization), derived here once for the whole request.
 
         Raises DomainError: unsupported_scheme, a *_mismatch code, authorization_in_use
         (naming the purchase it already pays), or a verification code.
         """
-        requirements = self.requirements(terms=terms)
+        context = _context_of_presentation(presentation, terms)
+        requirements = x402_requirements(terms=terms, network=context.network)
         _check_accepted(presentation.accepted or {}, requirements)
-        authorization: Authorization = presentation.evidence
         if not presentation.key.startswith(AUTHORIZATION_KEY_PREFIX):
             # Keyed by the authorization itself, the payment id is already its only live use
             # (one key, one claim). A client's id may present one another id already pays.
             self.refuse_if_taken(presentation=presentation, terms=terms)
         try:
             verify_payment_offline(
-                authorization=authorization,
+                authorization=context.authorization,
                 requirements=requirements,
-                network=network_config(terms.network),
+                network=context.network,
                 now=int(now.timestamp()),
             )
         except VerificationFailed as failure:
             raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
+        return context
 
     def refuse_if_taken(self, *, presentation: Presentation, terms: QuoteTerms) -> None:
         """Raises DomainError: authorization_in_use, naming the purchase it already pays."""
@@ -193,16 +197,19 @@ class X402Rail:
         if taken is not None:
             raise DomainError(ErrorCode.AUTHORIZATION_IN_USE, purchase=taken.purchase.ref)
 
-    def verify_funds(self, *, presentation: Presentation, terms: QuoteTerms) -> int:
+    def verify_funds(
+        self, *, presentation: Presentation, terms: QuoteTerms, context: Any = None
+    ) -> int:
         """Nonce unused and balance sufficient, on chain. Returns the chain head after the
         check: the transfer cannot land in an older block, so look-ups start there.
 
         Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
         or authorization_in_use when the nonce was used by our own payment of it.
         """
-        reader = ChainReader(network_config(terms.network))
+        known: X402Context = context or _context_of_presentation(presentation, terms)
+        reader = ChainReader(known.network)
         try:
-            return verify_payment_funds(authorization=presentation.evidence, reader=reader)
+            return verify_payment_funds(authorization=known.authorization, reader=reader)
         except VerificationFailed as failure:
             if failure.reason_code == "authorization_used":
                 # Another payment id raced this one past `verify` and its transfer has landed
@@ -214,7 +221,7 @@ class X402Rail:
             raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
 
     def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
-        return x402_attempt_record(
+        attempt, change = x402_attempt_record(
             purchase_id=charge.purchase_id,
             authorization=charge.presentation.evidence,
             idempotency_record_id=charge.idempotency_record_id,
@@ -223,6 +230,8 @@ class X402Rail:
             asset=charge.terms.asset,
             search_from_block=charge.search_from_block,
         )
+        attempt.rail_context = charge.context  # settle, describe, resend read it from here
+        return attempt, change
 
     def settle(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
@@ -234,12 +243,12 @@ class X402Rail:
         return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
-        network = network_config(attempt.network)
+        context = x402_context(attempt=attempt)
         return settlement_lookup(
-            authorization=x402_attempt_authorization(attempt=attempt),
-            network=network,
+            authorization=context.authorization,
+            network=context.network,
             tx_hash=attempt.tx_hash,
-            reader=ChainReader(network),
+            reader=ChainReader(context.network),
             now=int(now.timestamp()),
             logs_from_block=attempt.search_from_block or 0,
         )
@@ -289,7 +298,7 @@ class X402Rail:
         """True when resending is safe: sent before, nonce unused on chain, no broadcast of
         it known to the node, and still valid for at least the settlement margin. A known or
         pooled transaction is reconciled, never resent."""
-        authorization = x402_attempt_authorization(attempt=attempt)
+        authorization = x402_context(attempt=attempt).authorization
         return (
             attempt.state in PENDING_ATTEMPT_STATES
             and attempt.broadcast_started_at is not None
@@ -303,7 +312,7 @@ class X402Rail:
         """What the timeline says about how this attempt reaches the chain: the mode, and
         the authorization (payer, nonce) every submission of it carries."""
         return {
-            "mode": network_config(attempt.network).mode,
+            "mode": x402_context(attempt=attempt).network.mode,
             "payer": attempt.payer,
             "nonce": attempt.authorization_nonce,
         }
@@ -324,6 +333,23 @@ class X402Rail:
         )
 
 
+def x402_context(*, attempt: PaymentAttempt) -> X402Context:
+    """The attempt's context: the one the request that recorded it built (kept on the
+    instance), else derived from the row once and kept the same way."""
+    context: X402Context | None = attempt.rail_context
+    if context is None:
+        context = X402Context(
+            network_config(attempt.network), x402_attempt_authorization(attempt=attempt)
+        )
+        attempt.rail_context = context
+    return context
+
+
+def _context_of_presentation(presentation: Presentation, terms: QuoteTerms) -> X402Context:
+    """Raises UnknownNetwork for a quote on a network we do not settle on."""
+    return X402Context(network_config(terms.network), presentation.evidence)
+
+
 def _lookup_network(
     network: NetworkConfig,
     attempts: list[PaymentAttempt],
@@ -339,7 +365,9 @@ def _lookup_network(
     items: list[tuple[Authorization, str | None]] = []
     for attempt in attempts:
         with guard(attempt):  # stored evidence that cannot be read: that row only
-            items.append((x402_attempt_authorization(attempt=attempt), attempt.tx_hash))
+            context = X402Context(network, x402_attempt_authorization(attempt=attempt))
+            attempt.rail_context = context  # the follow-up (resend or not) reads it again
+            items.append((context.authorization, attempt.tx_hash))
             readable.append(attempt)
     try:
         reader.prefetch(items)
@@ -401,10 +429,10 @@ def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
 def _prepare_and_broadcast(
     attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
 ) -> SettlementOutcome:
-    network = network_config(attempt.network)
+    context = x402_context(attempt=attempt)
     try:
-        prepared = settler_for(network).prepare(
-            authorization=x402_attempt_authorization(attempt=attempt), network=network
+        prepared = context.settler.prepare(
+            authorization=context.authorization, network=context.network
         )
     except BroadcastNotPrepared as exc:
         # Nothing was signed or sent: pending, and the next look-up tries again.
@@ -418,11 +446,11 @@ def _prepare_and_broadcast(
 def _broadcast(
     attempt: PaymentAttempt, terms: QuoteTerms, prepared: PreparedBroadcast
 ) -> SettlementOutcome:
-    network = network_config(attempt.network)
-    return settler_for(network).broadcast(
-        authorization=x402_attempt_authorization(attempt=attempt),
-        requirements=x402_requirements(terms=terms, network=network),
-        network=network,
+    context = x402_context(attempt=attempt)
+    return context.settler.broadcast(
+        authorization=context.authorization,
+        requirements=x402_requirements(terms=terms, network=context.network),
+        network=context.network,
         prepared=prepared,
     )
 

@@ -26,7 +26,7 @@ from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
 from fulfillment.models import Upstream
 from payments.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
-from payments.x402.networks import UnknownNetwork, network_config
+from payments.x402.networks import UnknownNetwork, network_config, network_is_settled
 from payments.x402.sign_in import SignInChallenge, sign_in_declaration
 from payments.x402.types import NetworkConfig
 from payments.x402.wire import payment_required_header, requirements_wire
@@ -75,14 +75,16 @@ class X402Route:
 
 
 @dataclass(frozen=True)
-class X402PaidRoute(X402Route):
-    """The paid URL's route and what the payment's quote asks for: the input hash of the
-    quote `accepted.extra.quote` names (None: no such quote of this offering).
+class X402PaidRoute:
+    """The paid URL's offering and what the payment's quote asks for: the input hash of the
+    quote `accepted.extra.quote` names (None: no such quote of this offering). No network
+    configuration: the rail derives it once, for the whole payment (payments.x402.context).
 
     Read for a quote not yet written (its terms signed in the payment), also what its read
     would otherwise bring: the purchase this payment would repeat (`duplicate_id`) and the
     buyer the paying wallet is registered to (`payer_owner_id`)."""
 
+    offering: Offering
     quote_input_hash: str | None
     duplicate_id: int | None = None
     payer_owner_id: int | None = None
@@ -137,6 +139,8 @@ _PAID_OFFERING_SEALED = PreparedQuery(
     now=datetime,
 )
 
+_NOT_X402 = "This offering is not sold over x402."
+
 
 def x402_route(*, offering_slug: str) -> X402Route:
     """Raises DomainError: offering_not_found (also for an offering on no x402 network)."""
@@ -151,8 +155,9 @@ def x402_route_paid(*, offering_slug: str, quote_id: str | None) -> X402PaidRout
     offering = _PAID_OFFERING.first(slug=offering_slug, quote=quote_id or "")
     if offering is None:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
-    route = _route(offering)
-    return X402PaidRoute(route.offering, route.network, offering.quote_input_hash)  # type: ignore[attr-defined]
+    if not network_is_settled(offering.network):
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, _NOT_X402)
+    return X402PaidRoute(offering, offering.quote_input_hash)  # type: ignore[attr-defined]
 
 
 def x402_route_paid_sealed(
@@ -183,10 +188,10 @@ def x402_route_paid_sealed(
     )
     if offering is None:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
-    route = _route(offering)
+    if not network_is_settled(offering.network):
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, _NOT_X402)
     return X402PaidRoute(
-        route.offering,
-        route.network,
+        offering,
         offering.quote_input_hash,  # type: ignore[attr-defined]
         offering.duplicate_id,  # type: ignore[attr-defined]
         offering.payer_owner_id,  # type: ignore[attr-defined]
@@ -197,9 +202,7 @@ def _route(offering: Offering) -> X402Route:
     try:
         return X402Route(offering, network_config(offering.network))
     except UnknownNetwork as exc:
-        raise DomainError(
-            ErrorCode.OFFERING_NOT_FOUND, "This offering is not sold over x402."
-        ) from exc
+        raise DomainError(ErrorCode.OFFERING_NOT_FOUND, _NOT_X402) from exc
 
 
 def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote:

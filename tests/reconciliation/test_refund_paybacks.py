@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import secrets
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -74,6 +75,26 @@ def fund_seller(world: X402World, amount: int = 10 * PRICE) -> None:
     mint(world.w3, world.token, world.deployer, world.seller.address, amount)
 
 
+@dataclass(frozen=True)
+class Owed:
+    """A world whose seller holds enough to pay back, and a chain refund owed to its first
+    payer (the setup of nearly every test here)."""
+
+    world: X402World
+    payer: LocalAccount
+    refund: Refund
+
+
+def owed_setup(world: X402World) -> Owed:
+    fund_seller(world)
+    return Owed(world, world.payers[0], owed_refund(world, world.payers[0]))
+
+
+@pytest.fixture
+def owed(x402_world: X402World, db: None) -> Owed:
+    return owed_setup(x402_world)
+
+
 def refused_code(refund: Refund, tx_hash: str) -> str:
     with pytest.raises(RefundPaybackRefused) as refused:
         purchase_refund_payback_close(refund_id=refund.pk, tx_hash=tx_hash, now=None, actor=FINANCE)
@@ -83,14 +104,9 @@ def refused_code(refund: Refund, tx_hash: str) -> str:
 
 
 @pytest.mark.django_db
-def test_a_payback_that_fails_a_check_is_refused_by_that_checks_code(
-    x402_world: X402World,
-) -> None:
-    world = x402_world
-    payer, other = world.payers[0], world.payers[1]
-    fund_seller(world)
-    refund = owed_refund(world, payer)
-    seller = world.seller
+def test_a_payback_that_fails_a_check_is_refused_by_that_checks_code(owed: Owed) -> None:
+    world, payer, refund = owed.world, owed.payer, owed.refund
+    other, seller = world.payers[1], world.seller
 
     wrong_address = send_transfer(world, seller, other.address, PRICE)
     assert refused_code(refund, wrong_address) == "payback_wrong_destination"
@@ -131,11 +147,9 @@ def test_a_payback_that_fails_a_check_is_refused_by_that_checks_code(
 
 
 @pytest.mark.django_db
-def test_a_payback_closes_one_refund_only(x402_world: X402World) -> None:
-    world = x402_world
-    payer = world.payers[0]
-    fund_seller(world)
-    first, second = owed_refund(world, payer), owed_refund(world, payer)
+def test_a_payback_closes_one_refund_only(owed: Owed) -> None:
+    world, payer, first = owed.world, owed.payer, owed.refund
+    second = owed_refund(world, payer)
     payback = send_transfer(world, world.seller, payer.address, PRICE)
     purchase_refund_payback_close(refund_id=first.pk, tx_hash=payback, now=None, actor=FINANCE)
     assert refused_code(second, payback) == "payback_already_used"
@@ -160,13 +174,10 @@ def test_a_payback_from_a_wallet_listed_in_settings_counts_as_the_sellers(
 
 @pytest.mark.django_db
 def test_a_payback_not_final_yet_is_pending_and_the_watch_closes_it_once_final(
-    x402_world: X402World,
+    owed: Owed,
 ) -> None:
-    world = x402_world
+    world, payer, refund = owed.world, owed.payer, owed.refund
     world.network_settings["finality_depth"] = 3
-    payer = world.payers[0]
-    fund_seller(world)
-    refund = owed_refund(world, payer)
     payback = send_transfer(world, world.seller, payer.address, PRICE)
     now = timezone.now()
     recorded = purchase_refund_payback_close(
@@ -198,10 +209,9 @@ def test_a_payback_not_final_yet_is_pending_and_the_watch_closes_it_once_final(
 @pytest.mark.django_db
 def test_a_payback_not_mined_is_pending_never_failed(x402_paused_world: X402World) -> None:
     world = x402_paused_world
-    payer = world.payers[0]
     world.node.set_automine(True)
-    fund_seller(world)
-    refund = owed_refund(world, payer)
+    owed = owed_setup(world)
+    payer, refund = owed.payer, owed.refund
     world.node.set_automine(False)
     payback = send_transfer(world, world.seller, payer.address, PRICE, gas=80_000, wait=False)
     now = timezone.now()
@@ -219,12 +229,11 @@ def test_a_payback_not_mined_is_pending_never_failed(x402_paused_world: X402Worl
 
 @pytest.mark.django_db
 def test_a_payback_seen_on_chain_is_offered_as_a_match_and_confirmed_in_one_step(
-    x402_world: X402World,
+    owed: Owed,
 ) -> None:
-    world = x402_world
-    payer, other = world.payers[0], world.payers[1]
-    fund_seller(world)
-    refund, untouched = owed_refund(world, payer), owed_refund(world, other, amount=PRICE // 2)
+    world, payer, refund = owed.world, owed.payer, owed.refund
+    other = world.payers[1]
+    untouched = owed_refund(world, other, amount=PRICE // 2)
     payback = send_transfer(world, world.seller, payer.address, PRICE)
     send_transfer(world, world.seller, other.address, PRICE)  # not the amount owed to `other`
     stats = refund_paybacks_watch()
@@ -254,12 +263,9 @@ def _finance_client() -> Client:
 
 @pytest.mark.django_db
 def test_the_admin_form_names_the_failed_check_and_closes_the_right_payback(
-    x402_world: X402World,
+    owed: Owed,
 ) -> None:
-    world = x402_world
-    payer = world.payers[0]
-    fund_seller(world)
-    refund = owed_refund(world, payer)
+    world, payer, refund = owed.world, owed.payer, owed.refund
     finance = _finance_client()
     url = reverse("admin:payments_refund_changelist")
 
@@ -298,10 +304,9 @@ def test_a_pending_payback_a_reorg_undoes_is_dropped_and_the_refund_stays_owed(
 ) -> None:
     world = x402_paused_world
     world.network_settings["finality_depth"] = 3
-    payer = world.payers[0]
     world.node.set_automine(True)
-    fund_seller(world)
-    refund = owed_refund(world, payer)
+    owed = owed_setup(world)
+    payer, refund = owed.payer, owed.refund
     snapshot = world.node.rpc("evm_snapshot")
     payback = send_transfer(world, world.seller, payer.address, PRICE)
     now = timezone.now()
@@ -326,12 +331,9 @@ def test_a_pending_payback_a_reorg_undoes_is_dropped_and_the_refund_stays_owed(
 
 @pytest.mark.django_db
 def test_the_watch_skips_a_network_it_cannot_search_and_matches_the_others(
-    x402_world: X402World, settings: Any
+    owed: Owed, settings: Any
 ) -> None:
-    world = x402_world
-    payer = world.payers[0]
-    fund_seller(world)
-    refund = owed_refund(world, payer)
+    world, payer, refund = owed.world, owed.payer, owed.refund
     elsewhere = owed_refund(world, world.payers[1])
     Refund.objects.filter(pk=elsewhere.pk).update(network="eip155:84532")
     sepolia = dict(settings.X402_NETWORKS["eip155:84532"], token_address="")
@@ -345,12 +347,9 @@ def test_the_watch_skips_a_network_it_cannot_search_and_matches_the_others(
 
 @pytest.mark.django_db
 def test_the_command_names_the_failed_check_and_closes_the_right_payback(
-    x402_world: X402World,
+    owed: Owed,
 ) -> None:
-    world = x402_world
-    payer = world.payers[0]
-    fund_seller(world)
-    refund = owed_refund(world, payer)
+    world, payer, refund = owed.world, owed.payer, owed.refund
     wrong = send_transfer(world, world.seller, world.payers[1].address, PRICE)
     with pytest.raises(CommandError, match="refused: payback_wrong_destination"):
         call_command("refund_payback", str(refund.pk), wrong, "--by", "fay-finance")

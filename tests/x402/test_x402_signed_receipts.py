@@ -17,9 +17,11 @@ from rest_framework.test import APIClient
 from fulfillment.models import Receipt
 from fulfillment.receipt_signing import receipt_verify
 from payments.models import PaymentAttempt
+from payments.x402.books_evidence import settlements_awaiting_block_time
 from purchases import event_subjects
 from purchases.models import Purchase
 from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.fulfil.receipts import settlement_mined_at
 from purchases.services.jobs import housekeeping
 from purchases.services.settle.finality import watch_unfinal_settlements
 from tests.x402.e2e import NETWORK, PRICE, X402World, ask, sign_payment
@@ -171,3 +173,33 @@ def test_an_authorization_seen_after_its_record_was_compacted_is_answered_from_t
     assert again.json()["signed_receipt"] == _receipt(paid)
     assert again.json()["purchase"] == purchase.ref
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
+
+
+def test_a_receipt_that_reads_the_block_first_records_what_the_books_need_with_it(
+    client, x402_world
+):
+    """One reader of the settling block (payments.x402.books_evidence): when a receipt needs
+    the settlement time first (a facilitator's settlement, a row settled before the books),
+    the sender and gas come with it, and the books have nothing left to read."""
+    world = x402_world
+    ask(client, world, payment=sign_payment(_required(client, world), world.payers[0], PAY_ID))
+    PaymentAttempt.objects.update(
+        block_at=None, gas_used=None, effective_gas_price=None, sent_by=""
+    )
+    attempt = PaymentAttempt.objects.get()
+    assert attempt.final_at is not None and attempt.tx_hash
+
+    settled_at = settlement_mined_at(attempt=attempt)
+
+    receipt = world.w3.eth.get_transaction_receipt(attempt.tx_hash)
+    block = world.w3.eth.get_block(receipt["blockNumber"])
+    assert settled_at is not None and int(settled_at.timestamp()) == block["timestamp"]
+    stored = PaymentAttempt.objects.get()
+    assert (stored.block_at, stored.block_number) == (settled_at, receipt["blockNumber"])
+    assert (stored.gas_used, stored.effective_gas_price, stored.sent_by) == (
+        receipt["gasUsed"],
+        receipt["effectiveGasPrice"],
+        world.relayer.address.lower(),
+    )
+    later = timezone.now() + timedelta(minutes=1)
+    assert list(settlements_awaiting_block_time(created_before=later)) == []

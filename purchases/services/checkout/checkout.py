@@ -19,7 +19,7 @@ again.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -140,6 +140,8 @@ class _Checkout(Generic[A]):
     request: PaymentRequest
     answers: CheckoutAnswers[A]
     rail: PaymentRail
+    # What the rail's verify returned: handed back to it, never derived twice per request.
+    context: Any = None
 
 
 def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
@@ -182,7 +184,10 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         raise request.quote_refusal
     quote = request.quote or _quote_named(request, with_duplicate=True)
     terms = quote_terms(quote=quote)
-    rail.verify(presentation=request.presentation, terms=terms, now=request.now)
+    checkout = replace(
+        checkout,
+        context=rail.verify(presentation=request.presentation, terms=terms, now=request.now),
+    )
     duplicate_key = _duplicate_key(request, quote)
     # A duplicate is answered before anything is asked of the chain (found with the quote).
     duplicate_id = quote.duplicate_id  # type: ignore[attr-defined]  # annotated
@@ -193,7 +198,9 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
     )
     if duplicate is not None:
         return _answer_duplicate(checkout, duplicate, quote, claim)
-    search_from = rail.verify_funds(presentation=request.presentation, terms=terms)
+    search_from = rail.verify_funds(
+        presentation=request.presentation, terms=terms, context=checkout.context
+    )
     try:
         purchase, attempt, _ = _record(
             checkout=checkout,
@@ -217,7 +224,12 @@ def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
     with transaction.atomic():
         quote = _quote_named(request, lock=True)
         terms = quote_terms(quote=quote)
-        checkout.rail.verify(presentation=request.presentation, terms=terms, now=request.now)
+        checkout = replace(
+            checkout,
+            context=checkout.rail.verify(
+                presentation=request.presentation, terms=terms, now=request.now
+            ),
+        )
         try:
             _, _, stored = _record(
                 checkout=checkout,
@@ -450,6 +462,7 @@ def _record_once(
                 terms=terms,
                 idempotency_record_id=claim.record_id,
                 search_from_block=search_from,
+                context=checkout.context,
             )
         )
         event_record_change(purchase=purchase, actor=actor, change=change)

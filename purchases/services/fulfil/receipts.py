@@ -12,7 +12,7 @@ read from the chain once and kept on the attempt.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -25,9 +25,8 @@ from fulfillment import services as fulfillment_services
 from fulfillment.models import Receipt
 from fulfillment.services import ReceiptFacts
 from payments.models import PaymentAttempt, Rail
-from payments.services import payment_attempt_record_mined
-from payments.x402.chain import ChainReader, ChainUnavailable
-from payments.x402.networks import network_config
+from payments.x402.books_evidence import settlement_block_record
+from payments.x402.chain import ChainUnavailable
 from purchases import event_subjects as subjects
 from purchases.events import event_note
 from purchases.models import Purchase
@@ -122,26 +121,18 @@ def _settled_attempt(purchase: Purchase) -> PaymentAttempt | None:
 
 
 def settlement_mined_at(*, attempt: PaymentAttempt | None) -> datetime | None:
-    """A final settlement's block time: recorded, or read from the chain now and recorded
-    (None if the chain does not answer). No transaction may be open."""
+    """A final settlement's block time: recorded, or read from the chain now with the rest of
+    what its block tells the books, and recorded (None if the chain does not answer). No
+    transaction may be open."""
     if not is_final(attempt):
         return None
     assert attempt is not None
     if attempt.block_at is not None:
         return attempt.block_at
-    reader = ChainReader(network_config(attempt.network))
     try:
-        number = attempt.block_number
-        if number is None and attempt.tx_hash:
-            mined = reader.receipt(attempt.tx_hash)
-            number = int(mined["blockNumber"]) if mined else None
-        if number is None:
-            return None
-        stamp = datetime.fromtimestamp(reader.block_timestamp(number), tz=UTC)
+        return settlement_block_record(attempt=attempt)
     except ChainUnavailable:
         return None
-    attempt.block_at = payment_attempt_record_mined(attempt_id=attempt.pk, mined_at=stamp)
-    return attempt.block_at
 
 
 def receipt_document(signed: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from contextvars import ContextVar
 import psycopg
 from django.db import connection
 
+from core.sql import on_postgresql
 from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
 from purchases.selectors import purchase_reload
@@ -50,7 +51,7 @@ from purchases.services.shared.outbox import (
     outbox_release_held,
     outbox_retire_held,
 )
-from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read, on_postgresql
+from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
