@@ -23,6 +23,7 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
+from core.handoff import Handoff
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
@@ -85,17 +86,24 @@ def purchase_settle_attempt(
         if attempt.state in TERMINAL_ATTEMPT_STATES:
             return None
         terms = quote_terms(quote=attempt.purchase.quote)
-    outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
-    outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
-    purchase, attempt = settlement_record_outcome(
-        attempt_id=attempt.pk,
-        purchase_id=attempt.purchase_id,
-        outcome=outcome,
-        now=now,
-        known=known,
-    )
-    relayer_gap_notes_record(purchase=purchase, outcome=outcome)
-    return Settled(outcome, purchase, attempt)
+
+    def record(outcome: SettlementOutcome) -> Settled:
+        outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
+        purchase, recorded_attempt = settlement_record_outcome(
+            attempt_id=attempt.pk,
+            purchase_id=attempt.purchase_id,
+            outcome=outcome,
+            now=now,
+            known=known,
+        )
+        relayer_gap_notes_record(purchase=purchase, outcome=outcome)
+        return Settled(outcome, purchase, recorded_attempt)
+
+    try:
+        outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
+    except Handoff as handoff:  # the caller's event loop waits; the recording follows
+        raise handoff.then(record) from None
+    return record(outcome)
 
 
 def settlement_follow_up(

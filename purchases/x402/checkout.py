@@ -14,15 +14,17 @@ asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
 from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from payments.rails import Presentation
 from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
-from purchases.models import Buyer, Purchase
+from purchases.models import Buyer, Offering, Purchase
 from purchases.services.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
 from purchases.services.duplicates import copy_label_validate
 from purchases.services.quotes import quote_input_canonicalize
@@ -85,8 +87,18 @@ def x402_pay(
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
+    try:
+        with x402_request_scope(offering=offering):
+            return purchase_pay(request=request, answers=answers)
+    except Handoff as handoff:
+        # The settlement's wait went to the caller's event loop: what follows it (the
+        # recording, the work, the answer) runs in the same scope, entered again.
+        raise handoff.around(lambda rest: _in_scope(offering, rest)) from None
+
+
+def _in_scope(offering: Offering, rest: Callable[[], A]) -> A:
     with x402_request_scope(offering=offering):
-        return purchase_pay(request=request, answers=answers)
+        return rest()
 
 
 def _input_matches_quote(route: X402PaidRoute, raw_input: Any) -> None:
