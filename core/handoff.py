@@ -2,13 +2,15 @@
 
 A paid request that waits for its block spends almost all its time asleep between cheap
 looks at the chain. Synchronous code (the ORM, the settlement, the answer) cannot sleep
-without its thread; so, where the caller asked for it (`waits_handed_off`), a polling wait
-does its first look, then raises `Handoff` instead of sleeping. Every layer it unwinds
-through that has work left after the wait adds that work to the handoff (`then`, or
-`around` for a layer that wraps it: a try/except, a scope) and re-raises. The caller, an
-event loop, sleeps with asyncio between looks (each look a short hop to a thread) and then
-runs `resume` in a thread: the same code the blocking wait would have run next, with the
-value the wait ended on. Without `waits_handed_off` nothing changes: the wait blocks.
+without its thread; so a polling wait does its first look, then raises `Handoff` instead of
+sleeping, when two things hold: the caller is an event loop that completes handoffs
+(`waits_handed_off`, the outermost frame), and the wait runs inside `handoff_allowed` (the
+one call whose every layer, up to that caller, is wired for it). Every such layer that has
+work left after the wait adds that work to the handoff (`then`, or `around` for a layer
+that wraps it: a try/except, a scope) and re-raises. The caller sleeps with asyncio between
+looks (each look a short hop to a thread) and then runs `resume` in a thread: the same code
+the blocking wait would have run next, with the value the wait ended on. Anywhere else (a
+resubmission, a reconciliation, a synchronous server) the wait blocks, as it always did.
 
 Layers that unwind must hold nothing across the wait: no transaction is open around a
 network wait (the settlement's rule), and a scope is re-entered by its `around`.
@@ -26,7 +28,8 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-_HANDED_OFF: ContextVar[bool] = ContextVar("waits_handed_off", default=False)
+_CALLER_COMPLETES: ContextVar[bool] = ContextVar("waits_handed_off", default=False)
+_ALLOWED: ContextVar[bool] = ContextVar("handoff_allowed", default=False)
 
 
 @dataclass
@@ -97,17 +100,33 @@ class Handoff(Exception):
 def polling_wait(wait: PollingWait[T]) -> T:
     """Look once; if not done, hand the wait to the caller when it asked, else block."""
     first = wait.look()
-    if _HANDED_OFF.get() and not wait.is_done(first) and wait.deadline > time.monotonic():
+    if (
+        _CALLER_COMPLETES.get()
+        and _ALLOWED.get()
+        and not wait.is_done(first)
+        and wait.deadline > time.monotonic()
+    ):
         raise Handoff(wait, first)
     return wait.blocking(first)
 
 
 @contextmanager
 def waits_handed_off() -> Generator[None]:
-    """Inside: polling waits raise Handoff instead of sleeping (the caller is an event loop
-    that completes them)."""
-    token = _HANDED_OFF.set(True)
+    """Inside: the caller is an event loop that completes a Handoff raised to it."""
+    token = _CALLER_COMPLETES.set(True)
     try:
         yield
     finally:
-        _HANDED_OFF.reset(token)
+        _CALLER_COMPLETES.reset(token)
+
+
+@contextmanager
+def handoff_allowed(allowed: bool = True) -> Generator[None]:
+    """Inside: a polling wait may be handed off (if the caller completes handoffs); every
+    layer from here to that caller must pass a Handoff on with its own rest added.
+    `allowed=False`: no wait inside is handed off (work after a handed-off wait's point)."""
+    token = _ALLOWED.set(allowed)
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)

@@ -624,7 +624,9 @@ def _settle_and_answer(
         return sent
 
     try:
-        settled = purchase_settle_attempt(attempt_id=attempt_id, now=now, recorded=recorded)
+        settled = purchase_settle_attempt(
+            attempt_id=attempt_id, now=now, recorded=recorded, hand_off=True
+        )
     except Handoff as handoff:  # the settlement's wait went to the caller's event loop
         raise handoff.then(answer) from None
     return answer(settled)

@@ -23,7 +23,7 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
-from core.handoff import Handoff
+from core.handoff import Handoff, handoff_allowed
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
@@ -67,12 +67,15 @@ def purchase_settle_attempt(
     attempt_id: int,
     now: datetime | None = None,
     recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
+    hand_off: bool = False,
 ) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
     the outcome. Returns None when the attempt was already settled or failed.
 
     `recorded`: the purchase and attempt as this request just wrote them, with the quote's
-    terms (nothing to read back, before or after).
+    terms (nothing to read back, before or after). `hand_off`: the caller passes a Handoff
+    on (core.handoff): the wait for the broadcast's receipt may go to its event loop, and
+    this raises Handoff with the recording as its rest.
     """
     now = now_or(now)
     known: tuple[Purchase, PaymentAttempt] | None = None
@@ -88,6 +91,7 @@ def purchase_settle_attempt(
         terms = quote_terms(quote=attempt.purchase.quote)
 
     def record(outcome: SettlementOutcome) -> Settled:
+        # Outside handoff_allowed: a resubmission's wait blocks (no layer passes it on).
         outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
         purchase, recorded_attempt = settlement_record_outcome(
             attempt_id=attempt.pk,
@@ -100,7 +104,8 @@ def purchase_settle_attempt(
         return Settled(outcome, purchase, recorded_attempt)
 
     try:
-        outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
+        with handoff_allowed(hand_off):
+            outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
     except Handoff as handoff:  # the caller's event loop waits; the recording follows
         raise handoff.then(record) from None
     return record(outcome)
