@@ -3,9 +3,11 @@ and against the chain's own ceiling (a bare broadcaster).
 
 Every window (one side, one agent count, one repeat) runs on a fresh anvil: automine, or a
 block every DEMO_CHAIN_BLOCK_TIME seconds; one test USDC (the same address on every chain),
-one funded wallet per agent. Tollbooth runs as `make serve` runs it (gunicorn per
-config/gunicorn.py and a Celery worker, production settings, PostgreSQL and Redis, direct
-settlement by its relayer: a new relayer key per chain); the anchor is bench/sdk_seller.py
+one funded wallet per agent. Tollbooth runs as `make serve` runs it (the ASGI role that
+production routes the paid URL to, config/gunicorn_asgi.py: uvicorn workers, the wait for
+the block on the event loop; BENCH_X402_SERVE=wsgi: the gthread role, config/gunicorn.py;
+and a Celery worker, production settings, PostgreSQL and Redis, direct settlement by its
+relayer: a new relayer key per chain); the anchor is bench/sdk_seller.py
 (the SDK's FastAPI middleware with its synchronous facilitator on a 32-thread pool) under
 uvicorn; the bare broadcaster (`BareSender`) signs and sends transferWithAuthorization and
 waits for the receipt, nothing else. Both sellers sell the same report. The agents are the
@@ -82,7 +84,8 @@ class Plan:
 
 
 def plan_for(scale: Scale) -> Plan:
-    """The scale's plan on the chain's clock; BENCH_X402_AGENTS (e.g. "32,64") sets the levels."""
+    """The scale's plan on the chain's clock; BENCH_X402_AGENTS (e.g. "32,64") sets the levels,
+    BENCH_X402_REPEATS the repeats."""
     block_time = block_time_from_env()
     if scale is Scale.SMOKE:
         plan = Plan(repeats=1, calls_per_agent=1, serial_calls=2, levels=(4,))
@@ -97,6 +100,9 @@ def plan_for(scale: Scale) -> Plan:
     levels = os.environ.get("BENCH_X402_AGENTS", "").strip()
     if levels:
         plan = replace(plan, levels=tuple(int(n) for n in levels.split(",")))
+    repeats = os.environ.get("BENCH_X402_REPEATS", "").strip()
+    if repeats:
+        plan = replace(plan, repeats=int(repeats))
     return plan
 
 
@@ -256,6 +262,7 @@ def tollbooth_env(
         "TOLLBOOTH_VAR_DIR": str(var_dir),
         "X402_LOCAL_MODE": "direct",
         "GUNICORN_BIND": f"127.0.0.1:{port}",
+        "GUNICORN_ASGI_BIND": f"127.0.0.1:{port}",
         "GUNICORN_ACCESS_LOG": os.environ.get("BENCH_GUNICORN_ACCESS_LOG", "-"),
     }
     if chain is not None:
@@ -304,9 +311,9 @@ def tollbooth_database(side: TollboothSide, workdir: Path) -> Iterator[Tollbooth
 
 @contextlib.contextmanager
 def tollbooth(chain: Chain, workdir: Path, side: TollboothSide) -> Iterator[str]:
-    """`make serve ROLES="web worker"` from the side's code on this window's chain, with a
-    relayer key of the window's own (the relayer's nonces live in the database, and a new
-    chain starts them at 0): yields the paid URL."""
+    """`make serve ROLES="mcp worker"` (or "web worker", `_web_role`) from the side's code
+    on this window's chain, with a relayer key of the window's own (the relayer's nonces
+    live in the database, and a new chain starts them at 0): yields the paid URL."""
     port = _free_port()
     env = tollbooth_env(chain, side.database_url, workdir / f"var-{side.label}", port, side.index)
     if side.token != chain.token:
@@ -316,13 +323,23 @@ def tollbooth(chain: Chain, workdir: Path, side: TollboothSide) -> Iterator[str]
                        check=True)  # fmt: skip
         side.token = chain.token
     log = workdir / f"tollbooth-{side.label}.log"
-    serve = _spawn([PYTHON, "scripts/serve.py", "web", "worker"], env, log, cwd=side.root)
+    serve = _spawn([PYTHON, "scripts/serve.py", _web_role(), "worker"], env, log, cwd=side.root)
     try:
         _wait_http(f"http://127.0.0.1:{port}/readyz", serve, log, timeout=90)
         _wait_worker(log, serve)
         yield f"http://127.0.0.1:{port}/x402/{SLUG}"
     finally:
         _stop(serve, grace=60)
+
+
+def _web_role() -> str:
+    """BENCH_X402_SERVE: `asgi` (default) serves the paid URL as production routes it, by
+    the ASGI role (`make serve ROLES=mcp`: uvicorn workers, the wait for the block on the
+    event loop); `wsgi` by the WSGI role (gthread: each waiting payment holds a thread)."""
+    serve = os.environ.get("BENCH_X402_SERVE", "asgi")
+    if serve not in ("asgi", "wsgi"):
+        raise RuntimeError(f"BENCH_X402_SERVE={serve!r}: asgi or wsgi")
+    return "mcp" if serve == "asgi" else "web"
 
 
 def _wait_worker(log: Path, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

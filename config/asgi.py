@@ -2,7 +2,9 @@
 
 Production serves it with uvicorn workers under gunicorn (config/gunicorn_asgi.py), where
 MCP's long-lived connections (SSE, a tool call waiting for its settlement and work) cost a
-coroutine, not a sync worker; the rest of the site stays on WSGI gunicorn
+coroutine, not a sync worker. The Django app here routes by config.urls_asgi: the x402 paid
+URL waits for its block on the event loop, not in a thread (purchases/x402/paid_async.py);
+the load balancer sends it and `/mcp` here, the rest of the site to WSGI gunicorn
 (config/gunicorn.py). See docs/deployment.md and docs/mcp.md. Production unless told
 otherwise, as config/wsgi.py.
 """
@@ -13,12 +15,14 @@ import os
 from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.production")
+os.environ.setdefault("TOLLBOOTH_ROOT_URLCONF", "config.urls_asgi")
 
 from django.core.asgi import get_asgi_application
 
 django_application = get_asgi_application()
 
 from purchases.x402.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
+from purchases.x402.paid_async import served_on_event_loop  # noqa: E402
 
 
 def build_application() -> Any:
@@ -32,7 +36,8 @@ def build_application() -> Any:
         elif scope["type"] == "http" and McpApp.handles(scope["path"]):
             await mcp_app(scope, receive, send)
         else:
-            await django_application(scope, receive, send)
+            with served_on_event_loop():
+                await django_application(scope, receive, send)
 
     return application
 

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import os
 
+# Before config.gunicorn reads the settings: this role's site is config.urls_asgi (the x402
+# paid URL waits for its block on the event loop), as config/asgi.py says.
+os.environ.setdefault("TOLLBOOTH_ROOT_URLCONF", "config.urls_asgi")
+
 from config.gunicorn import (  # noqa: F401  (gunicorn reads these names from this module)
     access_log_format,
     accesslog,

@@ -97,7 +97,8 @@ AXES_RESET_ON_SUCCESS = True
 # The same address rule as the API throttles: REMOTE_ADDR unless proxies are trusted.
 AXES_CLIENT_IP_CALLABLE = "purchases.api.throttles.client_address"
 
-ROOT_URLCONF = "config.urls"
+# config/asgi.py names config.urls_asgi: the same site, the x402 paid URL served async.
+ROOT_URLCONF = env("TOLLBOOTH_ROOT_URLCONF", default="config.urls")
 WSGI_APPLICATION = "config.wsgi.application"
 
 TEMPLATES = [
@@ -258,6 +259,10 @@ TOLLBOOTH = {
     # MCP tool calls run their (synchronous) domain call in worker threads: at most this many
     # at once per ASGI worker process; a paying call holds one while it waits (docs/mcp.md).
     "MCP_THREADS": env.int("TOLLBOOTH_MCP_THREADS", default=16),
+    # The x402 paid URL on the ASGI app runs its synchronous parts (record and broadcast;
+    # record the outcome and answer) in at most this many threads per worker process; its
+    # wait for the block holds none (purchases/x402/paid_async.py, docs/deployment.md).
+    "X402_THREADS": env.int("TOLLBOOTH_X402_THREADS", default=8),
     # Paid URLs and quotes (429 throttled + Retry-After past these). An agent polls a result
     # every 2 s; quoting and paying take a few calls per purchase.
     "THROTTLE_RATES": {

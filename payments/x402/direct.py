@@ -20,6 +20,7 @@ from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
+from core.handoff import Handoff, PollingWait, polling_wait
 from payments.chain.token import transfer_with_authorization_calldata
 from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import is_hash32
@@ -130,17 +131,25 @@ class DirectSettler:
             return _with_gap(
                 _pending(tx_hash, "rpc_error", network, prepared, error=refused), prepared
             )
-        deadline = time.monotonic() + network.confirmation_timeout
-        delays = receipt_poll_delays(ceiling=self.poll_interval)
-        while True:
+
+        def look() -> SettlementOutcome:
             try:
-                outcome = _observe(rpc, tx_hash, network, prepared)
+                return _observe(rpc, tx_hash, network, prepared)
             except _NETWORK_FAULTS as exc:
-                outcome = _pending(tx_hash, "rpc_error", network, prepared, error=repr(exc))
-            remaining = deadline - time.monotonic()
-            if outcome.status is not SettlementStatus.PENDING or remaining <= 0:
-                return _with_gap(outcome, prepared)
-            time.sleep(min(next(delays), remaining))
+                return _pending(tx_hash, "rpc_error", network, prepared, error=repr(exc))
+
+        wait = PollingWait(
+            look=look,
+            is_done=lambda outcome: outcome.status is not SettlementStatus.PENDING,
+            delays=receipt_poll_delays(ceiling=self.poll_interval),
+            deadline=time.monotonic() + network.confirmation_timeout,
+        )
+        try:
+            # Blocks, unless the caller is an event loop that takes the wait (core.handoff).
+            outcome = polling_wait(wait)
+        except Handoff as handoff:
+            raise handoff.then(lambda outcome: _with_gap(outcome, prepared)) from None
+        return _with_gap(outcome, prepared)
 
     def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.

@@ -22,6 +22,7 @@ from django.conf import settings
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from core.refs import PAYMENT_ID_PATTERN
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from payments.rails.base import (
@@ -239,8 +240,11 @@ class X402Rail:
         """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
         if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
-        outcome = _prepare_and_broadcast(attempt, terms, now)
-        return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
+        try:
+            outcome = _prepare_and_broadcast(attempt, terms, now)
+        except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
+            raise handoff.then(_first_broadcast) from None
+        return _first_broadcast(outcome)
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         context = x402_context(attempt=attempt)
@@ -424,6 +428,10 @@ def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
             continue
         for action in actions:
             stats[f"{network_id}:{action['action']}"] += 1
+
+
+def _first_broadcast(outcome: SettlementOutcome) -> SettlementOutcome:
+    return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 
 
 def _prepare_and_broadcast(

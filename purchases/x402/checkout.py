@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from payments.rails import Presentation
 from payments.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer, Offering, Purchase, Quote
@@ -119,8 +120,18 @@ def x402_pay(
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
+    try:
+        with x402_request_scope(offering=offering):
+            return purchase_pay(request=request, answers=answers)
+    except Handoff as handoff:
+        # The settlement's wait went to the caller's event loop: what follows it (the
+        # recording, the work, the answer) runs in the same scope, entered again.
+        raise handoff.around(lambda rest: _in_scope(offering, rest)) from None
+
+
+def _in_scope(offering: Offering, rest: Callable[[], A]) -> A:
     with x402_request_scope(offering=offering):
-        return purchase_pay(request=request, answers=answers)
+        return rest()
 
 
 def _carried(carried_input: Callable[[Offering], Any] | None, route: X402PaidRoute) -> Any:

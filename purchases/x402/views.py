@@ -5,6 +5,7 @@ Thin: parse, one call, render.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpResponse
@@ -15,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from core.handoff import Handoff
 from fulfillment.receipt_signing import receipt_keys_document
 from payments.x402.sign_in import SIGN_IN_HEADER
 from purchases.api.answers import COPY_HEADER
@@ -96,6 +98,15 @@ def _render(answer: X402Answer) -> Response | HttpResponse:
     return Response(answer.body, status=answer.status, headers=headers, content_type=content_type)
 
 
+class HandedOff(HttpResponse):
+    """Not an answer: the payment's wait, for the event loop serving this request to finish
+    (core.handoff); never sent."""
+
+    def __init__(self, handoff: Handoff) -> None:
+        super().__init__(status=500)
+        self.handoff = handoff
+
+
 def _buyer(request: Request) -> Buyer | None:
     return request.user if isinstance(request.user, Buyer) else None
 
@@ -129,8 +140,8 @@ class X402PaidApi(APIView):
                 return input_from_query(sold, request.query_params.dict())
             return request.data
 
-        return _render(
-            x402_pay(
+        try:
+            answer = x402_pay(
                 offering_slug=offering,
                 payment_header=header,
                 buyer=_buyer(request),
@@ -138,7 +149,28 @@ class X402PaidApi(APIView):
                 copy_label=request.headers.get(COPY_HEADER),
                 carried_input=carried,
             )
-        )
+        except Handoff as handoff:
+            # Served on an event loop (purchases.x402.paid_async): it waits for the block
+            # and then finishes this response as dispatch would have.
+            # dispatch's finalize_response consumes the headers: these are the handler's.
+            headers = dict(self.headers)
+            handoff.then(_render).around(lambda rest: self._finish(request, headers, rest))
+            return HandedOff(handoff)
+        return _render(answer)
+
+    def _finish(
+        self,
+        request: Request,
+        headers: dict[str, str],
+        rest: Callable[[], Response | HttpResponse],
+    ) -> Response | HttpResponse:
+        """What APIView.dispatch does with a handler's answer or exception."""
+        self.headers = headers
+        try:
+            response = rest()
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        return self.finalize_response(request, response)  # type: ignore[arg-type]  # any HttpResponse
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,

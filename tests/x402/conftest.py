@@ -99,3 +99,11 @@ def facilitator_network(
 ) -> NetworkConfig:
     """mode "facilitator", pointing at the double, facilitator_timeout = 1.5 s."""
     return facilitator_chain.network_config(facilitator_double.url)
+
+
+@pytest.fixture(autouse=True)
+def _paid_url_on_the_event_loop(settings) -> None:  # type: ignore[no-untyped-def]
+    """The paid URL as the ASGI app serves it (config/urls_asgi.py): its wait for the block
+    handed to an event loop (purchases/x402/paid_async.py). Django's test client drives that
+    view on the test's own thread, so every x402 test runs the handed-off path."""
+    settings.ROOT_URLCONF = "config.urls_asgi"

@@ -31,6 +31,7 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.bulk import insert_unless_conflict
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
@@ -64,6 +65,7 @@ from purchases.services.checkout.idempotency import (
 from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
 from purchases.services.settle.settlement import (
+    Settled,
     purchase_settle_attempt,
     quote_terms,
 )
@@ -652,11 +654,20 @@ def _settle_and_answer(
 ) -> A:
     """After commit: settle over the rail, then answer from what the purchase is now."""
     now = checkout.request.now
-    settled = purchase_settle_attempt(attempt_id=attempt_id, now=now, recorded=recorded)
-    if settled is not None:
-        purchase, attempt = settled.purchase, settled.attempt
-    else:
-        purchase, attempt = purchase_reload(purchase=purchase), None
-    stored, answer = checkout.answers.settled(purchase=purchase, attempt=attempt, fresh=fresh)
-    payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
-    return answer
+
+    def answer(settled: Settled | None) -> A:
+        if settled is not None:
+            answered, attempt = settled.purchase, settled.attempt
+        else:
+            answered, attempt = purchase_reload(purchase=purchase), None
+        stored, sent = checkout.answers.settled(purchase=answered, attempt=attempt, fresh=fresh)
+        payment_id_store_answer(claim=claim, answer=stored, purchase=answered, now=now)
+        return sent
+
+    try:
+        settled = purchase_settle_attempt(
+            attempt_id=attempt_id, now=now, recorded=recorded, hand_off=True
+        )
+    except Handoff as handoff:  # the settlement's wait went to the caller's event loop
+        raise handoff.then(answer) from None
+    return answer(settled)

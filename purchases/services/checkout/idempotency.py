@@ -25,6 +25,7 @@ from prometheus_client import Counter
 
 from core.actors import Actor
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from core.refs import PAYMENT_ID_PATTERN, payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
@@ -377,9 +378,20 @@ def idempotent_request(
     claim = payment_id_claim(request=request)
     if claim.replay is not None:
         return render(claim.replay, True)
+    return _under_claim(request, claim, lambda: work(claim), refused, render)
+
+
+def _under_claim(
+    request: KeyedRequest,
+    claim: KeyClaim,
+    run: Callable[[], T],
+    refused: Callable[[DomainError], StoredAnswer],
+    render: Callable[[StoredAnswer, bool], T],
+) -> T:
+    handed_off = False
     try:
         try:
-            return work(claim)
+            return run()
         except DomainError as error:
             if error.code in request.unstored:
                 raise
@@ -387,9 +399,17 @@ def idempotent_request(
             answer = refused(error)
             payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
             return render(answer, False)
+    except Handoff as handoff:
+        # The work waits on the caller's event loop (core.handoff): the key stays claimed
+        # and its lease renewed until what follows the wait ends, under the same rules.
+        handed_off = True
+        raise handoff.around(
+            lambda rest: _under_claim(request, claim, rest, refused, render)
+        ) from None
     except Exception:
         # Unanswered (a code about the key, a bug, the database gone): give the key back.
         payment_id_release(claim=claim)
         raise
     finally:
-        lease_done(token=claim.lease_token)
+        if not handed_off:
+            lease_done(token=claim.lease_token)

@@ -23,6 +23,7 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
+from core.handoff import Handoff, handoff_allowed
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
@@ -65,12 +66,15 @@ def purchase_settle_attempt(
     attempt_id: int,
     now: datetime | None = None,
     recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
+    hand_off: bool = False,
 ) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
     the outcome. Returns None when the attempt was already settled or failed.
 
     `recorded`: the purchase and attempt as this request just wrote them, with the quote's
-    terms (nothing to read back, before or after).
+    terms (nothing to read back, before or after). `hand_off`: the caller passes a Handoff
+    on (core.handoff): the wait for the broadcast's receipt may go to its event loop, and
+    this raises Handoff with the recording as its rest.
     """
     now = now_or(now)
     known: tuple[Purchase, PaymentAttempt] | None = None
@@ -84,17 +88,26 @@ def purchase_settle_attempt(
         if attempt.state in TERMINAL_ATTEMPT_STATES:
             return None
         terms = quote_terms(quote=attempt.purchase.quote)
-    outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
-    outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
-    purchase, attempt = settlement_record_outcome(
-        attempt_id=attempt.pk,
-        purchase_id=attempt.purchase_id,
-        outcome=outcome,
-        now=now,
-        known=known,
-    )
-    relayer_gap_notes_record(purchase=purchase, outcome=outcome)
-    return Settled(outcome, purchase, attempt)
+
+    def record(outcome: SettlementOutcome) -> Settled:
+        # Outside handoff_allowed: a resubmission's wait blocks (no layer passes it on).
+        outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
+        purchase, recorded_attempt = settlement_record_outcome(
+            attempt_id=attempt.pk,
+            purchase_id=attempt.purchase_id,
+            outcome=outcome,
+            now=now,
+            known=known,
+        )
+        relayer_gap_notes_record(purchase=purchase, outcome=outcome)
+        return Settled(outcome, purchase, recorded_attempt)
+
+    try:
+        with handoff_allowed(hand_off):
+            outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
+    except Handoff as handoff:  # the caller's event loop waits; the recording follows
+        raise handoff.then(record) from None
+    return record(outcome)
 
 
 def settlement_follow_up(

@@ -1,0 +1,82 @@
+"""A paid request waiting for its block holds no thread (purchases/x402/paid_async.py).
+
+The ASGI app (config/asgi.py) serves the paid URL with ONE thread for synchronous work
+(TOLLBOOTH_X402_THREADS=1) on a chain that mines only when told. Several buyers pay at once:
+every payment is broadcast (all are in the pool together) while none is mined yet, which a
+wait holding the only thread would forbid (the second payment could not be recorded until
+the first was mined). One block then settles them all, and each buyer gets its result.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from payments.models import PaymentAttempt
+from purchases.models import Purchase
+from tests.x402.e2e import NETWORK, PRICE, sign_payment
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+INPUT = {"title": "Waiting", "csv": "region,units\nnorth,3\n"}
+
+
+def _pay(url: str, payer, index: int, answers: list[requests.Response | None]) -> None:  # type: ignore[no-untyped-def]
+    body = {**INPUT, "title": f"Waiting {index}"}
+    required = requests.post(url, json=body, timeout=30)
+    if required.status_code != 402:
+        answers[index] = required
+        return
+    payment = sign_payment(
+        required.headers["PAYMENT-REQUIRED"], payer, f"x402-async-wait-{index:04d}-id"
+    )
+    answers[index] = requests.post(
+        url, json=body, headers={"PAYMENT-SIGNATURE": payment}, timeout=60
+    )
+
+
+def test_more_payments_wait_for_their_block_at_once_than_threads(
+    make_x402_world, settings, start_asgi_server
+):
+    world = make_x402_world(no_mining=True)
+    # Long enough that no wait ends by timing out: only the block ends them.
+    settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = 60.0
+    settings.X402_RESULT_WAIT_SECONDS = 10  # `report` runs in the request: 200 with the result
+    settings.TOLLBOOTH = {**settings.TOLLBOOTH, "X402_THREADS": 1}
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    base = start_asgi_server()
+    url = f"{base}{world.paid_url}"
+    payers = world.payers
+    answers: list[requests.Response | None] = [None] * len(payers)
+    buyers = [
+        threading.Thread(target=_pay, args=(url, payer, i, answers), daemon=True)
+        for i, payer in enumerate(payers)
+    ]
+    for buyer in buyers:
+        buyer.start()
+
+    # Every payment broadcast and waiting at once, on one thread: none mined yet.
+    deadline = time.monotonic() + 30
+    while world.relayer_sent() < len(payers):
+        assert time.monotonic() < deadline, (
+            [(a.status_code, a.text) for a in answers if a is not None],
+            f"{world.relayer_sent()} of {len(payers)} payments broadcast while none is mined",
+        )
+        time.sleep(0.05)
+    assert world.w3.eth.get_transaction_count(world.relayer.address, "latest") == 0
+    assert [(a.status_code, a.text) for a in answers if a is not None] == []  # all waiting
+
+    world.node.mine()
+    for buyer in buyers:
+        buyer.join(timeout=60)
+    assert [answer.status_code if answer else None for answer in answers] == [200] * len(payers)
+    for answer in answers:
+        assert answer is not None and answer.headers.get("PAYMENT-RESPONSE")
+    assert world.seller_balance() == len(payers) * PRICE
+    assert sorted(Purchase.objects.values_list("payment_state", flat=True)) == ["paid"] * len(
+        payers
+    )
+    # One broadcast each, recorded as the blocking wait records it.
+    assert PaymentAttempt.objects.filter(state="succeeded").count() == len(payers)
