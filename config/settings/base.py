@@ -426,6 +426,9 @@ X402_NETWORKS = {
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
 }
+# How long a relayer nonce's holder has to record and send its transaction: once the node's
+# pending count has stood at a gap this long, the next broadcast or heal-relayers closes it.
+X402_RELAYER_NONCE_LEASE_SECONDS = env.float("X402_RELAYER_NONCE_LEASE_SECONDS", default=10.0)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s open a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
