@@ -564,8 +564,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
-    # A dropped relayer transaction or a nonce lost in a crash stalls every later one.
-    "heal-relayers": {"task": "purchases.tasks.heal_relayers_task", "schedule": 300.0},
+    # A dropped relayer transaction or a nonce lost in a crash stalls every later one. A run
+    # with nothing to heal is 4 statements and 2 RPC calls: it runs as often as the nonce
+    # lease (X402_RELAYER_NONCE_LEASE_SECONDS), so a gap no settlement closes waits at most
+    # about two leases.
+    "heal-relayers": {
+        "task": "purchases.tasks.heal_relayers_task",
+        "schedule": env.float("TOLLBOOTH_HEAL_RELAYERS_EVERY_SECONDS", default=10.0),
+    },
     # Chain paybacks named before they were final are closed once they are; transfers from
     # the seller's wallets that pay an owed refund back are offered to finance as matches.
     "watch-refund-paybacks": {

@@ -254,3 +254,27 @@ class _SendSwallower(RpcProxy):
             self.release.wait(timeout=120)
             return DROP_CONNECTION
         return super().forward(raw)
+
+
+def test_a_heal_run_with_nothing_to_heal_is_a_few_statements_and_two_rpc_calls(
+    make_x402_world, settings
+):
+    """What lets heal-relayers run every few seconds (docs/reconciliation.md, 2.6b)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    world = make_x402_world()
+    _pay(world, 0, "idle")  # the relayer's row exists, its one transaction is mined
+    proxy = RpcProxy(world.node.rpc_url)
+    settings.X402_NETWORKS["eip155:31337"]["rpc_url"] = proxy.url
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            stats = reconcile.heal_relayers()
+    finally:
+        proxy.close()
+
+    assert dict(stats) == {}
+    # The job's own record (INSERT, UPDATE), our unmined broadcasts and the relayer's row.
+    statements = [q["sql"].split()[0] for q in queries.captured_queries]
+    assert statements == ["INSERT", "SELECT", "SELECT", "UPDATE"]
+    assert proxy.methods() == ["eth_getTransactionCount", "eth_getTransactionCount"]
