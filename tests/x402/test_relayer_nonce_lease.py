@@ -31,7 +31,7 @@ from web3 import Web3
 from payments.chain.token import balance_of
 from payments.models import PaymentAttempt
 from payments.x402.relayer import nonce_lease
-from purchases.models import JobRun
+from purchases.models import JobRun, PurchaseEvent
 from purchases.services.jobs import reconcile
 from tests.x402.e2e import FUNDED, PRICE, X402World, ask, sign_payment
 from tests.x402.rpc_proxy import DROP_CONNECTION, RawReply, RpcProxy
@@ -153,6 +153,16 @@ def test_a_nonce_whose_holder_was_killed_is_filled_once_its_lease_lapses(make_x4
     assert not JobRun.objects.filter(job="heal_relayers").exists()
     filler = _relayer_transaction_at(world, 0)  # a 0-value self-transfer took the nonce
     assert (filler["to"], filler["value"], filler["input"]) == (world.relayer.address, 0, b"")
+    # The agent whose broadcast closed it says so on its timeline (what support reads).
+    closed = [
+        gap
+        for event in PurchaseEvent.objects.filter(subject="payment_attempt.broadcast")
+        for gap in event.evidence.get("relayer_gap_closed", [])
+    ]
+    assert closed == [
+        {"relayer_nonce": 0, "action": "gap_filled", "tx_hash": filler["hash"].to_0x_hex(),
+         "attempts": []}
+    ]  # fmt: skip
     _assert_each_paid_once(world, 1 + later)
 
 
@@ -195,6 +205,11 @@ def test_a_settlement_recorded_by_a_killed_host_is_sent_once_when_its_lease_laps
     reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=3))
     dead.refresh_from_db()
     assert dead.state == "succeeded"
+    # The dead host's purchase's timeline says its transaction was re-sent for it.
+    [note] = PurchaseEvent.objects.filter(
+        subject="payment_attempt.relayer_gap_closed", purchase_id=dead.purchase_id
+    )
+    assert (note.reason_code, note.evidence["sent_tx_hash"]) == ("rebroadcast", dead.tx_hash)
 
 
 def test_heal_leaves_a_nonce_within_its_lease_and_fills_it_once_lapsed(make_x402_world):
