@@ -139,8 +139,19 @@ def relayer_nonce_next(
     in one upsert that takes the row lock for one statement. Returns the counter's new
     value, and the lease clock (`pending_seen_since`, `handed_out_by_then`): the chain's
     pending count `floor - 1` is noted, and the clock restarts only when that count moved."""
+    sql = _relayer_nonce_sql(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [network, address, floor, now, floor - 1, now, floor])
+        next_nonce, seen_since, handed_out = cursor.fetchone()
+    if isinstance(seen_since, str):  # SQLite hands raw SQL's timestamps back as UTC text
+        seen_since = datetime.fromisoformat(seen_since).replace(tzinfo=UTC)
+    return int(next_nonce), seen_since, int(handed_out)
+
+
+@functools.cache  # its text written once per database vendor
+def _relayer_nonce_sql(vendor: str) -> str:
     # SQLite's two-argument MAX is PostgreSQL's GREATEST: the twin is one word.
-    greatest = "GREATEST" if on_postgresql() else "MAX"
+    greatest = "GREATEST" if vendor == "postgresql" else "MAX"
     accounts = table(RelayerAccount)
     nonce = column(RelayerAccount, "next_nonce")
     updated_at = column(RelayerAccount, "updated_at")
@@ -154,7 +165,7 @@ def relayer_nonce_next(
     moved = f"{accounts}.{seen} IS NULL OR {accounts}.{seen} <> excluded.{seen}"
     counter = f"{greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1"
     # SET's right-hand sides all read the row as it was before this statement.
-    sql = (
+    return (
         f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s, %s, %s, %s) "  # noqa: S608 - names from the model
         f"ON CONFLICT ({column(RelayerAccount, 'network')}, {column(RelayerAccount, 'address')}) "
         f"DO UPDATE SET {nonce} = {counter}, {updated_at} = excluded.{updated_at}, "
@@ -163,9 +174,3 @@ def relayer_nonce_next(
         f"{seen} = excluded.{seen} "
         f"RETURNING {nonce}, {since}, {by_then}"
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, [network, address, floor, now, floor - 1, now, floor])
-        next_nonce, seen_since, handed_out = cursor.fetchone()
-    if isinstance(seen_since, str):  # SQLite hands raw SQL's timestamps back as UTC text
-        seen_since = datetime.fromisoformat(seen_since).replace(tzinfo=UTC)
-    return int(next_nonce), seen_since, int(handed_out)
