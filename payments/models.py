@@ -396,6 +396,13 @@ class RelayerAccount(models.Model):
     address = models.CharField(max_length=64)
     next_nonce = models.PositiveBigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
+    # The nonces' leases (payments.x402.relayer.NONCE_LEASE), kept without a row per nonce:
+    # the node's pending count as last seen, since when it has stood there, and the counter
+    # then. Every nonce below `handed_out_by_then` was handed out by `pending_seen_since`, so
+    # once the count has stood still a lease past that, their holders are gone.
+    pending_seen = models.PositiveBigIntegerField(null=True)
+    pending_seen_since = models.DateTimeField(null=True)
+    handed_out_by_then = models.PositiveBigIntegerField(null=True)
 
     class Meta:
         constraints = [

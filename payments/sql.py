@@ -10,7 +10,7 @@ write. Services call these by what they do and never branch on the database them
 from __future__ import annotations
 
 import functools
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -120,14 +120,20 @@ def _mark_prepared_sql(vendor: str, signed: bool) -> str:
 # -- the relayer's nonces ---------------------------------------------------------------------
 
 
-def relayer_nonce_next(*, network: str, address: str, floor: int, now: datetime) -> int:
+def relayer_nonce_next(
+    *, network: str, address: str, floor: int, now: datetime
+) -> tuple[int, datetime, int]:
     """Move the relayer account's counter to at least `floor` and one past its last nonce,
-    in one upsert that takes the row lock for one statement: the counter's new value."""
+    in one upsert that takes the row lock for one statement. Returns the counter's new
+    value, and the lease clock (`pending_seen_since`, `handed_out_by_then`): the chain's
+    pending count `floor - 1` is noted, and the clock restarts only when that count moved."""
     sql = _relayer_nonce_sql(connection.vendor)
     with connection.cursor() as cursor:
-        cursor.execute(sql, [network, address, floor, now])
-        (next_nonce,) = cursor.fetchone()
-    return int(next_nonce)
+        cursor.execute(sql, [network, address, floor, now, floor - 1, now, floor])
+        next_nonce, seen_since, handed_out = cursor.fetchone()
+    if isinstance(seen_since, str):  # SQLite hands raw SQL's timestamps back as UTC text
+        seen_since = datetime.fromisoformat(seen_since).replace(tzinfo=UTC)
+    return int(next_nonce), seen_since, int(handed_out)
 
 
 @functools.cache  # its text written once per database vendor
@@ -137,12 +143,22 @@ def _relayer_nonce_sql(vendor: str) -> str:
     accounts = table(RelayerAccount)
     nonce = column(RelayerAccount, "next_nonce")
     updated_at = column(RelayerAccount, "updated_at")
-    names = ", ".join(
-        column(RelayerAccount, name) for name in ("network", "address", "next_nonce", "updated_at")
+    seen, since, by_then = (
+        column(RelayerAccount, name)
+        for name in ("pending_seen", "pending_seen_since", "handed_out_by_then")
     )
+    fields = ("network", "address", "next_nonce", "updated_at", "pending_seen",
+              "pending_seen_since", "handed_out_by_then")  # fmt: skip
+    names = ", ".join(column(RelayerAccount, name) for name in fields)
+    moved = f"{accounts}.{seen} IS NULL OR {accounts}.{seen} <> excluded.{seen}"
+    counter = f"{greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1"
+    # SET's right-hand sides all read the row as it was before this statement.
     return (
-        f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s) "  # noqa: S608 - names from the model
+        f"INSERT INTO {accounts} ({names}) VALUES (%s, %s, %s, %s, %s, %s, %s) "  # noqa: S608 - names from the model
         f"ON CONFLICT ({column(RelayerAccount, 'network')}, {column(RelayerAccount, 'address')}) "
-        f"DO UPDATE SET {nonce} = {greatest}({accounts}.{nonce}, excluded.{nonce} - 1) + 1, "
-        f"{updated_at} = excluded.{updated_at} RETURNING {nonce}"
+        f"DO UPDATE SET {nonce} = {counter}, {updated_at} = excluded.{updated_at}, "
+        f"{since} = CASE WHEN {moved} THEN excluded.{since} ELSE {accounts}.{since} END, "
+        f"{by_then} = CASE WHEN {moved} THEN {counter} ELSE {accounts}.{by_then} END, "
+        f"{seen} = excluded.{seen} "
+        f"RETURNING {nonce}, {since}, {by_then}"
     )

@@ -332,9 +332,18 @@ def attempt_marks_and_relayer_nonces() -> dict[str, Any]:
     payments_sql.attempt_mark_prepared(attempt_id=attempt.pk, now=later, signed=("0xa", "0x01", 7))
     payments_sql.attempt_mark_prepared(attempt_id=attempt.pk, now=later, signed=("0xb", "0x02", 8))
     stored = PaymentAttempt.objects.get(pk=attempt.pk)
+    # The lease clock restarts only when the chain's count (floor - 1) moved.
     nonces = [
-        payments_sql.relayer_nonce_next(network="eip155:1", address="0xr", floor=floor, now=AT)
-        for floor in (5, 5, 3, 10)
+        payments_sql.relayer_nonce_next(
+            network="eip155:1", address="0xr", floor=floor, now=AT + timedelta(seconds=i)
+        )
+        for i, floor in enumerate((5, 5, 3, 10))
+    ]
+    assert nonces == [
+        (5, AT, 5),
+        (6, AT, 5),
+        (7, AT + timedelta(seconds=2), 7),
+        (10, AT + timedelta(seconds=3), 10),
     ]
     account = RelayerAccount.objects.get(network="eip155:1", address="0xr")
     return {
@@ -346,7 +355,12 @@ def attempt_marks_and_relayer_nonces() -> dict[str, Any]:
             stored.relayer_nonce,
         ),
         "nonces": nonces,
-        "account": account.next_nonce,
+        "account": (
+            account.next_nonce,
+            account.pending_seen,
+            account.pending_seen_since,
+            account.handed_out_by_then,
+        ),
     }
 
 

@@ -454,6 +454,9 @@ X402_NETWORKS = {
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
 }
+# How long a relayer nonce's holder has to record and send its transaction: once the node's
+# pending count has stood at a gap this long, the next broadcast or heal-relayers closes it.
+X402_RELAYER_NONCE_LEASE_SECONDS = env.float("X402_RELAYER_NONCE_LEASE_SECONDS", default=10.0)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
@@ -597,8 +600,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Payment ids past retention keep only their hash, so the table does not grow forever.
     "compact-payment-ids": {"task": "purchases.tasks.compact_payment_ids_task", "schedule": 3600.0},
-    # A dropped relayer transaction or a nonce lost in a crash stalls every later one.
-    "heal-relayers": {"task": "purchases.tasks.heal_relayers_task", "schedule": 300.0},
+    # A dropped relayer transaction or a nonce lost in a crash stalls every later one. A run
+    # with nothing to heal is 4 statements and 2 RPC calls: it runs as often as the nonce
+    # lease (X402_RELAYER_NONCE_LEASE_SECONDS), so a gap no settlement closes waits at most
+    # about two leases.
+    "heal-relayers": {
+        "task": "purchases.tasks.heal_relayers_task",
+        "schedule": env.float("TOLLBOOTH_HEAL_RELAYERS_EVERY_SECONDS", default=10.0),
+    },
     # Chain paybacks named before they were final are closed once they are; transfers from
     # the seller's wallets that pay an owed refund back are offered to finance as matches.
     "watch-refund-paybacks": {

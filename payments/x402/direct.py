@@ -15,6 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_utils import keccak, to_checksum_address
@@ -27,9 +28,10 @@ from payments.x402.chain import is_hash32
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import (
     ALREADY_SENT,
+    NonceLease,
     dynamic_fee_fields,
     relayer_gap_close,
-    relayer_nonce_allocate,
+    relayer_nonce_lease,
 )
 from payments.x402.rpc import (
     TRANSPORT_FAULTS,
@@ -99,10 +101,11 @@ class DirectSettler:
             )
         except _NETWORK_FAULTS as exc:
             raise BroadcastNotPrepared("rpc_error", str(exc)) from exc
-        nonce = relayer_nonce_allocate(
+        lease = relayer_nonce_lease(
             network=network, address=account.address, chain_pending_nonce=chain_pending
         )
-        gap_closed = _close_gap_below(network, account, chain_pending, nonce)
+        nonce = lease.nonce
+        gap_closed = _close_gap_below(network, account, chain_pending, lease)
         tx: dict[str, Any] = {"to": _checksummed(network.token_address), "value": 0,
                               "data": data, "gas": TRANSFER_WITH_AUTHORIZATION_GAS,
                               "chainId": network.chain_id, "nonce": nonce, **fees}  # fmt: skip
@@ -165,15 +168,23 @@ def _relayer_account(network: NetworkConfig) -> LocalAccount:
 
 
 def _close_gap_below(
-    network: NetworkConfig, account: LocalAccount, chain_pending: int, nonce: int
+    network: NetworkConfig, account: LocalAccount, chain_pending: int, lease: NonceLease
 ) -> tuple[tuple[int, str, str, tuple[int, ...]], ...]:
-    """A nonce above the chain's pending count may sit behind a lost broadcast of ours:
-    close that gap now, so this transaction does not wait for the heal job behind it."""
+    """A nonce above the chain's pending count may sit behind a lost broadcast of ours, or
+    behind nonces whose holders died before sending: close that gap now (once their leases
+    have lapsed), so this transaction does not wait for the heal job behind it."""
+    nonce = lease.nonce
     if nonce <= chain_pending:
         return ()  # nothing of ours is missing below it: the usual case, no query, no RPC
+    now = timezone.now()
     try:
         actions = relayer_gap_close(
-            network=network, account=account, chain_pending=chain_pending, allocated=nonce
+            network=network,
+            account=account,
+            chain_pending=chain_pending,
+            allocated=nonce,
+            lapsed_below=lease.lapsed_below(chain_pending=chain_pending, now=now),
+            now=now,
         )
     except Exception:  # any fault: this broadcast goes ahead; `relayer_heal` closes it later
         logger.exception(

@@ -4,8 +4,15 @@ The relayer pays the gas for direct-mode settlements. Each settlement's transact
 signed with a nonce handed out here before anything is sent, so concurrent settlements
 pipeline instead of racing the node's pending count. A transaction the network drops, or a
 nonce handed out to a process that died before sending, leaves a gap that stalls every
-later transaction of the account: `relayer_heal` closes such gaps every few minutes, and
-`relayer_gap_close` closes a lost broadcast's gap at once, before our next broadcast.
+later transaction of the account.
+
+Every nonce is handed out on a lease (`nonce_lease()`, 10 s by default): its holder must
+record and send its transaction within it. Once the node's pending count has stood at a
+gap for a lease, every nonce handed out before the count stopped there has lapsed, and the
+next broadcaster (`relayer_gap_close`, before its own send) or the frequent `relayer_heal`
+closes the gap: a recorded transaction is sent again byte for byte (an EIP-3009
+authorization executes once at most, so this never charges twice), a nonce with nothing
+recorded gets a 0-value self-transfer.
 """
 
 from __future__ import annotations
@@ -14,9 +21,10 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import rlp
+from django.conf import settings
 from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
@@ -36,9 +44,6 @@ from payments.x402.types import NetworkConfig
 logger = logging.getLogger(__name__)
 
 SELF_TRANSFER_GAS = 21_000  # a plain value transfer to an EOA costs exactly this
-# A nonce handed out this recently may belong to a settlement that is still on its way to
-# recording and sending its transaction: filling it would make that broadcast fail.
-UNSENT_GRACE = timedelta(seconds=60)
 # Send errors meaning "this transaction reached the node before" (spellings differ by node).
 # "nonce too low" also covers a re-send after it was mined: the receipt wait tells which.
 ALREADY_SENT = (
@@ -55,7 +60,8 @@ ALREADY_SENT = (
 _NONCE_OCCUPIED = (*ALREADY_SENT, "replacement transaction")
 
 # Nonces closed inside one settlement at most: a longer gap (a node that lost its whole pool,
-# a chain reset under a kept database) is left to `relayer_heal`, off the buyer's request.
+# a chain reset under a kept database) is closed by the following broadcasts, 8 at a time,
+# and by `relayer_heal`, off the buyer's request.
 INLINE_GAP_LIMIT = 8
 
 HealAction = dict[str, Any]
@@ -65,10 +71,43 @@ class RelayerGapNotFilled(RuntimeError):
     """The node refused our 0-value self-transfer (e.g. the relayer cannot pay the gas)."""
 
 
+def nonce_lease() -> timedelta:
+    """How long a nonce's holder has to record and send its transaction before the nonce
+    counts as abandoned (X402_RELAYER_NONCE_LEASE_SECONDS). Allocating, signing, recording
+    and sending take milliseconds; a holder that has not sent in this long is gone."""
+    return timedelta(seconds=settings.X402_RELAYER_NONCE_LEASE_SECONDS)
+
+
+class NonceLease(NamedTuple):
+    """A nonce handed out, and the lease clock read in the same statement: every nonce
+    below `handed_out_by_then` was handed out by `pending_seen_since`, since when the
+    node's pending count has stood where the caller saw it."""
+
+    nonce: int
+    pending_seen_since: datetime
+    handed_out_by_then: int
+
+    def lapsed_below(self, *, chain_pending: int, now: datetime) -> int:
+        """Nonces from `chain_pending` up to this one (exclusive) have lapsed leases."""
+        if now - self.pending_seen_since < nonce_lease():
+            return chain_pending
+        return max(chain_pending, self.handed_out_by_then)
+
+
 def relayer_nonce_allocate(
     *, network: NetworkConfig, address: str, chain_pending_nonce: int
 ) -> int:
-    """Hand out the relayer's next account nonce on `network` (distinct under concurrency).
+    """Hand out the relayer's next account nonce on `network` (distinct under concurrency)."""
+    return relayer_nonce_lease(
+        network=network, address=address, chain_pending_nonce=chain_pending_nonce
+    ).nonce
+
+
+def relayer_nonce_lease(
+    *, network: NetworkConfig, address: str, chain_pending_nonce: int, now: datetime | None = None
+) -> NonceLease:
+    """Hand out the relayer's next account nonce on `network` (distinct under concurrency),
+    on a lease, and note the node's pending count for the lease clock.
 
     `chain_pending_nonce` is read by the caller beforehand: no network I/O under the lock.
     The chain wins when it is ahead (the key was used elsewhere, or our row is new).
@@ -80,10 +119,13 @@ def relayer_nonce_allocate(
     """
     address = Web3.to_checksum_address(address)
     # Autocommit: the statement is its own transaction (inside a caller's, it joins that).
-    next_nonce = relayer_nonce_next(
-        network=network.caip2, address=address, floor=chain_pending_nonce + 1, now=timezone.now()
+    next_nonce, since, by_then = relayer_nonce_next(
+        network=network.caip2,
+        address=address,
+        floor=chain_pending_nonce + 1,
+        now=now or timezone.now(),
     )
-    return next_nonce - 1
+    return NonceLease(next_nonce - 1, since, by_then)
 
 
 def relayer_fee_fields(w3: Web3) -> dict[str, int]:
@@ -106,7 +148,6 @@ def relayer_heal(
     w3: Web3,
     account: LocalAccount,
     known: list[tuple[int, str]],
-    unsent_grace: timedelta = UNSENT_GRACE,
     now: datetime | None = None,
 ) -> list[HealAction]:
     """Close the relayer's nonce gaps so later transactions are not stalled.
@@ -114,10 +155,10 @@ def relayer_heal(
     `known` holds (relayer_nonce, raw_transaction) of our broadcasts not yet mined. A known
     transaction the node has lost is sent again byte for byte (same hash: the buyer's
     authorization is never signed again); one that can no longer execute is replaced by a
-    0-value self-transfer. Nonces handed out but never recorded (older than `unsent_grace`)
-    get a self-transfer too. Returns the actions taken. Raises RelayerGapNotFilled, and web3
-    errors or (on w3_for's transport) RpcTransportError on network faults; running it again
-    is safe.
+    0-value self-transfer. Nonces handed out but never recorded get a self-transfer too, once
+    their lease has lapsed (the node's pending count stood at them for `nonce_lease()`).
+    Returns the actions taken. Raises RelayerGapNotFilled, and web3 errors or (on w3_for's
+    transport) RpcTransportError on network faults; running it again is safe.
     """
     latest = w3.eth.get_transaction_count(account.address, "latest")
     pending = w3.eth.get_transaction_count(account.address, "pending")
@@ -131,7 +172,7 @@ def relayer_heal(
             actions += _resend_or_fill(w3=w3, account=account, network=network,
                                        nonce=nonce, raws=raws)  # fmt: skip
     unsent = _unsent_nonces(network=network, address=account.address, chain_pending=pending,
-                            known=by_nonce.keys(), grace=unsent_grace, now=now)  # fmt: skip
+                            known=by_nonce.keys(), now=now or timezone.now())  # fmt: skip
     for nonce in unsent:
         actions += _fill_gap(w3=w3, account=account, network=network, nonce=nonce)
     return actions
@@ -143,32 +184,42 @@ def relayer_gap_close(
     account: LocalAccount,
     chain_pending: int,
     allocated: int,
+    lapsed_below: int | None = None,
     now: datetime | None = None,
 ) -> list[HealAction]:
     """Close the gap below a nonce just handed out, before its transaction is sent.
 
     `chain_pending` is the node's pending count read before `allocated` was handed out, so
     every nonce in between is missing from the node. One that a recorded broadcast of ours
-    holds, whose send is over (its attempt has answered, or it is older than UNSENT_GRACE),
-    was lost (dropped from the pool, undone by a reorg): it is sent again byte for byte, or
-    replaced by a 0-value self-transfer if it can no longer execute, exactly as
-    `relayer_heal` does; one of a payment recorded as failed is only ever replaced (we never
-    move money for a purchase we told was not paid). A nonce still on its way to its own
-    send, or handed out and never recorded, is left to its sender or to `relayer_heal`.
-    Call with no transaction open. Returns the actions taken; raises what `relayer_heal`
-    raises.
+    holds, whose send is over (its attempt has answered, it is older than the lease, or its
+    lease has lapsed), was lost (dropped from the pool, undone by a reorg, its sender gone
+    before sending): it is sent again byte for byte, or replaced by a 0-value self-transfer
+    if it can no longer execute, exactly as `relayer_heal` does; one of a payment recorded
+    as failed is only ever replaced (we never move money for a purchase we told was not
+    paid). A nonce below `lapsed_below` (`NonceLease.lapsed_below`) with nothing recorded
+    was handed out to a process that died before recording: it gets a self-transfer. A
+    nonce still within its lease is left to its holder. Call with no transaction open.
+    Returns the actions taken; raises what `relayer_heal` raises.
     """
+    now = now or timezone.now()
+    lapsed = chain_pending if lapsed_below is None else lapsed_below
     nonces = range(chain_pending, min(allocated, chain_pending + INLINE_GAP_LIMIT))
-    lost = _lost_broadcasts(network, account, nonces, now or timezone.now())
-    if not lost:
+    lost, recorded = _lost_broadcasts(network, account, nonces, now, lapsed_below=lapsed)
+    unrecorded = [n for n in nonces if n < lapsed and n not in recorded]
+    if not lost and not unrecorded:
         return []
     w3 = w3_for(network)
     actions: list[HealAction] = []
-    for nonce, found in sorted(lost.items()):
-        if not any(_node_knows(w3, raw) for raw in found.raws):
-            done = _resend_or_fill(w3=w3, account=account, network=network,
-                                   nonce=nonce, raws=found.resendable)  # fmt: skip
-            actions += [{**action, "attempts": found.attempts} for action in done]
+    for nonce in nonces:
+        if nonce in lost:
+            found = lost[nonce]
+            if not any(_node_knows(w3, raw) for raw in found.raws):
+                done = _resend_or_fill(w3=w3, account=account, network=network,
+                                       nonce=nonce, raws=found.resendable)  # fmt: skip
+                actions += [{**action, "attempts": found.attempts} for action in done]
+        elif nonce in unrecorded:
+            done = _fill_gap(w3=w3, account=account, network=network, nonce=nonce)
+            actions += [{**action, "attempts": []} for action in done]
     return actions
 
 
@@ -183,30 +234,41 @@ class _Lost:
 
 
 def _lost_broadcasts(
-    network: NetworkConfig, account: LocalAccount, nonces: range, now: datetime
-) -> dict[int, _Lost]:
-    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce."""
+    network: NetworkConfig,
+    account: LocalAccount,
+    nonces: range,
+    now: datetime,
+    *,
+    lapsed_below: int,
+) -> tuple[dict[int, _Lost], set[int]]:
+    """Our recorded transactions at `nonces` whose own send is over, by relayer nonce; and
+    every nonce of `nonces` that a transaction of ours is recorded at."""
     if not nonces:
-        return {}
+        return {}, set()
     rows = PaymentAttempt.objects.filter(
         network=network.caip2, relayer_nonce__gte=nonces.start, relayer_nonce__lt=nonces.stop
     ).exclude(raw_transaction="")
     by_nonce: dict[int, _Lost] = {}
     in_flight: set[int] = set()
+    lease = nonce_lease()
     for pk, nonce, raw, state, started in rows.values_list(
         "pk", "relayer_nonce", "raw_transaction", "state", "broadcast_started_at"
     ):
-        if state == PaymentAttempt.State.RECORDED and (
-            started is None or now - started < UNSENT_GRACE
+        if not _is_ours(raw, account=account, nonce=nonce):
+            continue  # signed by an earlier relayer key: it holds none of this key's nonces
+        if (
+            nonce >= lapsed_below
+            and state == PaymentAttempt.State.RECORDED
+            and (started is None or now - started < lease)
         ):
             in_flight.add(nonce)  # its first send may not have left yet: not ours to judge
-        elif _is_ours(raw, account=account, nonce=nonce):
-            found = by_nonce.setdefault(nonce, _Lost())
-            found.raws.append(raw)
-            found.attempts.append(pk)
-            if state != PaymentAttempt.State.FAILED:
-                found.resendable.append(raw)
-    return {nonce: found for nonce, found in by_nonce.items() if nonce not in in_flight}
+        found = by_nonce.setdefault(nonce, _Lost())
+        found.raws.append(raw)
+        found.attempts.append(pk)
+        if state != PaymentAttempt.State.FAILED:
+            found.resendable.append(raw)
+    lost = {nonce: found for nonce, found in by_nonce.items() if nonce not in in_flight}
+    return lost, set(by_nonce)
 
 
 def _resend_or_fill(
@@ -257,16 +319,24 @@ def _unsent_nonces(
     address: str,
     chain_pending: int,
     known: Iterable[int],
-    grace: timedelta,
-    now: datetime | None,
+    now: datetime,
 ) -> list[int]:
+    """Nonces at and above the node's pending count, handed out and never recorded, whose
+    lease has lapsed. The node's count is noted on the relayer's row like an allocation
+    does, so the lease clock runs while no settlement comes."""
     row = RelayerAccount.objects.filter(network=network.caip2, address=address).first()
     if row is None or row.next_nonce <= chain_pending:
         return []
-    if (now or timezone.now()) - row.updated_at < grace:
-        return []  # the latest allocation may still be in flight: look again later
+    if row.pending_seen != chain_pending or row.pending_seen_since is None:
+        RelayerAccount.objects.filter(pk=row.pk).exclude(pending_seen=chain_pending).update(
+            pending_seen=chain_pending, pending_seen_since=now, handed_out_by_then=row.next_nonce
+        )
+        return []  # the clock starts now: look again once the lease has passed
+    if now - row.pending_seen_since < nonce_lease():
+        return []  # the latest allocations may still be in flight: look again later
     taken = set(known)
-    return [n for n in range(chain_pending, row.next_nonce) if n not in taken]
+    lapsed = range(chain_pending, row.handed_out_by_then or chain_pending)
+    return [n for n in lapsed if n not in taken]
 
 
 def _send_raw(w3: Web3, raw: str) -> str:

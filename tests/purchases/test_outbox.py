@@ -303,17 +303,20 @@ def test_prune_deletes_relayed_and_retired_messages_past_retention_in_batches(
     )
     JobRun.objects.create(job="outbox_relay", started_at=old, error="boom")
     other_job = JobRun.objects.create(job="alerts", started_at=old, finished_at=old)
+    # heal-relayers runs every few seconds too: its old runs go, its last success stays.
+    heal_kept = JobRun.objects.create(job="heal_relayers", started_at=old, finished_at=old)
+    JobRun.objects.create(job="heal_relayers", started_at=old - timedelta(hours=1))
 
     stats = outbox_prune(now=now)
 
-    assert stats == Counter(pruned=5, relay_runs_pruned=1)
+    assert stats == Counter(pruned=5, relay_runs_pruned=1, heal_runs_pruned=1)
     assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {
         recent,
         recently_retired,
         waiting,
     }
     remaining = set(JobRun.objects.exclude(job="prune_outbox").values_list("pk", flat=True))
-    assert remaining == {last_success.pk, other_job.pk}
+    assert remaining == {last_success.pk, other_job.pk, heal_kept.pk}
 
 
 def test_every_outbox_job_and_beat_entry_names_a_registered_task():

@@ -58,6 +58,8 @@ RELAY_MAX_PER_RUN = 5_000
 BACKOFF_CAP_SECONDS = 300.0
 PRUNE_BATCH = 1_000
 RELAY_JOB = "outbox_relay"
+# Jobs run every few seconds, whose JobRun rows are pruned with the outbox: (job, stat).
+FREQUENT_JOBS = ((RELAY_JOB, "relay_runs_pruned"), ("heal_relayers", "heal_runs_pruned"))
 
 
 def _waiting(message_id: int) -> QuerySet[OutboxMessage]:
@@ -325,25 +327,27 @@ def _send_batch(batch: list[OutboxMessage], now: datetime, stats: Counter[str]) 
 
 
 def outbox_prune(*, now: datetime | None = None) -> Counter[str]:
-    """Delete messages relayed or retired past `OUTBOX_RETENTION`, in batches; and the relay
-    loop's own JobRun rows past it (it runs every few seconds), keeping its last success for
-    the lag metric. Stats: `pruned`, `relay_runs_pruned`."""
+    """Delete messages relayed or retired past `OUTBOX_RETENTION`, in batches; and the JobRun
+    rows past it of the jobs that run every few seconds (the relay loop, heal-relayers),
+    keeping each one's last success (the lag metric reads the relay's). Stats: `pruned`,
+    `relay_runs_pruned`, `heal_runs_pruned`."""
     now = now_or(now)
     cutoff = now - settings.TOLLBOOTH["OUTBOX_RETENTION"]
     with job_run("prune_outbox", now) as stats:
         relayed = OutboxMessage.objects.filter(relayed_at__lt=cutoff)
         retired = OutboxMessage.objects.filter(retired_at__lt=cutoff)
         stats["pruned"] = _delete_in_batches(relayed) + _delete_in_batches(retired)
-        last_success = (
-            JobRun.objects.filter(job=RELAY_JOB, finished_at__isnull=False, error="")
-            .order_by("-started_at")
-            .values_list("pk", flat=True)
-            .first()
-        )
-        old_runs = JobRun.objects.filter(job=RELAY_JOB, started_at__lt=cutoff)
-        if last_success is not None:
-            old_runs = old_runs.exclude(pk=last_success)
-        stats["relay_runs_pruned"] = _delete_in_batches(old_runs)
+        for job, stat in FREQUENT_JOBS:
+            last_success = (
+                JobRun.objects.filter(job=job, finished_at__isnull=False, error="")
+                .order_by("-started_at")
+                .values_list("pk", flat=True)
+                .first()
+            )
+            old_runs = JobRun.objects.filter(job=job, started_at__lt=cutoff)
+            if last_success is not None:
+                old_runs = old_runs.exclude(pk=last_success)
+            stats[stat] = _delete_in_batches(old_runs)
     return stats
 
 
