@@ -135,7 +135,9 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
     JobRun.objects.create(
         job="pending_settlements", started_at=now, finished_at=now, stats={"claimed": 0}
     )
-    PayoutFactory.create(refund=owed)
+    # A payout of a refund of its own: every page renders one, and `owed` stays free for a
+    # hand payback (a live payout would refuse it: payback_payout_live).
+    PayoutFactory.create()
     return World(prepaid, x402, owed, paid, escalation)
 
 
