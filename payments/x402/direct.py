@@ -160,7 +160,14 @@ class DirectSettler:
 def _relayer_account(network: NetworkConfig) -> LocalAccount:
     if not network.relayer_private_key:
         raise ImproperlyConfigured(f"no relayer key for {network.caip2} (direct mode)")
-    account: LocalAccount = Account.from_key(network.relayer_private_key)
+    return _account_for_key(network.relayer_private_key)
+
+
+@lru_cache(maxsize=16)
+def _account_for_key(private_key: str) -> LocalAccount:
+    # Deriving the address is an elliptic-curve multiplication: once per key, not per
+    # payment. Keyed by the key itself, so a rotated relayer key is a new entry.
+    account: LocalAccount = Account.from_key(private_key)
     return account
 
 
