@@ -45,10 +45,10 @@ def test_authorization_matches_encode_typed_data(chain_id: int) -> None:
                 "name": "USD Coin",
                 "version": "2",
                 "chainId": chain_id,
-                "verifyingContract": token._checksummed(token_address),
+                "verifyingContract": token.checksummed(token_address),
             },
             "message": {
-                "from": token._checksummed(str(auth["from"])),
+                "from": token.checksummed(str(auth["from"])),
                 "to": auth["to"],
                 "value": 1000000,
                 "validAfter": 0,

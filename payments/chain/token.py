@@ -86,7 +86,7 @@ _CONTRACTS_LOCK = threading.Lock()
 
 
 def token_contract(w3: Web3, token: str) -> Contract:
-    address = _checksummed(token)
+    address = checksummed(token)
     with _CONTRACTS_LOCK:
         contract = _CONTRACTS.setdefault(w3, {}).get(address)
     if contract is None:
@@ -126,8 +126,8 @@ def transfer_authorization_typed_data(
 ) -> SignableMessage:
     """The EIP-712 message a buyer signs for `authorization` (x402 shape or ints)."""
     message = {
-        "from": _checksummed(authorization["from"]),
-        "to": _checksummed(authorization["to"]),
+        "from": checksummed(authorization["from"]),
+        "to": checksummed(authorization["to"]),
         "value": _as_int(authorization["value"], "value"),
         "validAfter": _as_int(authorization["validAfter"], "validAfter"),
         "validBefore": _as_int(authorization["validBefore"], "validBefore"),
@@ -137,7 +137,7 @@ def transfer_authorization_typed_data(
         "name": name,
         "version": version,
         "chainId": chain_id,
-        "verifyingContract": _checksummed(token_address),
+        "verifyingContract": checksummed(token_address),
     }
     # What encode_typed_data gives for _AUTHORIZATION_TYPES, the domain hashed once per
     # token (core/eip712.py).
@@ -145,8 +145,9 @@ def transfer_authorization_typed_data(
 
 
 @lru_cache(maxsize=4096)
-def _checksummed(address: str) -> ChecksumAddress:
-    # A keccak per call: payers and tokens recur, their checksums need not be recomputed.
+def checksummed(address: str) -> ChecksumAddress:
+    """Web3.to_checksum_address, remembered: a keccak per call, and payers, relayers and
+    tokens recur on every paid request. Raises as it does (failures are not cached)."""
     return Web3.to_checksum_address(address)
 
 

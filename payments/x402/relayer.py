@@ -28,6 +28,7 @@ from web3 import Web3
 from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
 from web3.types import TxParams
 
+from payments.chain.token import checksummed
 from payments.models import PaymentAttempt, RelayerAccount
 from payments.sql import relayer_nonce_next
 from payments.x402.chain import w3_for
@@ -78,7 +79,7 @@ def relayer_nonce_allocate(
     Every replica and worker allocates through this row, so two processes can never hand
     out the same nonce of one key (docs/deployment.md).
     """
-    address = Web3.to_checksum_address(address)
+    address = checksummed(address)
     # Autocommit: the statement is its own transaction (inside a caller's, it joins that).
     next_nonce = relayer_nonce_next(
         network=network.caip2, address=address, floor=chain_pending_nonce + 1, now=timezone.now()
