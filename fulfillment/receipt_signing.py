@@ -31,8 +31,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_keys.datatypes import PrivateKey
 from eth_keys.exceptions import BadSignature
 from eth_utils.exceptions import ValidationError
+from hexbytes import HexBytes
 
 from core import eip712
 
@@ -112,6 +114,11 @@ def _account(private_key: str) -> LocalAccount:
     return account
 
 
+@functools.lru_cache(maxsize=8)
+def _private_key(private_key: str) -> PrivateKey:
+    return PrivateKey(HexBytes(private_key))  # its public key derived once (keyed by value)
+
+
 def _generated_key(key_file: Path | None) -> str:
     if key_file is None:
         raise ImproperlyConfigured("TOLLBOOTH_RECEIPT_KEY is required: the receipts' signing key.")
@@ -157,7 +164,8 @@ def _typed(payload: dict[str, Any]) -> Any:
 def receipt_sign(*, payload: dict[str, Any], key: SigningKey) -> str:
     """The signed receipt as the JSON text that is stored and sent (compact, keys in a fixed
     order), so every later copy of it is byte for byte the first."""
-    signed = _account(key.private_key).sign_message(_typed(payload))
+    # With the parsed key: LocalAccount.sign_message derives its public key again.
+    signed = Account.sign_message(_typed(payload), private_key=_private_key(key.private_key))
     document = {
         "format": FORMAT,
         "keyId": key.key_id,
