@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -29,9 +30,13 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from eth_account import Account
-from eth_account.messages import encode_typed_data
+from eth_account.signers.local import LocalAccount
+from eth_keys.datatypes import PrivateKey
 from eth_keys.exceptions import BadSignature
 from eth_utils.exceptions import ValidationError
+from hexbytes import HexBytes
+
+from core import eip712
 
 FORMAT = "eip712"
 RECEIPT_VERSION = 1
@@ -97,8 +102,21 @@ def signing_key() -> SigningKey:
     Raises ImproperlyConfigured when neither is set (production)."""
     config = settings.RECEIPTS
     private_key = config["KEY"] or _generated_key(config.get("KEY_FILE"))
-    account = Account.from_key(private_key)
+    account = _account(private_key)
     return SigningKey(config["KEY_ID"] or key_id_for(account.address), account.address, private_key)
+
+
+@functools.lru_cache(maxsize=8)
+def _account(private_key: str) -> LocalAccount:
+    # Deriving the address is an elliptic-curve multiplication: once per key, not per
+    # receipt. Keyed by the key itself, so a rotated TOLLBOOTH_RECEIPT_KEY is a new entry.
+    account: LocalAccount = Account.from_key(private_key)
+    return account
+
+
+@functools.lru_cache(maxsize=8)
+def _private_key(private_key: str) -> PrivateKey:
+    return PrivateKey(HexBytes(private_key))  # its public key derived once (keyed by value)
 
 
 def _generated_key(key_file: Path | None) -> str:
@@ -129,25 +147,25 @@ def published_keys() -> list[PublishedKey]:
     return keys
 
 
+_DOMAIN_FIELDS = eip712.fields_of(TYPES["EIP712Domain"])
+_RECEIPT_FIELDS = eip712.fields_of(RECEIPT_FIELDS)
+
+
 def _typed(payload: dict[str, Any]) -> Any:
+    """What `encode_typed_data` gives for {types: TYPES, domain: DOMAIN, message} (the
+    domain hashed once: core/eip712.py)."""
     message = {
         f["name"]: int(payload[f["name"]]) if f["name"] in _UINT_FIELDS else payload[f["name"]]
         for f in RECEIPT_FIELDS
     }
-    return encode_typed_data(
-        full_message={
-            "types": TYPES,
-            "primaryType": PRIMARY_TYPE,
-            "domain": DOMAIN,
-            "message": message,
-        }
-    )
+    return eip712.signable(_DOMAIN_FIELDS, DOMAIN, PRIMARY_TYPE, _RECEIPT_FIELDS, message)
 
 
 def receipt_sign(*, payload: dict[str, Any], key: SigningKey) -> str:
     """The signed receipt as the JSON text that is stored and sent (compact, keys in a fixed
     order), so every later copy of it is byte for byte the first."""
-    signed = Account.sign_message(_typed(payload), private_key=key.private_key)
+    # With the parsed key: LocalAccount.sign_message derives its public key again.
+    signed = Account.sign_message(_typed(payload), private_key=_private_key(key.private_key))
     document = {
         "format": FORMAT,
         "keyId": key.key_id,

@@ -13,18 +13,20 @@ import re
 import threading
 import weakref
 from collections.abc import Mapping
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from eth_abi import encode as abi_encode
 from eth_account import Account
-from eth_account.messages import SignableMessage, encode_typed_data
+from eth_account.messages import SignableMessage
 from eth_typing import ChecksumAddress
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.contract import Contract
 from web3.types import TxParams
+
+from core import eip712
 
 ARTIFACT_PATH = Path(__file__).resolve().parent / "artifacts" / "TestUSDC.json"
 DECIMALS = 6
@@ -57,6 +59,10 @@ _AUTHORIZATION_TYPES = {
     ],
 }
 
+_DOMAIN_FIELDS = eip712.fields_of(_AUTHORIZATION_TYPES["EIP712Domain"])
+_PRIMARY = "TransferWithAuthorization"
+_MESSAGE_FIELDS = eip712.fields_of(_AUTHORIZATION_TYPES[_PRIMARY])
+
 Authorization = TypedDict(
     "Authorization",
     # "from" is a keyword, hence the functional form.
@@ -80,7 +86,7 @@ _CONTRACTS_LOCK = threading.Lock()
 
 
 def token_contract(w3: Web3, token: str) -> Contract:
-    address = Web3.to_checksum_address(token)
+    address = checksummed(token)
     with _CONTRACTS_LOCK:
         contract = _CONTRACTS.setdefault(w3, {}).get(address)
     if contract is None:
@@ -120,26 +126,29 @@ def transfer_authorization_typed_data(
 ) -> SignableMessage:
     """The EIP-712 message a buyer signs for `authorization` (x402 shape or ints)."""
     message = {
-        "from": Web3.to_checksum_address(authorization["from"]),
-        "to": Web3.to_checksum_address(authorization["to"]),
+        "from": checksummed(authorization["from"]),
+        "to": checksummed(authorization["to"]),
         "value": _as_int(authorization["value"], "value"),
         "validAfter": _as_int(authorization["validAfter"], "validAfter"),
         "validBefore": _as_int(authorization["validBefore"], "validBefore"),
         "nonce": _nonce_bytes(authorization["nonce"]),
     }
-    return encode_typed_data(
-        full_message={
-            "types": _AUTHORIZATION_TYPES,
-            "primaryType": "TransferWithAuthorization",
-            "domain": {
-                "name": name,
-                "version": version,
-                "chainId": chain_id,
-                "verifyingContract": Web3.to_checksum_address(token_address),
-            },
-            "message": message,
-        }
-    )
+    domain = {
+        "name": name,
+        "version": version,
+        "chainId": chain_id,
+        "verifyingContract": checksummed(token_address),
+    }
+    # What encode_typed_data gives for _AUTHORIZATION_TYPES, the domain hashed once per
+    # token (core/eip712.py).
+    return eip712.signable(_DOMAIN_FIELDS, domain, _PRIMARY, _MESSAGE_FIELDS, message)
+
+
+@lru_cache(maxsize=4096)
+def checksummed(address: str) -> ChecksumAddress:
+    """Web3.to_checksum_address, remembered: a keccak per call, and payers, relayers and
+    tokens recur on every paid request. Raises as it does (failures are not cached)."""
+    return Web3.to_checksum_address(address)
 
 
 def recover_authorization_signer(

@@ -26,7 +26,7 @@ from web3.exceptions import TransactionNotFound, Web3Exception
 from web3.providers.base import JSONBaseProvider
 from web3.types import BlockIdentifier, FilterParams, LogReceipt, RPCEndpoint, RPCResponse
 
-from payments.chain.token import token_contract
+from payments.chain.token import checksummed, token_contract
 from payments.x402.rpc import (
     TRANSPORT_FAULTS,
     RpcCall,
@@ -144,7 +144,7 @@ class ChainReader:
     def __init__(self, network: NetworkConfig, *, w3: Web3 | None = None) -> None:
         self.network = network
         self.w3 = w3 or w3_for(network)
-        self.token = Web3.to_checksum_address(network.token_address)
+        self.token = checksummed(network.token_address)
         self._contract = token_contract(self.w3, self.token)
 
     def _call(self, fn: Callable[[], _T]) -> _T:

@@ -18,6 +18,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from eth_keys.datatypes import PrivateKey
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
@@ -109,7 +110,8 @@ class DirectSettler:
         tx: dict[str, Any] = {"to": _checksummed(network.token_address), "value": 0,
                               "data": data, "gas": TRANSFER_WITH_AUTHORIZATION_GAS,
                               "chainId": network.chain_id, "nonce": nonce, **fees}  # fmt: skip
-        signed = account.sign_transaction(tx)
+        # With the parsed key: LocalAccount.sign_transaction derives its public key again.
+        signed = Account.sign_transaction(tx, _private_key(network.relayer_private_key))
         return PreparedBroadcast(
             tx_hash=signed.hash.to_0x_hex(),
             raw_transaction=signed.raw_transaction.to_0x_hex(),
@@ -163,7 +165,19 @@ class DirectSettler:
 def _relayer_account(network: NetworkConfig) -> LocalAccount:
     if not network.relayer_private_key:
         raise ImproperlyConfigured(f"no relayer key for {network.caip2} (direct mode)")
-    account: LocalAccount = Account.from_key(network.relayer_private_key)
+    return _account_for_key(network.relayer_private_key)
+
+
+@lru_cache(maxsize=16)
+def _private_key(private_key: str) -> PrivateKey:
+    return PrivateKey(HexBytes(private_key))  # its public key derived once (keyed by value)
+
+
+@lru_cache(maxsize=16)
+def _account_for_key(private_key: str) -> LocalAccount:
+    # Deriving the address is an elliptic-curve multiplication: once per key, not per
+    # payment. Keyed by the key itself, so a rotated relayer key is a new entry.
+    account: LocalAccount = Account.from_key(private_key)
     return account
 
 

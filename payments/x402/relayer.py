@@ -36,6 +36,7 @@ from web3 import Web3
 from web3.exceptions import ContractLogicError, TransactionNotFound, Web3RPCError
 from web3.types import TxParams
 
+from payments.chain.token import checksummed
 from payments.models import PaymentAttempt, RelayerAccount
 from payments.sql import relayer_nonce_next
 from payments.x402.chain import w3_for
@@ -117,7 +118,7 @@ def relayer_nonce_lease(
     Every replica and worker allocates through this row, so two processes can never hand
     out the same nonce of one key (docs/deployment.md).
     """
-    address = Web3.to_checksum_address(address)
+    address = checksummed(address)
     # Autocommit: the statement is its own transaction (inside a caller's, it joins that).
     next_nonce, since, by_then = relayer_nonce_next(
         network=network.caip2,

@@ -21,9 +21,8 @@ from collections.abc import Mapping
 
 from eth_keys.exceptions import BadSignature
 from hexbytes import HexBytes
-from web3 import Web3
 
-from payments.chain.token import recover_authorization_signer
+from payments.chain.token import checksummed, recover_authorization_signer
 from payments.x402.chain import ChainReader
 from payments.x402.types import Authorization, NetworkConfig, Requirements, VerificationFailed
 
@@ -83,9 +82,10 @@ def _address(value: object, field: str) -> str:
         raise _invalid(f"{field} must be 0x followed by 40 hex characters")
     # Mixed case claims an EIP-55 checksum; a wrong one is a typo, not an address to pay.
     mixed = value[2:] != value[2:].lower() and value[2:] != value[2:].upper()
-    if mixed and not Web3.is_checksum_address(value):
+    checksum = checksummed(value)
+    if mixed and value != checksum:  # Web3.is_checksum_address, without its own keccak
         raise _invalid(f"{field} has an invalid EIP-55 checksum")
-    return Web3.to_checksum_address(value)
+    return checksum
 
 
 def _hex(value: object, pattern: re.Pattern[str], field: str, size: int) -> str:
