@@ -1,5 +1,5 @@
 """The anonymous quote that is never written until it is paid: its terms signed by us and
-carried in the 402 (docs/x402.md, "Stateless quotes").
+carried in the 402 (docs/x402.md, "Stateless anonymous quotes").
 
 An anonymous 402 for an offering without stock used to write a quote row holding its input
 (up to the offering's max_input_bytes) for every unpaid ask. Now the 402 carries, in
