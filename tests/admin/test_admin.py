@@ -24,7 +24,7 @@ from rest_framework.test import APIClient
 
 from core.actors import Actor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
-from payments.models import ExportBatch, LedgerEntry, PaymentAttempt, Refund
+from payments.models import ExportBatch, LedgerEntry, PaymentAttempt, Payout, Refund
 from payments.services import export_batch_record
 from purchases.models import (
     ApiKey,
@@ -135,9 +135,9 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
     JobRun.objects.create(
         job="pending_settlements", started_at=now, finished_at=now, stats={"claimed": 0}
     )
-    # A payout of a refund of its own: every page renders one, and `owed` stays free for a
-    # hand payback (a live payout would refuse it: payback_payout_live).
-    PayoutFactory.create()
+    # Every page renders a payout; a cancelled one, so `owed` stays free for a hand payback
+    # (a live payout would refuse it: payback_payout_live) and no refund is added.
+    PayoutFactory.create(refund=owed, awaiting_approval=True, state=Payout.State.CANCELLED)
     return World(prepaid, x402, owed, paid, escalation)
 
 
