@@ -138,6 +138,7 @@ def fault_end(deployment: Deployment, fault: str) -> None:
     if fault == "web":
         net.link_set("web1", up=True)
         wait_ready(f"http://{net.address('web1')}:{net.WEB_PORT}/readyz")
+        wait_ready(f"http://{net.address('web1')}:{net.ASGI_WEB_PORT}/readyz")
     elif fault == "worker":
         net.link_set("worker2", up=True)
         worker_host_start(deployment, "worker2", beat=False)
@@ -294,8 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay-ms", type=float, default=2.0, help="added each way per link")
     parser.add_argument(
         "--one-host-workers", type=int, default=0,
-        help="gunicorn processes of the one-host shape (default: the CPU count; 4: as many "
-        "threads as both web hosts)",
+        help="ASGI worker processes of the one-host shape (default: the CPU count; 4: as "
+        "many as both web hosts)",
     )  # fmt: skip
     parser.add_argument("--faults", help="comma-separated: web, worker (none: '')")
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench" / "hosts.json")

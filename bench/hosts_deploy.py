@@ -85,11 +85,14 @@ def web_host_start(deployment: Deployment, host: str) -> None:
         f"127.0.0.1:{net.PG_PORT}={db}:{net.PG_PORT}",
         f"127.0.0.1:{net.REDIS_PORT}={db}:{net.REDIS_PORT}",
         f"{net.address(host)}:{net.WEB_PORT}=127.0.0.1:{net.APP_PORT}",  # from the balancer
+        f"{net.address(host)}:{net.ASGI_WEB_PORT}=127.0.0.1:{net.ASGI_APP_PORT}",
     ]
     net.delay_proxy(processes, host, links, deployment.delay_ms, f"{host}-proxy")
+    # Both roles, as docs/deployment.md routes them: the paid URL and /mcp to the ASGI role.
     env = host_env(deployment, host, GUNICORN_BIND=f"127.0.0.1:{net.APP_PORT}",
+                   GUNICORN_ASGI_BIND=f"127.0.0.1:{net.ASGI_APP_PORT}",
                    TOLLBOOTH_TRUSTED_PROXIES="1")  # fmt: skip
-    processes.spawn(host, host, [sys.executable, "scripts/serve.py", "web"], env)
+    processes.spawn(host, host, [sys.executable, "scripts/serve.py", "web", "mcp"], env)
 
 
 def worker_host_start(deployment: Deployment, host: str, beat: bool) -> None:
@@ -105,11 +108,13 @@ def worker_host_start(deployment: Deployment, host: str, beat: bool) -> None:
 
 
 def one_host_start(deployment: Deployment) -> None:
-    env = host_env(deployment, "one", GUNICORN_BIND=f"0.0.0.0:{net.APP_PORT}",
+    # One port: the ASGI role alone serves the whole site, the paid URL on its event loop,
+    # as the web hosts' balancer routes it.
+    env = host_env(deployment, "one", GUNICORN_ASGI_BIND=f"0.0.0.0:{net.APP_PORT}",
                    TOLLBOOTH_CELERY_QUEUE="one-host")  # fmt: skip
-    if deployment.one_host_workers:  # as many gunicorn threads as both web hosts have
-        env["GUNICORN_WORKERS"] = str(deployment.one_host_workers)
-    deployment.processes.spawn("db", "one-host", [sys.executable, "scripts/serve.py", "web",
+    if deployment.one_host_workers:  # as many ASGI workers as both web hosts have
+        env["GUNICORN_ASGI_WORKERS"] = str(deployment.one_host_workers)
+    deployment.processes.spawn("db", "one-host", [sys.executable, "scripts/serve.py", "mcp",
                                                   "worker"], env)  # fmt: skip
 
 
@@ -200,6 +205,7 @@ def deployment_up(
             one_host_start(deployment)
             for host in WEB_HOSTS:
                 wait_ready(f"http://{net.address(host)}:{net.WEB_PORT}/readyz")
+                wait_ready(f"http://{net.address(host)}:{net.ASGI_WEB_PORT}/readyz")
             wait_ready(f"http://{net.address('lb')}:{net.WEB_PORT}/readyz")
             wait_ready(f"http://{net.address('db')}:{net.APP_PORT}/readyz")
             wait_workers(deployment, [*WORKER_HOSTS, "one-host"])

@@ -31,6 +31,9 @@ SUBNET = "10.231.0"
 GATEWAY = f"{SUBNET}.1"
 ADDRESSES = {"lb": 10, "web1": 11, "web2": 12, "worker1": 21, "worker2": 22, "db": 30}
 PG_PORT, REDIS_PORT, WEB_PORT, APP_PORT, CHAIN_PORT = 5432, 6379, 8000, 8001, 8545
+# A web host's ASGI role (the paid URL, /mcp) beside its WSGI role: reached from the balancer
+# on ASGI_WEB_PORT, served on ASGI_APP_PORT behind the host's delay proxy.
+ASGI_WEB_PORT, ASGI_APP_PORT = WEB_PORT + 2, APP_PORT + 2
 HAPROXY = "/usr/sbin/haproxy"
 
 
@@ -242,26 +245,43 @@ defaults
     option redispatch
 frontend api
     bind {lb}:{port}
+    # The paid URL (not the status URLs under /x402/purchases/) and MCP to the ASGI role,
+    # where a payment waiting for its block costs a coroutine, not a thread
+    # (docs/deployment.md, The ASGI role); the rest to the WSGI role.
+    acl paid_url path_reg ^/x402/[^/]+/?$
+    acl status_url path_beg /x402/purchases/
+    acl mcp path /mcp
+    acl mcp path_beg /mcp/
+    use_backend asgi if paid_url !status_url or mcp
     default_backend web
+# Out of rotation on /readyz (docs/deployment.md, Health checks); a server marked down
+# has its open sessions shut, so agents retry on the other at once. The probe waits in
+# gunicorn's queue like any request: with a 1 s read timeout a replica whose threads
+# all wait on the chain looked dead, was taken out with its 30 sessions, and the other
+# then too (a cascade seen in this bench); a host cut off fails its connect in 1 s.
 backend web
     balance leastconn
-    # Out of rotation on /readyz (docs/deployment.md, Health checks); a server marked down
-    # has its open sessions shut, so agents retry on the other at once. The probe waits in
-    # gunicorn's queue like any request: with a 1 s read timeout a replica whose threads
-    # all wait on the chain looked dead, was taken out with its 30 sessions, and the other
-    # then too (a cascade seen in this bench); a host cut off fails its connect in 1 s.
     option httpchk GET /readyz
     http-check expect status 200
     timeout check 10s
     default-server inter 1s fall 3 rise 2 on-marked-down shutdown-sessions
 {servers}
+backend asgi
+    balance leastconn
+    option httpchk GET /readyz
+    http-check expect status 200
+    timeout check 10s
+    default-server inter 1s fall 3 rise 2 on-marked-down shutdown-sessions
+{asgi_servers}
 """
 
 
 def load_balancer_start(processes: Processes, webs: list[str]) -> None:
     servers = "\n".join(f"    server {w} {address(w)}:{WEB_PORT} check" for w in webs)
+    asgi = "\n".join(f"    server {w}-asgi {address(w)}:{ASGI_WEB_PORT} check" for w in webs)
     config = processes.workdir / "haproxy.cfg"
-    config.write_text(HAPROXY_CONFIG.format(lb=address("lb"), port=WEB_PORT, servers=servers))
+    config.write_text(HAPROXY_CONFIG.format(lb=address("lb"), port=WEB_PORT, servers=servers,
+                                            asgi_servers=asgi))  # fmt: skip
     check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
     if check.returncode != 0:
         raise RuntimeError(f"haproxy config: {check.stdout}{check.stderr}")
