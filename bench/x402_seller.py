@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -54,6 +54,7 @@ from x402.http.clients.requests import wrapRequestsWithPayment
 from x402.mechanisms.evm.exact import ExactEvmClientScheme
 
 from bench.common import Figure, Scale
+from bench.proc_cpu import GROUPS, cpu_per_call, cpu_reading, cpu_spent
 from devtools.anvil import AnvilNode, block_time_from_env, confirmation_timeout_for
 from payments.chain.token import (
     transfer_authorization_typed_data,
@@ -134,6 +135,7 @@ class Load:
     failures: list[str]
     wall: float
     first_block: int = 0  # the chain's height when the window started
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group (proc_cpu)
 
     @property
     def throughput(self) -> float:
@@ -559,8 +561,10 @@ def window(
         drive(url, callers[:2], 1)  # warm-up: connections, imports, first queries
         serial_load = drive(url, callers[:1], plan.serial_calls) if serial else None
         first_block = int(str(chain.node.rpc("eth_blockNumber")), 16)
+        cpu_before = cpu_reading()
         load = drive(url, callers, plan.calls_per_agent)
-        return replace(load, first_block=first_block), serial_load
+        cpu = cpu_spent(cpu_before, cpu_reading())
+        return replace(load, first_block=first_block, cpu=cpu), serial_load
 
 
 def measure(plan: Plan, workdir: Path) -> Rounds:
@@ -588,7 +592,9 @@ def measure(plan: Plan, workdir: Path) -> Rounds:
                         rounds.serial.setdefault(side, []).append(serial_load)
                     print(f"bench.x402_seller: repeat {repeat + 1}, {level} agents, {side}: "
                           f"{_fmt([load])}, from block {load.first_block}, load average "
-                          f"{os.getloadavg()[0]:.1f}", file=sys.stderr)  # fmt: skip
+                          f"{os.getloadavg()[0]:.1f}; "
+                          f"{cpu_per_call(load.cpu, len(load.latencies))}",
+                          file=sys.stderr)  # fmt: skip
     return rounds
 
 
@@ -600,6 +606,16 @@ def _fmt(loads: list[Load]) -> str:
     p50s = "/".join(f"{load.p50:.3f}" for load in loads)
     failed = sum(len(load.failures) for load in loads)
     return f"{rates} calls/s, p50 {p50s} s" + (f", {failed} failed" if failed else "")
+
+
+def _cpu_median(loads: list[Load]) -> str:
+    """Per group, the median over the repeats of its CPU per call (bench/proc_cpu.py)."""
+    per_call = [{g: sec / len(load.latencies) for g, sec in load.cpu.items()}
+                for load in loads if load.latencies and load.cpu]  # fmt: skip
+    if not per_call:
+        return "no reading"
+    medians = {g: statistics.median(c.get(g, 0.0) for c in per_call) for g in GROUPS}
+    return cpu_per_call(medians, 1)
 
 
 def _ratio(ours: float, anchor: float) -> float:
@@ -629,6 +645,8 @@ def _figures_of(name: str, rounds: Rounds) -> list[Figure]:
                   f"{_fmt(bare)}; windows from blocks {blocks}")  # fmt: skip
         failures = [why for load in ours + sdk + bare for why in load.failures][:3]
         extra = {"failures": " | ".join(failures)} if failures else {}
+        extra["cpu"] = "; ".join(f"{side} {_cpu_median(loads)}" for side, loads in
+                                 (("tollbooth", ours), ("sdk", sdk), ("bare", bare)))  # fmt: skip
         # Issue 22's goals at block time; the automine goals are the earlier ones.
         vs_sdk = (">= 1.5", "<= 0.8") if on_clock else (">= 2.0", "<= 0.5")
         out.append(Figure(
