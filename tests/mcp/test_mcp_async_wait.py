@@ -17,11 +17,13 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from mcp import ClientSession, types
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
 from fulfillment.models import ExecutionAttempt
@@ -33,14 +35,25 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 INPUT = {"title": "Waiting", "csv": "region,units\nnorth,3\n"}
 PAYMENT_META = "x402/payment"
 PAYMENT_RESPONSE_META = "x402/payment-response"
+TRANSPORTS = ["streamable-http", "sse"]
 
 
-async def _call(base: str, tool: str, meta: dict[str, Any] | None) -> types.CallToolResult:
-    async with (
-        streamable_http_client(f"{base}/mcp") as (read, write, _),
-        ClientSession(read, write) as session,
-    ):
+@asynccontextmanager
+async def _session(base: str, transport: str) -> AsyncIterator[ClientSession]:
+    """The MCP SDK's own client over either transport the server speaks."""
+    if transport == "sse":
+        streams = sse_client(f"{base}/mcp/sse")
+    else:
+        streams = streamable_http_client(f"{base}/mcp")
+    async with streams as (read, write, *_), ClientSession(read, write) as session:
         await session.initialize()
+        yield session
+
+
+async def _call(
+    base: str, tool: str, meta: dict[str, Any] | None, transport: str = "streamable-http"
+) -> types.CallToolResult:
+    async with _session(base, transport) as session:
         return await session.call_tool(tool, INPUT, meta=meta)
 
 
@@ -54,7 +67,7 @@ def _signed(base: str, world: X402World, index: int) -> dict[str, Any]:
 
 
 def _in_background(
-    base: str, tool: str, metas: list[dict[str, Any]]
+    base: str, tool: str, metas: list[dict[str, Any]], transport: str
 ) -> tuple[threading.Thread, list[Any], Callable[[], None]]:
     """Every paid call at once, each on its own connection, on a loop of their own; and a
     way to cut them all off as a client going away does."""
@@ -64,7 +77,7 @@ def _in_background(
 
     async def one(index: int) -> None:
         try:
-            answers[index] = await _call(base, tool, metas[index])
+            answers[index] = await _call(base, tool, metas[index], transport)
         except BaseException as error:  # the test reads it (a cancelled call): kept, not raised
             answers[index] = error
 
@@ -72,7 +85,12 @@ def _in_background(
         tasks.extend(asyncio.create_task(one(i)) for i in range(len(metas)))
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    thread = threading.Thread(target=lambda: loop.run_until_complete(run()), daemon=True)
+    def serve() -> None:
+        loop.run_until_complete(run())
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
 
     def disconnect() -> None:
@@ -113,8 +131,9 @@ def _purchase_of(meta: dict[str, Any]) -> Purchase:
     return Purchase.objects.get(payer__iexact=payer)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_more_paid_tool_calls_wait_for_their_block_at_once_than_threads(
-    make_x402_world, settings, start_asgi_server
+    make_x402_world, settings, start_asgi_server, transport
 ):
     world = make_x402_world(no_mining=True)
     # Long enough that no wait ends by timing out: only the block ends them.
@@ -135,7 +154,7 @@ def test_more_paid_tool_calls_wait_for_their_block_at_once_than_threads(
 
     waiting = range(1, len(world.payers))  # every other payer, more calls than threads
     metas = [_signed(base, world, i) for i in waiting]
-    thread, answers, _ = _in_background(base, tool, metas)
+    thread, answers, _ = _in_background(base, tool, metas, transport)
 
     # Every payment broadcast and waiting at once, on one thread: none mined yet.
     _until(
@@ -143,6 +162,9 @@ def test_more_paid_tool_calls_wait_for_their_block_at_once_than_threads(
         lambda: (answers, f"{world.relayer_sent() - 1} of {len(metas)} broadcast, none mined"),
     )
     assert answers == [None] * len(metas)  # all waiting for the block
+    # ... and no thread held by them: another buyer's call is answered meanwhile (its offer).
+    offer = asyncio.run(_call(base, tool, None, transport))
+    assert offer.isError is True and offer.structuredContent["accepts"], offer
     assert Purchase.objects.filter(payment_state="paid").count() == 1  # the reference only
 
     world.node.mine()
@@ -160,8 +182,9 @@ def test_more_paid_tool_calls_wait_for_their_block_at_once_than_threads(
     assert ExecutionAttempt.objects.count() == len(world.payers)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_client_gone_mid_wait_still_has_its_payment_recorded_and_its_work_run_once(
-    make_x402_world, settings, start_asgi_server
+    make_x402_world, settings, start_asgi_server, transport
 ):
     world = make_x402_world(no_mining=True)
     settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = 60.0
@@ -169,7 +192,7 @@ def test_a_client_gone_mid_wait_still_has_its_payment_recorded_and_its_work_run_
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
     base = start_asgi_server()
     meta = _signed(base, world, 0)
-    thread, answers, disconnect = _in_background(base, world.offering.slug, [meta])
+    thread, answers, disconnect = _in_background(base, world.offering.slug, [meta], transport)
     _until(lambda: world.relayer_sent() == 1, lambda: (answers, "not broadcast"))
 
     disconnect()  # the client goes away while its payment waits for its block
