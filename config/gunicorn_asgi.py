@@ -2,7 +2,8 @@
 
 The MCP door (`/mcp`, docs/mcp.md) holds long-lived connections: an SSE stream per client,
 and a tool call that waits for its settlement and work. Under uvicorn workers each costs a
-coroutine (and, while its synchronous domain call runs, one of TOLLBOOTH_MCP_THREADS), not a
+coroutine (and, while its synchronous domain call runs, one of TOLLBOOTH_MCP_THREADS, or of
+TOLLBOOTH_X402_THREADS for a call paid over x402, whose wait for its block holds none), not a
 gthread worker thread. The load balancer routes `/mcp` here and everything else to
 config/gunicorn.py; this app also serves the whole site, so one port is enough for a small
 install. Values shared with config/gunicorn.py (timeout, graceful timeout, keep-alive,

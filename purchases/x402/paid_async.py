@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -35,7 +35,7 @@ from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from core.handoff import waits_handed_off
+from core.handoff import Handoff, waits_handed_off
 from purchases.x402.views import HandedOff, X402PaidApi
 
 T = TypeVar("T")
@@ -105,11 +105,7 @@ async def x402_paid(request: HttpRequest, offering: str) -> HttpResponseBase:
 
     response = await _run_sync(first_part)
     if isinstance(response, HandedOff):
-        handoff = response.handoff
-        # Shielded: a client gone mid-wait does not stop the settlement being recorded.
-        finished: HttpResponseBase = await asyncio.shield(
-            handoff.complete(look=_look, rest=_run_sync)
-        )
+        finished: HttpResponseBase = await handoff_complete(response.handoff)
         return finished
     return response
 
@@ -117,3 +113,27 @@ async def x402_paid(request: HttpRequest, offering: str) -> HttpResponseBase:
 # What drf-spectacular and the URL tooling read from a DRF view function.
 x402_paid.cls = X402PaidApi  # type: ignore[attr-defined]
 x402_paid.initkwargs = {}  # type: ignore[attr-defined]
+
+
+async def handoff_complete(handoff: Handoff) -> Any:
+    """A wait handed off (core.handoff), finished on this loop: looks as short hops to the
+    pool, then the rest in a pool thread; what the rest returns."""
+    # Shielded: a client gone mid-wait does not stop the settlement being recorded.
+    return await asyncio.shield(handoff.complete(look=_look, rest=_run_sync))
+
+
+async def run_handing_off(work: Callable[[], T]) -> T:
+    """`work` for a caller on an event loop that serves no Django request (the MCP server):
+    in the pool, with waits handed off; a Handoff it raises (every layer up to `work` passes
+    it on with its own rest) is completed here, as the paid URL's is."""
+
+    def first_part() -> T:
+        with waits_handed_off():
+            return work()
+
+    with served_on_event_loop():
+        try:
+            return await _run_sync(first_part)
+        except Handoff as handoff:
+            finished: T = await handoff_complete(handoff)
+            return finished

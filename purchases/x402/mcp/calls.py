@@ -1,6 +1,10 @@
 """One MCP tool call, synchronously (the server runs it in a worker thread): who is
 calling, one domain call, its answer as a tool result.
 
+A call paid over x402 may hand its wait for the block to the server's event loop
+(core.handoff): then `tool_call` raises Handoff carrying what it would have done after the
+wait (the tool result, a refusal as a result), and the server finishes it (server.py).
+
 - `_meta["x402/payment"]` present: x402_pay, exactly the x402 paid URL's flow (settle, then
   run; the same keys and duplicate window), with the MCP channel on the purchase.
 - an API key on the connection (`Authorization: Bearer`, as the REST API takes it): the
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +24,7 @@ from django.db import close_old_connections
 from mcp import types
 
 from core.errors import DomainError, ErrorCode
+from core.handoff import Handoff
 from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Buyer, Purchase
 from purchases.services.shared.buyers import api_key_authenticate
@@ -53,6 +59,10 @@ class ToolCall:
     def endpoint_url(self) -> str:
         return f"{self.base_url}/mcp"
 
+    @property
+    def pays_over_x402(self) -> bool:
+        return PAYMENT_META in self.meta
+
 
 def tools_list() -> list[ToolOffer]:
     close_old_connections()
@@ -63,15 +73,27 @@ def tools_list() -> list[ToolOffer]:
 
 
 def tool_call(call: ToolCall) -> types.CallToolResult:
-    """Answer one tools/call. Never raises for an anticipated outcome: refusals are results."""
+    """Answer one tools/call. Never raises for an anticipated outcome: refusals are results.
+
+    Raises Handoff (only under core.handoff.waits_handed_off): the payment's wait for its
+    block, with the rest of this call (the result or the refusal) as its rest."""
     close_old_connections()
     try:
-        return _answer(call)
-    except DomainError as error:
-        return problem_result(error)
+        return _refusals_as_results(lambda: _answer(call))
+    except Handoff as handoff:
+        # Nothing is held across the wait: the connection is handed back below, and the
+        # rest runs with one of its own; a refusal after the wait is a result, as here.
+        raise handoff.around(_refusals_as_results) from None
     finally:
         # Worker threads outlive the call: hand their connection back as a request would.
         close_old_connections()
+
+
+def _refusals_as_results(answer: Callable[[], types.CallToolResult]) -> types.CallToolResult:
+    try:
+        return answer()
+    except DomainError as error:
+        return problem_result(error)
 
 
 def _buyer(authorization: str | None) -> Buyer | None:
@@ -90,15 +112,18 @@ def _answer(call: ToolCall) -> types.CallToolResult:
     copy = call.meta.get(COPY_META)
     payment = call.meta.get(PAYMENT_META)
     if payment is not None:
-        answer = x402_pay(
-            offering_slug=call.name,
-            payment_header=_as_header(payment),
-            buyer=buyer,
-            answers=X402Answers(),
-            copy_label=copy,
-            channel=Purchase.Channel.MCP,
-            raw_input=call.arguments,  # the purchase's input: the quote's, or refused
-        )
+        try:
+            answer = x402_pay(
+                offering_slug=call.name,
+                payment_header=_as_header(payment),
+                buyer=buyer,
+                answers=X402Answers(),
+                copy_label=copy,
+                channel=Purchase.Channel.MCP,
+                raw_input=call.arguments,  # the purchase's input: the quote's, or refused
+            )
+        except Handoff as handoff:  # the wait for the block went to the server's event loop
+            raise handoff.then(lambda paid: answer_result(paid, base_url=call.base_url)) from None
         return answer_result(answer, base_url=call.base_url)
     if buyer is not None:
         return _prepaid(call, buyer, copy)

@@ -22,6 +22,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from purchases.x402.mcp.calls import ToolCall, tool_call, tools_list
 from purchases.x402.mcp.sse_relay import SseRelay
+from purchases.x402.paid_async import run_handing_off
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -66,8 +67,12 @@ def _server(limiter: anyio.CapacityLimiter) -> Server[Any, Any]:
             authorization=request.headers.get("authorization") if request else None,
             base_url=f"{request.url.scheme}://{request.url.netloc}" if request else "",
         )
+        if call.pays_over_x402:
+            # An x402 payment, as the paid URL's (paid_async): its synchronous parts run in
+            # the X402_THREADS pool, and its wait for the block sleeps on this loop.
+            return await run_handing_off(lambda: tool_call(call))
         # Domain calls are synchronous (the ORM): each runs in a worker thread, at most
-        # MCP_THREADS at once per process; a paying call may wait for its settlement and work.
+        # MCP_THREADS at once per process.
         return await anyio.to_thread.run_sync(tool_call, call, limiter=limiter)
 
     return server
