@@ -62,6 +62,14 @@ TRANSFER_WITH_AUTHORIZATION_GAS = 150_000
 logger = logging.getLogger(__name__)
 # A node's refusal, or no usable answer at all: either way the chain did not say.
 _NETWORK_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
+# The same, or an answer that is not what was asked for: the chain did not say either.
+_UNREADABLE: tuple[type[Exception], ...] = (
+    *_NETWORK_FAULTS,
+    DecodingError,
+    TypeError,
+    KeyError,
+    ValueError,
+)
 # web3's fallback where a node lacks eth_maxPriorityFeePerGas: the mean of the non-zero 5th
 # percentile tips of the last 10 blocks, kept within 1 to 1.5 gwei.
 _FEE_HISTORY_PARAMS = ("0xa", "pending", [5.0])
@@ -359,7 +367,7 @@ def _nonce_taken(
         (used_flag,) = abi_decode(["bool"], data_bytes(used))
         head_timestamp = quantity(head["timestamp"])
         past_nonce = nonce is not None and quantity(mined_count) > nonce
-    except (*_NETWORK_FAULTS, DecodingError, TypeError, KeyError, ValueError):
+    except _UNREADABLE:
         return None  # the chain did not say: the receipt wait and the look-ups will
     if known is not None or not past_nonce:
         return None

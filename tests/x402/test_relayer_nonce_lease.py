@@ -326,8 +326,7 @@ def test_a_holder_slow_past_its_lease_settles_on_a_fresh_nonce_once(
         hold = _RowHold(slow.pk)  # its record of what it signed will wait on this lock
         proxy.go.set()
         _wait(lambda: RelayerAccount.objects.filter(next_nonce=1).exists())  # it holds 0
-        _wait(lambda: timezone.now() - RelayerAccount.objects.get().pending_seen_since
-              > nonce_lease())  # fmt: skip
+        _wait(_lease_lapsed)
 
         _, other = _pay(world, 1, "closer")  # its nonce 1 sits on the lapsed nonce 0
         assert other.relayer_nonce == 1 and _mined(world, other.tx_hash)
@@ -370,6 +369,12 @@ def test_a_holder_slow_past_its_lease_settles_on_a_fresh_nonce_once(
     slow.refresh_from_db()
     assert (slow.state, slow.resubmissions) == ("succeeded", 1)
     _assert_each_paid_once(world, 2)
+
+
+def _lease_lapsed() -> bool:
+    """The relayer's pending count has stood where it is for a lease: its nonces lapsed."""
+    since = RelayerAccount.objects.get().pending_seen_since
+    return since is not None and timezone.now() - since > nonce_lease()
 
 
 def _post_into(url: str, data: dict[str, str], payment: str, answers: list[Any]) -> None:
