@@ -9,6 +9,7 @@ this interface and never names one.
 
 from payments.rails.base import (
     FIRST_BROADCAST,
+    REPLACED_SUBMISSION,
     SETTLER_ANSWERS,
     BatchLookup,
     Charge,
@@ -25,6 +26,7 @@ from payments.rails.base import (
 
 __all__ = [
     "FIRST_BROADCAST",
+    "REPLACED_SUBMISSION",
     "SETTLER_ANSWERS",
     "BatchLookup",
     "Charge",

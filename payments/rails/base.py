@@ -59,6 +59,11 @@ class SettlementOutcome:
 # (a facilitator) answered on the way, one short summary per HTTP exchange.
 FIRST_BROADCAST = "first_broadcast"
 SETTLER_ANSWERS = "settler_answers"
+# Set when the rail itself replaced a submission that could never land by a new one of the
+# same signed payment (x402 direct: another transaction took the relayer nonce): the try
+# number it was counted as, the replaced and the new references (tx hash, relayer nonce)
+# and why. The timeline names both (purchases.services.settle.settlement_events).
+REPLACED_SUBMISSION = "replaced_submission"
 
 
 @dataclass

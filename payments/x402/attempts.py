@@ -14,7 +14,7 @@ from django.db.models import QuerySet
 from core.changes import Change
 from core.prepared import PreparedUpdate
 from payments import sql
-from payments.models import LIVE_ATTEMPT_STATES, PaymentAttempt, Rail
+from payments.models import LIVE_ATTEMPT_STATES, PENDING_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.x402.types import (
     Authorization,
     PreparedBroadcast,
@@ -129,6 +129,50 @@ def x402_attempt_mark_prepared(
         else None
     )
     sql.attempt_mark_prepared(attempt_id=attempt_id, now=now, signed=signed)
+
+
+def x402_attempt_claim_resubmission(
+    *, attempt: PaymentAttempt, replacing_tx_hash: str, now: datetime
+) -> bool:
+    """Count the next resubmission before its relayer nonce is even allocated (write before
+    broadcast): one conditional UPDATE, won by exactly one caller, and only while the
+    attempt still names `replacing_tx_hash`. The instance is moved the same way."""
+    number = attempt.resubmissions + 1
+    won = PaymentAttempt.objects.filter(
+        pk=attempt.pk,
+        state__in=PENDING_ATTEMPT_STATES,
+        resubmissions=number - 1,
+        tx_hash=replacing_tx_hash.lower(),
+    ).update(resubmissions=number, resubmitted_at=now, updated_at=now)
+    if won:
+        attempt.resubmissions, attempt.resubmitted_at = number, now
+    return bool(won)
+
+
+def x402_attempt_replace_prepared(
+    *, attempt: PaymentAttempt, replacing_tx_hash: str, prepared: PreparedBroadcast, now: datetime
+) -> bool:
+    """Commit a fresh relayer transaction of the same authorization in place of
+    `replacing_tx_hash`, whose relayer nonce another transaction took (so it can never be
+    mined), before it is sent. Conditional on the attempt still naming that hash under the
+    resubmission this caller claimed: False (nothing written) if anyone moved it since.
+    The replaced hash stays on the timeline (the resubmission's event)."""
+    written = PaymentAttempt.objects.filter(
+        pk=attempt.pk,
+        state__in=PENDING_ATTEMPT_STATES,
+        resubmissions=attempt.resubmissions,
+        tx_hash=replacing_tx_hash.lower(),
+    ).update(
+        tx_hash=(prepared.tx_hash or "").lower(),
+        raw_transaction=prepared.raw_transaction or "",
+        relayer_nonce=prepared.relayer_nonce,
+        updated_at=now,
+    )
+    if written:
+        attempt.tx_hash = (prepared.tx_hash or "").lower()
+        attempt.raw_transaction = prepared.raw_transaction or ""
+        attempt.relayer_nonce = prepared.relayer_nonce
+    return bool(written)
 
 
 def x402_attempt_authorization(*, attempt: PaymentAttempt) -> Authorization:

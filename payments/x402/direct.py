@@ -16,6 +16,9 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
+from eth_abi import decode as abi_decode
+from eth_abi import encode as abi_encode
+from eth_abi.exceptions import DecodingError
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
 from eth_keys.datatypes import PrivateKey
@@ -25,7 +28,7 @@ from hexbytes import HexBytes
 from core.handoff import Handoff, PollingWait, polling_wait
 from payments.chain.token import transfer_with_authorization_calldata
 from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.chain import is_hash32
+from payments.x402.chain import AUTHORIZATION_STATE_SELECTOR, is_hash32
 from payments.x402.receipts import receipt_poll_delays
 from payments.x402.relayer import (
     ALREADY_SENT,
@@ -40,6 +43,7 @@ from payments.x402.rpc import (
     RpcCall,
     RpcError,
     RpcReplyInvalid,
+    data_bytes,
     quantity,
     rpc_client_for,
 )
@@ -58,6 +62,14 @@ TRANSFER_WITH_AUTHORIZATION_GAS = 150_000
 logger = logging.getLogger(__name__)
 # A node's refusal, or no usable answer at all: either way the chain did not say.
 _NETWORK_FAULTS: tuple[type[Exception], ...] = (RpcError, *TRANSPORT_FAULTS)
+# The same, or an answer that is not what was asked for: the chain did not say either.
+_UNREADABLE: tuple[type[Exception], ...] = (
+    *_NETWORK_FAULTS,
+    DecodingError,
+    TypeError,
+    KeyError,
+    ValueError,
+)
 # web3's fallback where a node lacks eth_maxPriorityFeePerGas: the mean of the non-zero 5th
 # percentile tips of the last 10 blocks, kept within 1 to 1.5 gwei.
 _FEE_HISTORY_PARAMS = ("0xa", "pending", [5.0])
@@ -65,6 +77,12 @@ _PRIORITY_FEE_BOUNDS = (1_000_000_000, 1_500_000_000)
 # (rpc_url, chain_id) pairs whose node said it serves that chain. Asked once per process:
 # a URL does not change chains under a running process, and a mismatch is never cached.
 _VERIFIED_CHAINS: set[tuple[str, int]] = set()
+# Send refusals meaning "the account is past this nonce": our transaction was mined (a
+# re-send), or another one took the nonce (`_nonce_taken` tells which).
+_NONCE_TOO_LOW = ("nonce too low", "nonce is too low", "oldnonce")
+# The reason a broadcast answers when another transaction took its relayer nonce while the
+# buyer's authorization is still unused (the rail prepares it again on a fresh nonce).
+RELAYER_NONCE_TAKEN = "relayer_nonce_taken"
 
 
 class BroadcastNotPrepared(Exception):
@@ -132,6 +150,11 @@ class DirectSettler:
         tx_hash, raw = _checked_prepared(prepared, authorization)
         rpc = self._rpc(network)
         refused = _send(rpc, raw)
+        if isinstance(refused, _NonceTooLow):
+            taken = _nonce_taken(rpc, tx_hash, authorization, network, prepared, refused)
+            if taken is not None:
+                return _with_gap(taken, prepared)
+            refused = None  # ours was sent before (mined or pooled): wait for it
         if refused is not None:
             return _with_gap(
                 _pending(tx_hash, "rpc_error", network, prepared, error=refused), prepared
@@ -290,17 +313,74 @@ def _checked_prepared(prepared: PreparedBroadcast, authorization: Authorization)
     return actual, raw.to_0x_hex()
 
 
+class _NonceTooLow(str):
+    """The node's refusal "nonce too low": ours was mined, or another took the nonce."""
+
+
 def _send(rpc: JsonRpcClient, raw: str) -> str | None:
-    """None when the node has (or had) the transaction; otherwise why it would not take it."""
+    """None when the node has (or had) the transaction; otherwise why it would not take it
+    (a _NonceTooLow when the account is past its nonce: `_nonce_taken` tells whose)."""
     try:
         rpc.call("eth_sendRawTransaction", (raw,))
     except RpcError as exc:
-        if any(marker in str(exc).lower() for marker in ALREADY_SENT):
+        message = str(exc)
+        if any(marker in message.lower() for marker in _NONCE_TOO_LOW):
+            return _NonceTooLow(message)
+        if any(marker in message.lower() for marker in ALREADY_SENT):
             return None  # sent before (a retry, or the first send's answer was lost)
-        return str(exc)
+        return message
     except TRANSPORT_FAULTS as exc:
         return repr(exc)
     return None
+
+
+def _nonce_taken(
+    rpc: JsonRpcClient,
+    tx_hash: str,
+    authorization: Authorization,
+    network: NetworkConfig,
+    prepared: PreparedBroadcast,
+    refusal: str,
+) -> SettlementOutcome | None:
+    """After "nonce too low": None when ours holds the nonce (the node knows it, mined or
+    pooled) or the chain cannot tell; else PENDING `relayer_nonce_taken`. Another transaction
+    took the nonce in a mined block (a gap closer that found its lease lapsed while we were
+    slow), so ours can never land; the evidence says whether the buyer's authorization is
+    still unused and the head block's time, for the rail to judge a fresh relayer nonce.
+    One round trip, only on this refusal."""
+    nonce = prepared.relayer_nonce
+    state = abi_encode(
+        ["address", "bytes32"], [authorization.payer, bytes(HexBytes(authorization.nonce))]
+    )
+    call = {
+        "to": network.token_address,
+        "data": "0x" + (AUTHORIZATION_STATE_SELECTOR + state).hex(),
+    }
+    calls = [
+        RpcCall("eth_getTransactionByHash", (tx_hash,)),
+        RpcCall("eth_getTransactionCount", (_relayer_account(network).address, "latest")),
+        RpcCall("eth_call", (call, "latest")),
+        RpcCall("eth_getBlockByNumber", ("latest", False)),
+    ]
+    try:
+        known, mined_count, used, head = (answer.value() for answer in rpc.batch(calls))
+        (used_flag,) = abi_decode(["bool"], data_bytes(used))
+        head_timestamp = quantity(head["timestamp"])
+        past_nonce = nonce is not None and quantity(mined_count) > nonce
+    except _UNREADABLE:
+        return None  # the chain did not say: the receipt wait and the look-ups will
+    if known is not None or not past_nonce:
+        return None
+    evidence = {
+        "network": network.caip2,
+        "relayer_nonce": nonce,
+        "error": refusal,
+        "authorization_used": bool(used_flag),
+        "head_timestamp": head_timestamp,
+    }
+    return SettlementOutcome(
+        SettlementStatus.PENDING, tx_hash, RELAYER_NONCE_TAKEN, evidence=evidence
+    )
 
 
 def _observe(

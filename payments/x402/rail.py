@@ -27,6 +27,7 @@ from core.refs import PAYMENT_ID_PATTERN
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from payments.rails.base import (
     FIRST_BROADCAST,
+    REPLACED_SUBMISSION,
     BatchLookup,
     Charge,
     Presentation,
@@ -39,15 +40,17 @@ from payments.services import refund_record
 from payments.x402.attempts import (
     x402_attempt_authorization,
     x402_attempt_claim_first_broadcast,
+    x402_attempt_claim_resubmission,
     x402_attempt_for_authorization,
     x402_attempt_mark_prepared,
     x402_attempt_prepared,
     x402_attempt_record,
+    x402_attempt_replace_prepared,
 )
 from payments.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.x402.chain import ChainReader, ChainUnavailable
 from payments.x402.context import X402Context
-from payments.x402.direct import BroadcastNotPrepared
+from payments.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
 from payments.x402.lookup import settlement_lookup
 from payments.x402.networks import network_config
 from payments.x402.types import (
@@ -241,7 +244,7 @@ class X402Rail:
         if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
         try:
-            outcome = _prepare_and_broadcast(attempt, terms, now)
+            outcome = _prepare_and_broadcast(attempt, terms, now, try_claimed=False)
         except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
             raise handoff.then(_first_broadcast) from None
         return _first_broadcast(outcome)
@@ -293,8 +296,9 @@ class X402Rail:
         /settle (facilitator: nothing is ever signed on our side); a fresh relayer
         transaction only if none was ever signed. Never a new buyer signature."""
         if attempt.raw_transaction:
-            return _broadcast(attempt, terms, x402_attempt_prepared(attempt=attempt))
-        return _prepare_and_broadcast(attempt, terms, now)
+            prepared = x402_attempt_prepared(attempt=attempt)
+            return _broadcast(attempt, terms, prepared, now, try_claimed=True)
+        return _prepare_and_broadcast(attempt, terms, now, try_claimed=True)
 
     def never_reached(
         self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
@@ -435,7 +439,7 @@ def _first_broadcast(outcome: SettlementOutcome) -> SettlementOutcome:
 
 
 def _prepare_and_broadcast(
-    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime, *, try_claimed: bool
 ) -> SettlementOutcome:
     context = x402_context(attempt=attempt)
     try:
@@ -448,19 +452,100 @@ def _prepare_and_broadcast(
             SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
         )
     x402_attempt_mark_prepared(attempt=attempt, prepared=prepared, now=now)
-    return _broadcast(attempt, terms, prepared)
+    return _broadcast(attempt, terms, prepared, now, try_claimed=try_claimed)
 
 
 def _broadcast(
-    attempt: PaymentAttempt, terms: QuoteTerms, prepared: PreparedBroadcast
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    prepared: PreparedBroadcast,
+    now: datetime,
+    *,
+    try_claimed: bool,
 ) -> SettlementOutcome:
+    """Send `prepared`; if another transaction took its relayer nonce meanwhile, the same
+    authorization once more on a fresh nonce (`_on_a_fresh_nonce`). `try_claimed`: the
+    caller counted this send as a resubmission already (`resubmit`)."""
     context = x402_context(attempt=attempt)
-    return context.settler.broadcast(
+    outcome = context.settler.broadcast(
         authorization=context.authorization,
         requirements=x402_requirements(terms=terms, network=context.network),
         network=context.network,
         prepared=prepared,
     )
+    if outcome.reason_code != RELAYER_NONCE_TAKEN:
+        return outcome
+    return _on_a_fresh_nonce(attempt, terms, prepared, outcome, now, try_claimed=try_claimed)
+
+
+def _on_a_fresh_nonce(
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    taken: PreparedBroadcast,
+    refused: SettlementOutcome,
+    now: datetime,
+    *,
+    try_claimed: bool,
+) -> SettlementOutcome:
+    """Our signed relayer transaction was refused because another one took its nonce: a
+    holder slow past its nonce's lease, whose gap the next broadcaster closed. It can never
+    be mined, and the buyer's authorization was never broadcast. While that authorization
+    is unused and its window open (the settlement margin), sign it into a new relayer
+    transaction on a fresh nonce lease, commit it on the attempt in place of the refused
+    one (counted as a resubmission, claimed before the nonce is allocated: one caller
+    only), then send it. The refused hash can never land, so only one transaction of it is
+    ever live; both are on the timeline. Otherwise `refused` (pending) is the answer, and
+    the look-ups judge the authorization as for any other settlement."""
+    context = x402_context(attempt=attempt)
+    evidence = refused.evidence
+    closes = max(now.timestamp(), evidence.get("head_timestamp") or 0) + SETTLEMENT_MARGIN_SECONDS
+    if evidence.get("authorization_used") or context.authorization.valid_before < closes:
+        return refused
+    if not try_claimed:
+        if attempt.resubmissions >= settings.TOLLBOOTH["SETTLEMENT_RESUBMIT_LIMIT"]:
+            return refused  # the look-ups refuse it at the limit and escalate to support
+        if not x402_attempt_claim_resubmission(
+            attempt=attempt, replacing_tx_hash=taken.tx_hash or "", now=now
+        ):
+            return refused  # another caller is sending this attempt now
+    try:
+        fresh = context.settler.prepare(
+            authorization=context.authorization, network=context.network
+        )
+    except BroadcastNotPrepared as exc:
+        return replace(refused, evidence={**evidence, "detail": str(exc)})
+    if not x402_attempt_replace_prepared(
+        attempt=attempt, replacing_tx_hash=taken.tx_hash or "", prepared=fresh, now=now
+    ):
+        # Moved since the claim: nothing sent; the fresh nonce is closed once its lease lapses.
+        return refused
+    replaced = {
+        "try": attempt.resubmissions,
+        "reason_code": RELAYER_NONCE_TAKEN,
+        "replaced_tx_hash": taken.tx_hash,
+        "replaced_relayer_nonce": taken.relayer_nonce,
+        "tx_hash": fresh.tx_hash,
+        "relayer_nonce": fresh.relayer_nonce,
+        "refusal": evidence.get("error", ""),
+    }
+    logger.warning(
+        "attempt %s: relayer nonce %s was taken; sent again as %s at nonce %s",
+        attempt.pk, taken.relayer_nonce, fresh.tx_hash, fresh.relayer_nonce,
+    )  # fmt: skip
+
+    def told(outcome: SettlementOutcome) -> SettlementOutcome:
+        return replace(outcome, evidence={**outcome.evidence, REPLACED_SUBMISSION: replaced})
+
+    try:
+        outcome = context.settler.broadcast(
+            authorization=context.authorization,
+            requirements=x402_requirements(terms=terms, network=context.network),
+            network=context.network,
+            prepared=fresh,
+        )
+    except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
+        raise handoff.then(told) from None
+    return told(outcome)
 
 
 def _check_accepted(accepted: dict[str, Any], requirements: Requirements) -> None:

@@ -303,9 +303,12 @@ def test_dropped_transaction_that_can_no_longer_execute_is_replaced_by_a_gap_fil
     filler = env.w3.eth.get_transaction(actions[0]["tx_hash"])  # type: ignore[arg-type]
     assert (filler["to"], filler["value"]) == (env.relayer.address, 0)
     assert broadcast(env, later_auth, later).status == CONFIRMED
-    # Our own transaction for it can never mine now, yet that is not called a failure.
+    # Our own transaction for it can never mine now, yet that is not called a failure: the
+    # node's "nonce too low" is told apart from a re-send of ours at once (no receipt wait),
+    # and the authorization found used is left to the look-ups (no fresh nonce for it).
     stale = broadcast(env, first_auth, first)
-    assert (stale.status, stale.reason_code) == (PENDING, "confirmation_timeout")
+    assert (stale.status, stale.reason_code) == (PENDING, "relayer_nonce_taken")
+    assert stale.evidence["authorization_used"] is True
     assert env.balance(env.seller) == 2 * PRICE  # each authorization paid exactly once
 
 

@@ -27,9 +27,10 @@ from django.utils import timezone
 from eth_typing import HexStr
 from rest_framework.test import APIClient
 from web3 import Web3
+from web3.exceptions import TransactionNotFound
 
 from payments.chain.token import balance_of
-from payments.models import PaymentAttempt
+from payments.models import PaymentAttempt, RelayerAccount
 from payments.x402.relayer import nonce_lease
 from purchases.models import JobRun, PurchaseEvent
 from purchases.services.jobs import reconcile
@@ -293,3 +294,129 @@ def test_a_heal_run_with_nothing_to_heal_is_a_few_statements_and_two_rpc_calls(
     statements = [q["sql"].split()[0] for q in queries.captured_queries]
     assert statements == ["INSERT", "SELECT", "SELECT", "UPDATE"]
     assert proxy.methods() == ["eth_getTransactionCount", "eth_getTransactionCount"]
+
+
+def test_a_holder_slow_past_its_lease_settles_on_a_fresh_nonce_once(
+    make_x402_world, start_server, settings
+):
+    """The holder is alive, only slow: it took nonce 0, then stalled before recording its
+    signed settlement (here: its UPDATE waits on a row lock the test holds) while its lease
+    lapsed, and the next broadcaster filled nonce 0. Its own transaction at nonce 0 can then
+    never be mined: the node refuses it ("nonce too low"). The buyer's authorization is still
+    unused and in its window, so the holder signs it again on a fresh nonce, records that on
+    the attempt in place of the refused one, and sends it: the payment settles, once, and
+    the timeline names both transactions. Before, the holder took the refusal for "sent
+    before", waited for a receipt that never came, and the payment ended as
+    authorization_expired_unused."""
+    settings.X402_RELAYER_NONCE_LEASE_SECONDS = 1.0  # the in-process gap closer's lease
+    world = make_x402_world()
+    proxy = _FirstPrepareHeld(world.node.rpc_url)
+    host = start_server(_env(world, X402_LOCAL_RPC_URL=proxy.url))
+    hold: _RowHold | None = None
+    answers: list[requests.Response] = []
+    try:
+        url = f"{host.url}{world.paid_url}"
+        data = {"title": "slow holder", "csv": "a\n1\n"}
+        required = requests.post(url, json=data, timeout=10)
+        payment = sign_payment(required.headers["PAYMENT-REQUIRED"], world.payers[0], None)
+        holder = threading.Thread(target=_post_into, args=(url, data, payment, answers))
+        holder.start()
+        assert proxy.held.wait(timeout=60), "the holder never prepared"
+        slow = PaymentAttempt.objects.get()
+        hold = _RowHold(slow.pk)  # its record of what it signed will wait on this lock
+        proxy.go.set()
+        _wait(lambda: RelayerAccount.objects.filter(next_nonce=1).exists())  # it holds 0
+        _wait(_lease_lapsed)
+
+        _, other = _pay(world, 1, "closer")  # its nonce 1 sits on the lapsed nonce 0
+        assert other.relayer_nonce == 1 and _mined(world, other.tx_hash)
+        filler = _relayer_transaction_at(world, 0)
+        assert (filler["to"], filler["value"], filler["input"]) == (world.relayer.address, 0, b"")
+
+        hold.release.set()  # the holder wakes up, records, sends its nonce-0 transaction
+        holder.join(timeout=120)
+    finally:
+        if hold is not None:
+            hold.release.set()
+        proxy.go.set()
+        proxy.close()
+
+    [answer] = answers
+    assert answer.status_code in (200, 202), answer.content
+    slow.refresh_from_db()
+    assert slow.state == "succeeded", (slow.state, slow.reason_code)
+    assert slow.relayer_nonce == 2 and slow.resubmissions == 1
+    assert _mined(world, slow.tx_hash)
+    _assert_each_paid_once(world, 2)
+    # The record explains it: the first broadcast names the refused transaction at nonce 0
+    # (which the node never took), the resubmission names both.
+    events = PurchaseEvent.objects.filter(purchase_id=slow.purchase_id)
+    [first] = events.filter(subject="payment_attempt.broadcast")
+    refused = first.evidence["tx_hash"]
+    assert first.evidence["relayer_nonce"] == 0 and refused != slow.tx_hash
+    with pytest.raises(TransactionNotFound):
+        world.w3.eth.get_transaction(refused)
+    [again] = events.filter(subject="payment_attempt.resubmitted")
+    assert again.reason_code == "relayer_nonce_taken"
+    assert {k: again.evidence[k] for k in ("try", "replaced_tx_hash", "replaced_relayer_nonce",
+                                           "tx_hash", "relayer_nonce")} == {
+        "try": 1, "replaced_tx_hash": refused, "replaced_relayer_nonce": 0,
+        "tx_hash": slow.tx_hash, "relayer_nonce": 2,
+    }  # fmt: skip
+    assert again.evidence["nonce"] == slow.authorization_nonce  # the one authorization
+    # Nothing is left to heal or to send again.
+    reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=3))
+    slow.refresh_from_db()
+    assert (slow.state, slow.resubmissions) == ("succeeded", 1)
+    _assert_each_paid_once(world, 2)
+
+
+def _lease_lapsed() -> bool:
+    """The relayer's pending count has stood where it is for a lease: its nonces lapsed."""
+    since = RelayerAccount.objects.get().pending_seen_since
+    return since is not None and timezone.now() - since > nonce_lease()
+
+
+def _post_into(url: str, data: dict[str, str], payment: str, answers: list[Any]) -> None:
+    answers.append(
+        requests.post(url, json=data, headers={"PAYMENT-SIGNATURE": payment}, timeout=120)
+    )
+
+
+class _FirstPrepareHeld(RpcProxy):
+    """Forwards every call; the first settlement's prepare (its read of the relayer's pending
+    count) waits until `go`, so the test can stand in the holder's way before it records."""
+
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream)
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    def forward(self, raw: bytes) -> RawReply:
+        if b"eth_getTransactionCount" in raw and not self.held.is_set():
+            self.held.set()
+            self.go.wait(timeout=120)
+        return super().forward(raw)
+
+
+class _RowHold:
+    """A row lock on one attempt, held by a connection of its own until `release`: whoever
+    writes the row meanwhile waits, as a paused or slow process would."""
+
+    def __init__(self, attempt_id: int) -> None:
+        self.locked = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(attempt_id,), daemon=True)
+        self.thread.start()
+        assert self.locked.wait(timeout=30)
+
+    def _hold(self, attempt_id: int) -> None:
+        from django.db import connection, transaction
+
+        try:
+            with transaction.atomic():
+                PaymentAttempt.objects.select_for_update().get(pk=attempt_id)
+                self.locked.set()
+                self.release.wait(timeout=120)
+        finally:
+            connection.close()

@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from django.db.models import F
+from eth_account import Account
 from rest_framework.test import APIClient
 
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
+from payments.x402.relayer import relayer_fee_fields
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment
@@ -290,3 +292,42 @@ def test_a_tx_known_to_the_node_is_never_resubmitted_until_it_is_dropped(x402_pa
     world.node.mine()
     assert ask(client, world, payment=payment).json()["payment"]["state"] == "paid"
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
+
+
+def test_a_resubmission_whose_relayer_nonce_was_taken_goes_out_on_a_fresh_one(x402_paused_world):
+    """The identical bytes can never land once another relayer transaction took their nonce
+    (a gap closer's filler after the lease lapsed): the resubmission signs the same
+    authorization into a new relayer transaction on a fresh nonce, records it in place of
+    the old one, and the timeline names both. The buyer signed once; paid once. (An
+    attempt left this way before the fix is healed by this path, too.)"""
+    world, client = x402_paused_world, APIClient()
+    payment = _pay(world, client)
+    attempt = PaymentAttempt.objects.get()
+    stale_hash, stale_nonce = attempt.tx_hash, attempt.relayer_nonce
+    assert stale_nonce is not None
+    world.node.drop_transaction(stale_hash)
+    filler = Account.sign_transaction(
+        {"to": world.relayer.address, "value": 0, "gas": 21_000, "nonce": stale_nonce,
+         "chainId": world.w3.eth.chain_id, **relayer_fee_fields(world.w3)},
+        world.relayer.key,
+    )  # fmt: skip
+    world.w3.eth.send_raw_transaction(filler.raw_transaction)
+    world.node.mine()  # the nonce is taken for good
+
+    ask(client, world, payment=payment)  # the buyer's resend: the resubmission is due
+
+    attempt.refresh_from_db()
+    assert attempt.resubmissions == 1 and attempt.relayer_nonce == stale_nonce + 1
+    assert attempt.tx_hash != stale_hash and attempt.state == "settlement_pending"
+    [again] = _events(RESUBMITTED)
+    assert again.reason_code == "relayer_nonce_taken"
+    assert (again.evidence["try"], again.evidence["replaced_tx_hash"],
+            again.evidence["replaced_relayer_nonce"], again.evidence["tx_hash"],
+            again.evidence["nonce"]) == (1, stale_hash, stale_nonce, attempt.tx_hash,
+                                         attempt.authorization_nonce)  # fmt: skip
+    [broadcast] = _events(BROADCAST)
+    assert broadcast.evidence["tx_hash"] == stale_hash  # what was first sent stays told
+    world.node.mine()
+    assert ask(client, world, payment=payment).json()["payment"]["state"] == "paid"
+    # The filler and the new transaction hold the two nonces: the refused one never mined.
+    assert world.seller_balance() == PRICE and world.relayer_sent() == stale_nonce + 2

@@ -30,13 +30,14 @@ from django.db import transaction
 
 from core.actors import Actor
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt
-from payments.rails import QuoteTerms, SettlementOutcome, rail_for
+from payments.rails import REPLACED_SUBMISSION, QuoteTerms, SettlementOutcome, rail_for
 from purchases.events import event_record, events_batched
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.quote.quotes import quote_terms
 from purchases.services.remedy.remedies import escalation_open
 from purchases.services.settle.settlement_events import (
     payment_drop_record,
+    replaced_submission_record,
     settlement_notes_take,
     settler_answers_record,
 )
@@ -112,6 +113,11 @@ def payment_resubmit_if_due(
     # The quote's terms are read only now: most look-ups never resend.
     terms = terms or quote_terms(quote=fresh.purchase.quote)
     answer, _, answers = settlement_notes_take(rail.resend(attempt=fresh, terms=terms, now=now))
+    if REPLACED_SUBMISSION in answer.evidence:
+        # The same bytes could never land (the rail said why): it sent a new transaction of
+        # the same signed payment in their place, under this try. The event names both.
+        _record_replaced(attempt=fresh, answer=answer, answers=answers, number=number, actor=actor)
+        return replace(answer, evidence={**answer.evidence, "resubmission": number})
     _record_try(
         attempt=fresh,
         described=described,
@@ -162,6 +168,22 @@ def _record_try(
                 "answer": _summary(answer),
             },
         )
+
+
+def _record_replaced(
+    *,
+    attempt: PaymentAttempt,
+    answer: SettlementOutcome,
+    answers: list[dict[str, Any]],
+    number: int,
+    actor: Actor,
+) -> None:
+    with transaction.atomic(), events_batched():
+        purchase = Purchase.objects.select_for_update().get(pk=attempt.purchase_id)
+        settler_answers_record(
+            purchase=purchase, attempt=attempt, answers=answers, submission=number, actor=actor
+        )
+        replaced_submission_record(purchase=purchase, attempt=attempt, outcome=answer, actor=actor)
 
 
 def _summary(answer: SettlementOutcome) -> dict[str, Any]:

@@ -15,7 +15,13 @@ from typing import Any
 
 from core.actors import Actor
 from payments.models import PaymentAttempt
-from payments.rails import FIRST_BROADCAST, SETTLER_ANSWERS, SettlementOutcome, rail_for
+from payments.rails import (
+    FIRST_BROADCAST,
+    REPLACED_SUBMISSION,
+    SETTLER_ANSWERS,
+    SettlementOutcome,
+    rail_for,
+)
 from purchases import event_subjects as subjects
 from purchases import sql
 from purchases.events import event_note, event_record
@@ -37,23 +43,54 @@ def payment_broadcast_record(
     *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
 ) -> None:
     """The first broadcast, with how it went (and any relayer nonce gap closed before it).
-    Inside the caller's locked transaction."""
+    If the rail replaced it by a new submission of the same payment (its relayer nonce was
+    taken), the first broadcast names what it sent, and the replacement is the attempt's
+    resubmission event naming both. Inside the caller's locked transaction."""
     started = attempt.broadcast_started_at
     gap = outcome.evidence.get("relayer_gap_closed")
+    replaced = outcome.evidence.get(REPLACED_SUBMISSION)
+    if replaced:
+        sent = {"tx_hash": replaced["replaced_tx_hash"]}
+        sent["relayer_nonce"] = replaced["replaced_relayer_nonce"]
+    else:
+        sent = {"tx_hash": outcome.tx_hash or attempt.tx_hash or None}
+        sent["relayer_nonce"] = attempt.relayer_nonce
     event_record(
         subject=subjects.PAYMENT_BROADCAST,
         purchase=purchase,
         actor=actor,
-        reason_code=outcome.reason_code,
+        reason_code=replaced["reason_code"] if replaced else outcome.reason_code,
         evidence={
             "attempt": attempt.pk,
             "submission": 0,
             **rail_for(attempt.rail).describe(attempt=attempt),
-            "tx_hash": outcome.tx_hash or attempt.tx_hash or None,
-            "relayer_nonce": attempt.relayer_nonce,
+            **sent,
             "sent_at": started.isoformat() if started else None,
             "status": outcome.status.value,
             **({"relayer_gap_closed": gap} if gap else {}),
+        },
+    )
+    if replaced:
+        replaced_submission_record(purchase=purchase, attempt=attempt, outcome=outcome, actor=actor)
+
+
+def replaced_submission_record(
+    *, purchase: Purchase, attempt: PaymentAttempt, outcome: SettlementOutcome, actor: Actor
+) -> None:
+    """The rail replaced a submission that could never land (`REPLACED_SUBMISSION`): the
+    attempt's resubmission event, naming the replaced and the new transaction and why, and
+    how the new one went. Inside the caller's transaction."""
+    replaced = dict(outcome.evidence[REPLACED_SUBMISSION])
+    event_record(
+        subject=subjects.PAYMENT_RESUBMITTED,
+        purchase=purchase,
+        actor=actor,
+        reason_code=replaced.pop("reason_code"),
+        evidence={
+            "attempt": attempt.pk,
+            **rail_for(attempt.rail).describe(attempt=attempt),
+            **replaced,
+            "answer": {"status": outcome.status.value, "reason_code": outcome.reason_code},
         },
     )
 
