@@ -235,13 +235,20 @@ class X402Rail:
         return attempt, change
 
     def settle(
-        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+        self,
+        *,
+        attempt: PaymentAttempt,
+        terms: QuoteTerms,
+        now: datetime,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
-        """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
+        """Exactly one caller ever performs an attempt's first broadcast; others look it up.
+        The broadcast's wait ends at the network's confirmation timeout or `wait_until`,
+        whichever comes first (the settler's `broadcast`)."""
         if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
         try:
-            outcome = _prepare_and_broadcast(attempt, terms, now)
+            outcome = _prepare_and_broadcast(attempt, terms, now, wait_until)
         except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
             raise handoff.then(_first_broadcast) from None
         return _first_broadcast(outcome)
@@ -435,7 +442,7 @@ def _first_broadcast(outcome: SettlementOutcome) -> SettlementOutcome:
 
 
 def _prepare_and_broadcast(
-    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime, wait_until: float | None = None
 ) -> SettlementOutcome:
     context = x402_context(attempt=attempt)
     try:
@@ -448,11 +455,14 @@ def _prepare_and_broadcast(
             SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
         )
     x402_attempt_mark_prepared(attempt=attempt, prepared=prepared, now=now)
-    return _broadcast(attempt, terms, prepared)
+    return _broadcast(attempt, terms, prepared, wait_until)
 
 
 def _broadcast(
-    attempt: PaymentAttempt, terms: QuoteTerms, prepared: PreparedBroadcast
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    prepared: PreparedBroadcast,
+    wait_until: float | None = None,
 ) -> SettlementOutcome:
     context = x402_context(attempt=attempt)
     return context.settler.broadcast(
@@ -460,6 +470,7 @@ def _broadcast(
         requirements=x402_requirements(terms=terms, network=context.network),
         network=context.network,
         prepared=prepared,
+        wait_until=wait_until,
     )
 
 
