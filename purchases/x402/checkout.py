@@ -30,7 +30,11 @@ from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest
 from purchases.services.checkout.duplicates import copy_label_validate
 from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.x402.offers import X402PaidRoute, x402_route_paid, x402_route_paid_sealed
-from purchases.x402.outcomes import x402_request_scope, x402_wait_budget
+from purchases.x402.outcomes import (
+    x402_request_scope,
+    x402_settlement_wait_until,
+    x402_wait_budget,
+)
 from purchases.x402.quote_seal import quote_from_seal, quote_seal_check, quote_seal_read
 
 A = TypeVar("A")
@@ -119,7 +123,7 @@ def x402_pay(
         channel=channel,
         quote=unwritten,
         quote_refusal=refusal,
-        settle_wait_until=wait_until,
+        settle_wait_until=x402_settlement_wait_until(wait_until=wait_until),
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.

@@ -189,6 +189,10 @@ def _work_wait_seconds(purchase: Purchase) -> float:
     return max(0.0, budget[1] - time.monotonic())
 
 
+# A settlement is always given this long, whatever the budget (even 0): on a fast chain the
+# block lands within it, and a 202 for a payment mined milliseconds later would cost the
+# agent a poll and us a reconciliation. A budget of 0 still means no wait for the work.
+SETTLEMENT_WAIT_FLOOR_SECONDS = 1.0
 # (offering pk, the request's wait budget's end as time.monotonic()) inside x402_request_scope.
 _BUDGET: ContextVar[tuple[int, float] | None] = ContextVar("x402_wait_budget", default=None)
 
@@ -198,12 +202,19 @@ def x402_wait_budget(*, offering: Offering) -> float:
 
     One budget for the request's whole wait, its settlement and then its work: the
     offering's expected run time, capped by X402_RESULT_WAIT_SECONDS. The settlement waits
-    until then at most (and never past its network's confirmation_timeout): a payment not
+    until then at most (never past its network's confirmation_timeout, and at least
+    SETTLEMENT_WAIT_FLOOR_SECONDS: x402_settlement_wait_until): a payment not
     proven by then is answered 202 settlement_pending, and the status URL or reconciliation
     finds it later. The work waits for what is left; work the request runs itself (inline,
     finishing in its start) still runs when nothing is left, since it takes no wait.
     """
     return time.monotonic() + _result_wait_seconds(offering)
+
+
+def x402_settlement_wait_until(*, wait_until: float) -> float:
+    """When the settlement's wait ends for a request whose budget ends at `wait_until`: then,
+    but never sooner than SETTLEMENT_WAIT_FLOOR_SECONDS from now."""
+    return max(wait_until, time.monotonic() + SETTLEMENT_WAIT_FLOOR_SECONDS)
 
 
 @contextmanager

@@ -37,9 +37,7 @@ CONFIRMATION_TIMEOUT = 300.0
 
 
 def _world(make_x402_world: MakeWorld, settings: Any) -> X402World:
-    world = make_x402_world(
-        no_mining=True, offering={"expected_run_time": timedelta(seconds=1)}
-    )
+    world = make_x402_world(no_mining=True, offering={"expected_run_time": timedelta(seconds=1)})
     settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = CONFIRMATION_TIMEOUT
     settings.X402_RESULT_WAIT_SECONDS = 30  # the cap: the offering's 1 s decides below it
     return world
