@@ -20,6 +20,8 @@ Classification (see `classify_verify` and `classify_settle`):
                                                            CDP facilitator answers it)
   /settle  200 {"success": false, any other reason}     -> PENDING facilitator_unresolved:<r>
   /settle  no answer (timeout, refused, cut mid-body)   -> PENDING facilitator_unavailable
+  /settle  no answer within the paying request's budget (`wait_until`, shorter than the
+           timeout)                                     -> PENDING facilitator_still_settling
   /settle  any other answer (non-200, 3xx, HTML, bad JSON, success without a usable hash)
                                                         -> PENDING facilitator_bad_response
 PENDING outcomes carry the transaction hash whenever the body names a well-formed one.
