@@ -127,15 +127,42 @@ class Chain:
     block_time: float | None = None
 
 
+# How a call ended: 200 with the result; 202 answered pending (settlement_pending or the
+# work still running: the status URL in Location, as a wait that outlived the offering's
+# expected run time is answered); no answer within the client's own CALL_TIMEOUT; anything
+# else (another status, a refused or reset connection).
+RESULT, PENDING, TIMEOUT, ERROR = "200", "202", "timeout", "error"
+
+
+@dataclass(frozen=True)
+class Answer:
+    kind: str  # RESULT, PENDING, TIMEOUT or ERROR
+    latency: float | None = None  # seconds, for RESULT and PENDING
+    why: str = ""  # for TIMEOUT and ERROR
+
+
 @dataclass(frozen=True)
 class Load:
-    """What one round of agents got: successful call latencies, failures, wall time."""
+    """What one round of agents got: the latencies of the calls answered with their result
+    (200) and of those answered pending (202), the calls that timed out and the other
+    failures, wall time. Throughput and p50 count the 200s only."""
 
     latencies: list[float]
     failures: list[str]
     wall: float
     first_block: int = 0  # the chain's height when the window started
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds per group (proc_cpu)
+    pending: list[float] = field(default_factory=list)
+    timeouts: list[str] = field(default_factory=list)
+
+    @property
+    def answered(self) -> int:
+        """Calls answered 200 or 202 (what the CPU per call divides by)."""
+        return len(self.latencies) + len(self.pending)
+
+    def counts(self) -> str:
+        return (f"200: {len(self.latencies)}, 202 pending: {len(self.pending)}, "
+                f"timeouts: {len(self.timeouts)}, errors: {len(self.failures)}")  # fmt: skip
 
     @property
     def throughput(self) -> float:
@@ -394,19 +421,24 @@ class Agent:
         self.name = name
         self.calls = 0
 
-    def call(self, url: str) -> tuple[float | None, str]:
-        """One paid call with a fresh input: (latency, "") on a 200 result, else (None, why)."""
+    def call(self, url: str) -> Answer:
+        """One paid call with a fresh input: its result (200), answered pending (202, with
+        the status URL), timed out (the client's CALL_TIMEOUT) or failed."""
         self.calls += 1
         body = {"title": f"{self.name}-{self.calls}-{secrets.token_hex(4)}", "csv": CSV}
         started = time.perf_counter()
         try:
             response = self.session.post(url, json=body, timeout=CALL_TIMEOUT)
+        except requests.Timeout as exc:
+            return Answer(TIMEOUT, why=f"{type(exc).__name__}: {exc}"[:200])
         except Exception as exc:  # a failed call is counted, not fatal
-            return None, f"{type(exc).__name__}: {exc}"[:200]
+            return Answer(ERROR, why=f"{type(exc).__name__}: {exc}"[:200])
         elapsed = time.perf_counter() - started
-        if response.status_code != 200:
-            return None, f"{response.status_code}: {response.text[:200]}"
-        return elapsed, ""
+        if response.status_code == 200:
+            return Answer(RESULT, elapsed)
+        if response.status_code == 202 and response.headers.get("Location"):
+            return Answer(PENDING, elapsed)
+        return Answer(ERROR, why=f"{response.status_code}: {response.text[:200]}")
 
 
 class BareSender:
@@ -431,17 +463,20 @@ class BareSender:
             raise RuntimeError(f"{method}: {reply['error']}")
         return reply.get("result")
 
-    def call(self, _url: str) -> tuple[float | None, str]:
+    def call(self, _url: str) -> Answer:
         started = time.perf_counter()
         try:
             landed = self._send_and_wait()
         except Exception as exc:  # a failed call is counted, not fatal
-            return None, f"{type(exc).__name__}: {exc}"[:200]
+            return Answer(ERROR, why=f"{type(exc).__name__}: {exc}"[:200])
+        if landed is None:
+            return Answer(TIMEOUT, why=f"no receipt within {CALL_TIMEOUT:g} s")
         if not landed:
-            return None, "reverted or no receipt"
-        return time.perf_counter() - started, ""
+            return Answer(ERROR, why="reverted")
+        return Answer(RESULT, time.perf_counter() - started)
 
-    def _send_and_wait(self) -> bool:
+    def _send_and_wait(self) -> bool | None:
+        """True: landed; False: reverted; None: no receipt within CALL_TIMEOUT."""
         if not self.gas_price:  # twice the first price: the base fee only falls from there
             self.gas_price = 2 * int(str(self._rpc("eth_gasPrice", [])), 16)
         authorization = {
@@ -475,29 +510,25 @@ class BareSender:
             if isinstance(receipt, dict):
                 return bool(receipt.get("status") == "0x1")
             time.sleep(self.RECEIPT_POLL)
-        return False
+        return None
 
 
 class Caller(Protocol):
-    def call(self, url: str) -> tuple[float | None, str]: ...
+    def call(self, url: str) -> Answer: ...
 
 
 def drive(url: str, agents: Sequence[Caller], calls_per_agent: int) -> Load:
     """Every agent calls `calls_per_agent` times back to back, all agents at once."""
-    latencies: list[float] = []
-    failures: list[str] = []
+    by_kind: dict[str, list[Answer]] = {RESULT: [], PENDING: [], TIMEOUT: [], ERROR: []}
     lock = threading.Lock()
     start = threading.Barrier(len(agents) + 1)
 
     def work(agent: Caller) -> None:
         start.wait()
         for _ in range(calls_per_agent):
-            latency, why = agent.call(url)
+            answer = agent.call(url)
             with lock:
-                if latency is None:
-                    failures.append(why)
-                else:
-                    latencies.append(latency)
+                by_kind[answer.kind].append(answer)
 
     threads = [threading.Thread(target=work, args=(agent,), daemon=True) for agent in agents]
     for thread in threads:
@@ -506,7 +537,14 @@ def drive(url: str, agents: Sequence[Caller], calls_per_agent: int) -> Load:
     began = time.perf_counter()
     for thread in threads:
         thread.join()
-    return Load(latencies, failures, time.perf_counter() - began)
+    wall = time.perf_counter() - began
+    return Load(
+        latencies=[a.latency for a in by_kind[RESULT] if a.latency is not None],
+        failures=[a.why for a in by_kind[ERROR]],
+        wall=wall,
+        pending=[a.latency for a in by_kind[PENDING] if a.latency is not None],
+        timeouts=[a.why for a in by_kind[TIMEOUT]],
+    )
 
 
 # --- the windows --------------------------------------------------------------------------
@@ -591,9 +629,9 @@ def measure(plan: Plan, workdir: Path) -> Rounds:
                     if serial_load is not None:
                         rounds.serial.setdefault(side, []).append(serial_load)
                     print(f"bench.x402_seller: repeat {repeat + 1}, {level} agents, {side}: "
-                          f"{_fmt([load])}, from block {load.first_block}, load average "
-                          f"{os.getloadavg()[0]:.1f}; "
-                          f"{cpu_per_call(load.cpu, len(load.latencies))}",
+                          f"{_fmt([load])} ({load.counts()}), from block {load.first_block}, "
+                          f"load average {os.getloadavg()[0]:.1f}; "
+                          f"{cpu_per_call(load.cpu, load.answered)}",
                           file=sys.stderr)  # fmt: skip
     return rounds
 
@@ -605,13 +643,17 @@ def _fmt(loads: list[Load]) -> str:
     rates = "/".join(f"{load.throughput:.2f}" for load in loads)
     p50s = "/".join(f"{load.p50:.3f}" for load in loads)
     failed = sum(len(load.failures) for load in loads)
-    return f"{rates} calls/s, p50 {p50s} s" + (f", {failed} failed" if failed else "")
+    pending = sum(len(load.pending) for load in loads)
+    timeouts = sum(len(load.timeouts) for load in loads)
+    return (f"{rates} calls/s, p50 {p50s} s" + (f", {pending} answered 202" if pending else "")
+            + (f", {timeouts} timed out" if timeouts else "")
+            + (f", {failed} failed" if failed else ""))  # fmt: skip
 
 
 def _cpu_median(loads: list[Load]) -> str:
     """Per group, the median over the repeats of its CPU per call (bench/proc_cpu.py)."""
-    per_call = [{g: sec / len(load.latencies) for g, sec in load.cpu.items()}
-                for load in loads if load.latencies and load.cpu]  # fmt: skip
+    per_call = [{g: sec / load.answered for g, sec in load.cpu.items()}
+                for load in loads if load.answered and load.cpu]  # fmt: skip
     if not per_call:
         return "no reading"
     medians = {g: statistics.median(c.get(g, 0.0) for c in per_call) for g in GROUPS}
@@ -643,7 +685,8 @@ def _figures_of(name: str, rounds: Rounds) -> list[Figure]:
         blocks = "/".join(str(load.first_block) for load in ours + sdk + bare)
         detail = (f"tollbooth{tag} {_fmt(ours)}; sdk {_fmt(sdk)}; bare broadcaster "
                   f"{_fmt(bare)}; windows from blocks {blocks}")  # fmt: skip
-        failures = [why for load in ours + sdk + bare for why in load.failures][:3]
+        failed = [why for load in ours + sdk + bare for why in load.timeouts + load.failures]
+        failures = failed[:3]
         extra = {"failures": " | ".join(failures)} if failures else {}
         extra["cpu"] = "; ".join(f"{side} {_cpu_median(loads)}" for side, loads in
                                  (("tollbooth", ours), ("sdk", sdk), ("bare", bare)))  # fmt: skip

@@ -142,6 +142,9 @@ CASE_TABLE: tuple[Row, ...] = (
       Deadline.NEXT_CHECK, PAY_ACTIONS),
     R("settlement_pending", ANY, "facilitator_unavailable", PENDING_SAY + "The facilitator did "
       "not answer; the chain is asked instead.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_still_settling", PENDING_SAY + "The paying "
+      "request's wait budget ended before the facilitator answered /settle; it may still "
+      "broadcast, so the chain is asked instead.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
     R("settlement_pending", ANY, "facilitator_bad_response", PENDING_SAY + "The facilitator's "
       "answer was unreadable; the chain is asked instead.", RECON, Deadline.NEXT_CHECK,
       PAY_ACTIONS),

@@ -162,10 +162,19 @@ class PaymentRail(Protocol):
         """Write the attempt (and, for a rail that settles when recorded, move the money)."""
 
     def settle(
-        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+        self,
+        *,
+        attempt: PaymentAttempt,
+        terms: QuoteTerms,
+        now: datetime,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
         """The first broadcast of a recorded attempt (or, if another caller made it, a
-        look-up). Never raises for network faults: unknown is PENDING."""
+        look-up). Never raises for network faults: unknown is PENDING.
+
+        `wait_until`: a time.monotonic() value the wait for the money must end by (the
+        paying request's budget: what it has not proven by then is PENDING); never past the
+        rail's own limit. None: the rail's own limit (a network's confirmation timeout)."""
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         """Where the attempt's money stands now."""

@@ -94,9 +94,14 @@ class PrepaidRail:
         return attempt, change
 
     def settle(
-        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+        self,
+        *,
+        attempt: PaymentAttempt,
+        terms: QuoteTerms,
+        now: datetime,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
-        return self.look_up(attempt=attempt, now=now)
+        return self.look_up(attempt=attempt, now=now)  # settled when recorded: no wait
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         if attempt.state == PaymentAttempt.State.SUCCEEDED:

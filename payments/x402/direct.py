@@ -144,9 +144,13 @@ class DirectSettler:
         requirements: Requirements,
         network: NetworkConfig,
         prepared: PreparedBroadcast,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
         """Send the prepared bytes and wait up to `network.confirmation_timeout` for them to
-        be mined `network.confirmations` deep. Never raises for network faults."""
+        be mined `network.confirmations` deep, and never past `wait_until` (the paying
+        request's budget). The bytes are sent whatever is left of it: a wait that ends first
+        is PENDING with the hash, for the status URL and reconciliation. Never raises for
+        network faults."""
         tx_hash, raw = _checked_prepared(prepared, authorization)
         rpc = self._rpc(network)
         refused = _send(rpc, raw)
@@ -170,7 +174,7 @@ class DirectSettler:
             look=look,
             is_done=lambda outcome: outcome.status is not SettlementStatus.PENDING,
             delays=receipt_poll_delays(ceiling=self.poll_interval),
-            deadline=time.monotonic() + network.confirmation_timeout,
+            deadline=wait_deadline(network.confirmation_timeout, wait_until),
         )
         try:
             # Blocks, unless the caller is an event loop that takes the wait (core.handoff).
@@ -183,6 +187,13 @@ class DirectSettler:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
         return rpc_client_for(network.rpc_url, timeout=timeout)
+
+
+def wait_deadline(timeout: float, wait_until: float | None) -> float:
+    """When a settlement's wait ends (time.monotonic()): after `timeout` seconds, or at
+    `wait_until` if that comes first."""
+    deadline = time.monotonic() + timeout
+    return deadline if wait_until is None else min(deadline, wait_until)
 
 
 def _relayer_account(network: NetworkConfig) -> LocalAccount:

@@ -20,6 +20,8 @@ Classification (see `classify_verify` and `classify_settle`):
                                                            CDP facilitator answers it)
   /settle  200 {"success": false, any other reason}     -> PENDING facilitator_unresolved:<r>
   /settle  no answer (timeout, refused, cut mid-body)   -> PENDING facilitator_unavailable
+  /settle  no answer within the paying request's budget (`wait_until`, shorter than the
+           timeout)                                     -> PENDING facilitator_still_settling
   /settle  any other answer (non-200, 3xx, HTML, bad JSON, success without a usable hash)
                                                         -> PENDING facilitator_bad_response
 PENDING outcomes carry the transaction hash whenever the body names a well-formed one.
@@ -46,7 +48,12 @@ SETTLE = "settle"
 REASON_UNAVAILABLE = "facilitator_unavailable"
 REASON_BAD_RESPONSE = "facilitator_bad_response"
 REASON_SETTLEMENT_PENDING = "settlement_pending"
+# /settle not answered within what was left of the paying request's wait budget.
+REASON_STILL_SETTLING = "facilitator_still_settling"
 REJECTED_PREFIX = "facilitator_rejected:"
+# /settle always gets this long to answer, however little of the request's budget is left:
+# the request that sends it is the one that can answer with its result.
+MIN_SETTLE_READ_SECONDS = 1.0
 UNRESOLVED_PREFIX = "facilitator_unresolved:"
 
 # Reasons that prove the authorization was not, and cannot have been, executed through this
@@ -116,7 +123,13 @@ class FacilitatorSettler:
         requirements: Requirements,
         network: NetworkConfig,
         prepared: PreparedBroadcast,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
+        """/verify, then exactly one /settle. `wait_until` (the paying request's budget, a
+        time.monotonic() value) shortens the wait for /settle's answer, never below
+        `MIN_SETTLE_READ_SECONDS`: a facilitator that has not answered by then may still
+        broadcast, so the outcome is PENDING `facilitator_still_settling`, found later on
+        chain by (payer, nonce). Connecting and /verify keep `facilitator_timeout`."""
         body = settlement_request(authorization, requirements, network)
         base = network.facilitator_url.rstrip("/")
         timeout = network.facilitator_timeout
@@ -125,11 +138,25 @@ class FacilitatorSettler:
         verdict = classify_verify(verified)
         if verdict is not None:
             return _with_answers(verdict, answers)
+        read = settle_read_timeout(timeout, wait_until)
         # Exactly one /settle per broadcast: a retry is the caller's decision, after it has
         # reconciled the first attempt on chain.
-        settled = _exchange("POST", f"{base}/settle", body, timeout)
+        settled = _exchange("POST", f"{base}/settle", body, timeout, read_timeout=read)
         answers.append(answer_summary(SETTLE, settled))
-        return _with_answers(classify_settle(settled, network=requirements.network), answers)
+        outcome = classify_settle(settled, network=requirements.network)
+        if read < timeout and settled.status is None and settled.transport_error:
+            # No answer within what was left of the request's budget: not a fault of the
+            # facilitator's, and it may still settle. Said so; pending as before.
+            outcome = replace(outcome, reason_code=REASON_STILL_SETTLING)
+        return _with_answers(outcome, answers)
+
+
+def settle_read_timeout(timeout: float, wait_until: float | None) -> float:
+    """How long /settle's answer is waited for: `timeout`, or what is left until
+    `wait_until` if less, but at least MIN_SETTLE_READ_SECONDS."""
+    if wait_until is None:
+        return timeout
+    return min(timeout, max(wait_until - time.monotonic(), MIN_SETTLE_READ_SECONDS))
 
 
 _ANSWER_FIELDS = {  # wire field -> timeline field, per stage
@@ -286,20 +313,29 @@ def _code(prefix: str, reason: str) -> str:
 # --- HTTP -------------------------------------------------------------------------------
 
 
-def _exchange(method: str, url: str, body: dict[str, Any] | None, timeout: float) -> HttpReply:
+def _exchange(
+    method: str,
+    url: str,
+    body: dict[str, Any] | None,
+    timeout: float,
+    *,
+    read_timeout: float | None = None,
+) -> HttpReply:
     """One request, never raising: a fault becomes an HttpReply with `transport_error`.
 
-    No redirects (a 307 would resend /settle elsewhere) and no retries. The body must arrive
-    within 2 x timeout of the start, so a facilitator that trickles bytes cannot hold us.
+    No redirects (a 307 would resend /settle elsewhere) and no retries. `timeout` bounds the
+    connection, `read_timeout` (default: `timeout`) the wait for the answer; the body must
+    arrive within their sum of the start, so a facilitator that trickles bytes cannot hold us.
     """
-    deadline = time.monotonic() + 2 * timeout
+    read = timeout if read_timeout is None else read_timeout
+    deadline = time.monotonic() + timeout + read
     try:
         with requests.request(
             method,
             url,
             json=body,
             headers={"Accept-Encoding": "identity"},  # tiny answers: no decompression games
-            timeout=timeout,
+            timeout=(timeout, read),
             stream=True,
             allow_redirects=False,
         ) as response:

@@ -238,13 +238,22 @@ class X402Rail:
         return attempt, change
 
     def settle(
-        self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
+        self,
+        *,
+        attempt: PaymentAttempt,
+        terms: QuoteTerms,
+        now: datetime,
+        wait_until: float | None = None,
     ) -> SettlementOutcome:
-        """Exactly one caller ever performs an attempt's first broadcast; others look it up."""
+        """Exactly one caller ever performs an attempt's first broadcast; others look it up.
+        The broadcast's wait ends at the network's confirmation timeout or `wait_until`,
+        whichever comes first (the settler's `broadcast`)."""
         if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
         try:
-            outcome = _prepare_and_broadcast(attempt, terms, now, try_claimed=False)
+            outcome = _prepare_and_broadcast(
+                attempt, terms, now, try_claimed=False, wait_until=wait_until
+            )
         except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
             raise handoff.then(_first_broadcast) from None
         return _first_broadcast(outcome)
@@ -439,7 +448,12 @@ def _first_broadcast(outcome: SettlementOutcome) -> SettlementOutcome:
 
 
 def _prepare_and_broadcast(
-    attempt: PaymentAttempt, terms: QuoteTerms, now: datetime, *, try_claimed: bool
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    now: datetime,
+    *,
+    try_claimed: bool,
+    wait_until: float | None = None,
 ) -> SettlementOutcome:
     context = x402_context(attempt=attempt)
     try:
@@ -452,7 +466,7 @@ def _prepare_and_broadcast(
             SettlementStatus.PENDING, None, "broadcast_not_prepared", evidence={"detail": str(exc)}
         )
     x402_attempt_mark_prepared(attempt=attempt, prepared=prepared, now=now)
-    return _broadcast(attempt, terms, prepared, now, try_claimed=try_claimed)
+    return _broadcast(attempt, terms, prepared, now, try_claimed=try_claimed, wait_until=wait_until)
 
 
 def _broadcast(
@@ -462,6 +476,7 @@ def _broadcast(
     now: datetime,
     *,
     try_claimed: bool,
+    wait_until: float | None = None,
 ) -> SettlementOutcome:
     """Send `prepared`; if another transaction took its relayer nonce meanwhile, the same
     authorization once more on a fresh nonce (`_on_a_fresh_nonce`). `try_claimed`: the
@@ -472,10 +487,13 @@ def _broadcast(
         requirements=x402_requirements(terms=terms, network=context.network),
         network=context.network,
         prepared=prepared,
+        wait_until=wait_until,
     )
     if outcome.reason_code != RELAYER_NONCE_TAKEN:
         return outcome
-    return _on_a_fresh_nonce(attempt, terms, prepared, outcome, now, try_claimed=try_claimed)
+    return _on_a_fresh_nonce(
+        attempt, terms, prepared, outcome, now, try_claimed=try_claimed, wait_until=wait_until
+    )
 
 
 def _on_a_fresh_nonce(
@@ -486,6 +504,7 @@ def _on_a_fresh_nonce(
     now: datetime,
     *,
     try_claimed: bool,
+    wait_until: float | None = None,
 ) -> SettlementOutcome:
     """Our signed relayer transaction was refused because another one took its nonce: a
     holder slow past its nonce's lease, whose gap the next broadcaster closed. It can never
@@ -542,6 +561,7 @@ def _on_a_fresh_nonce(
             requirements=x402_requirements(terms=terms, network=context.network),
             network=context.network,
             prepared=fresh,
+            wait_until=wait_until,
         )
     except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
         raise handoff.then(told) from None

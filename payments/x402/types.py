@@ -19,7 +19,9 @@ class NetworkConfig:
     token_name: str  # EIP-712 domain name, e.g. "USDC"
     token_version: str  # EIP-712 domain version, e.g. "2"
     confirmations: int  # blocks (including the one holding the tx) before we call it settled
-    confirmation_timeout: float  # seconds to wait for them before answering "pending"
+    # Seconds to wait for them before answering "pending": the longest a settlement waits (a
+    # paying request may end its wait sooner: its budget, purchases.x402.outcomes).
+    confirmation_timeout: float
     mode: str  # "direct" (our relayer broadcasts) or "facilitator"
     facilitator_url: str = ""
     facilitator_timeout: float = 10.0
@@ -118,7 +120,11 @@ class Settler(Protocol):
         requirements: Requirements,
         network: NetworkConfig,
         prepared: PreparedBroadcast,
-    ) -> SettlementOutcome: ...
+        wait_until: float | None = None,
+    ) -> SettlementOutcome:
+        """Put `prepared` on chain and wait for it, up to `network.confirmation_timeout`
+        and never past `wait_until` (a time.monotonic() value; None: no earlier end)."""
+        ...
 
 
 def is_final_at_depth(network: NetworkConfig, depth: int) -> bool:

@@ -30,7 +30,11 @@ from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest
 from purchases.services.checkout.duplicates import copy_label_validate
 from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.x402.offers import X402PaidRoute, x402_route_paid, x402_route_paid_sealed
-from purchases.x402.outcomes import x402_request_scope
+from purchases.x402.outcomes import (
+    x402_request_scope,
+    x402_settlement_wait_until,
+    x402_wait_budget,
+)
 from purchases.x402.quote_seal import quote_from_seal, quote_seal_check, quote_seal_read
 
 A = TypeVar("A")
@@ -103,6 +107,8 @@ def x402_pay(
             unwritten.payer_owner_id = route.payer_owner_id  # type: ignore[attr-defined]
             route = replace(route, quote_input_hash=sealed.input_hash)
     offering = route.offering
+    # One wait budget for the settlement and the work, from here (x402_wait_budget).
+    wait_until = x402_wait_budget(offering=offering)
     if raw_input is not None and unwritten is None and refusal is None:
         _input_matches_quote(route, raw_input)
     request = PaymentRequest(
@@ -117,20 +123,22 @@ def x402_pay(
         channel=channel,
         quote=unwritten,
         quote_refusal=refusal,
+        settle_wait_until=x402_settlement_wait_until(wait_until=wait_until),
     )
     # The paying request runs fast work itself: its execution job goes to a worker only if
     # the request leaves it to one.
     try:
-        with x402_request_scope(offering=offering):
+        with x402_request_scope(offering=offering, wait_until=wait_until):
             return purchase_pay(request=request, answers=answers)
     except Handoff as handoff:
         # The settlement's wait went to the caller's event loop: what follows it (the
-        # recording, the work, the answer) runs in the same scope, entered again.
-        raise handoff.around(lambda rest: _in_scope(offering, rest)) from None
+        # recording, the work, the answer) runs in the same scope, entered again with the
+        # same budget (the work waits for what the settlement left of it).
+        raise handoff.around(lambda rest: _in_scope(offering, wait_until, rest)) from None
 
 
-def _in_scope(offering: Offering, rest: Callable[[], A]) -> A:
-    with x402_request_scope(offering=offering):
+def _in_scope(offering: Offering, wait_until: float, rest: Callable[[], A]) -> A:
+    with x402_request_scope(offering=offering, wait_until=wait_until):
         return rest()
 
 

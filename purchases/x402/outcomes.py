@@ -5,8 +5,10 @@ purchase's current state; purchases.x402.answers says how each is answered.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,10 +172,9 @@ def _is_watched(purchase: Purchase, attempt: PaymentAttempt | None) -> bool:
 
 
 def _await_work(purchase: Purchase) -> Purchase:
-    """Give a fast job the chance to answer in this round trip; then pending."""
-    return purchase_await_result(
-        purchase=purchase, wait_seconds=_result_wait_seconds(purchase.offering)
-    )
+    """Give a fast job the chance to answer in this round trip; then pending. Inside an
+    x402 request's scope the wait is what is left of its budget (x402_wait_budget)."""
+    return purchase_await_result(purchase=purchase, wait_seconds=_work_wait_seconds(purchase))
 
 
 def _result_wait_seconds(offering: Offering) -> float:
@@ -181,15 +182,59 @@ def _result_wait_seconds(offering: Offering) -> float:
     return min(offering.expected_run_time.total_seconds(), float(settings.X402_RESULT_WAIT_SECONDS))
 
 
+def _work_wait_seconds(purchase: Purchase) -> float:
+    budget = _BUDGET.get()
+    if budget is None or budget[0] != purchase.offering_id:
+        return _result_wait_seconds(purchase.offering)
+    return max(0.0, budget[1] - time.monotonic())
+
+
+# A settlement is always given this long, whatever the budget (even 0): on a fast chain the
+# block lands within it, and a 202 for a payment mined milliseconds later would cost the
+# agent a poll and us a reconciliation. A budget of 0 still means no wait for the work.
+SETTLEMENT_WAIT_FLOOR_SECONDS = 1.0
+# (offering pk, the request's wait budget's end as time.monotonic()) inside x402_request_scope.
+_BUDGET: ContextVar[tuple[int, float] | None] = ContextVar("x402_wait_budget", default=None)
+
+
+def x402_wait_budget(*, offering: Offering) -> float:
+    """When a paid request for `offering` starting now must stop waiting (time.monotonic()).
+
+    One budget for the request's whole wait, its settlement and then its work: the
+    offering's expected run time, capped by X402_RESULT_WAIT_SECONDS. The settlement waits
+    until then at most (never past its network's confirmation_timeout, and at least
+    SETTLEMENT_WAIT_FLOOR_SECONDS: x402_settlement_wait_until): a payment not
+    proven by then is answered 202 settlement_pending, and the status URL or reconciliation
+    finds it later. The work waits for what is left; work the request runs itself (inline,
+    finishing in its start) still runs when nothing is left, since it takes no wait.
+    """
+    return time.monotonic() + _result_wait_seconds(offering)
+
+
+def x402_settlement_wait_until(*, wait_until: float) -> float:
+    """When the settlement's wait ends for a request whose budget ends at `wait_until`: then,
+    but never sooner than SETTLEMENT_WAIT_FLOOR_SECONDS from now."""
+    return max(wait_until, time.monotonic() + SETTLEMENT_WAIT_FLOOR_SECONDS)
+
+
 @contextmanager
-def x402_request_scope(*, offering: Offering) -> Iterator[None]:
+def x402_request_scope(*, offering: Offering, wait_until: float | None = None) -> Iterator[None]:
     """Around one x402 request that may settle a payment for `offering` and wait for its
     work: if the request will run that work itself, the execution job it stages is not sent
-    to a worker unless the request leaves the job to one (result_wait)."""
-    with purchase_inline_execution_scope(
-        offering=offering, wait_seconds=_result_wait_seconds(offering)
-    ):
-        yield
+    to a worker unless the request leaves the job to one (result_wait).
+
+    `wait_until`: the request's budget (x402_wait_budget), when it began before this scope
+    (a scope entered again after a handed-off wait keeps it); None: a budget from now.
+    """
+    deadline = x402_wait_budget(offering=offering) if wait_until is None else wait_until
+    budget = _BUDGET.set((offering.pk, deadline))
+    try:
+        with purchase_inline_execution_scope(
+            offering=offering, wait_seconds=_result_wait_seconds(offering)
+        ):
+            yield
+    finally:
+        _BUDGET.reset(budget)
 
 
 def x402_outcome_for_ref(*, ref: str) -> X402Outcome:

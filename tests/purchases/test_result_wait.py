@@ -150,6 +150,23 @@ def test_no_inline_run_when_the_request_may_not_wait() -> None:
     assert not ExecutionAttempt.objects.filter(purchase_id=purchase.pk).exists()
 
 
+def test_work_the_request_runs_inline_runs_even_when_a_slow_settlement_left_no_wait(
+    broker_queue: BrokerQueue,
+) -> None:
+    # The request's scope decided on its whole budget that it runs the work itself; the
+    # settlement then used the budget up. The work is not a wait: it still runs, once.
+    purchase = _paid_report()
+    with result_wait.purchase_inline_execution_scope(offering=purchase.offering, wait_seconds=10):
+        staged = _stage_execution(purchase)
+        answered = result_wait.purchase_await_result(purchase=purchase, wait_seconds=0)
+
+    assert answered.fulfillment_state == RUN.SUCCEEDED
+    assert ExecutionAttempt.objects.get(purchase_id=purchase.pk).worker.startswith("web:")
+    staged.refresh_from_db()
+    assert staged.status == "retired"
+    assert broker_queue.tasks() == []
+
+
 # --- the execution job of an inline run: held back from the broker, retired or sent ---------
 
 EXECUTE_TASK = "purchases.tasks.purchase_execute_task"

@@ -17,6 +17,7 @@ from devtools.facilitator_double import FacilitatorDouble
 from payments.rails.base import SettlementOutcome
 from payments.rails.base import SettlementStatus as S
 from payments.x402.facilitator import (
+    MIN_SETTLE_READ_SECONDS,
     PROVEN_REJECTIONS,
     REASON_CODE_MAX,
     FacilitatorSettler,
@@ -212,6 +213,36 @@ def test_a_slow_facilitator_cannot_hold_us(
     assert outcome.status == S.PENDING
     assert outcome.evidence["http_status"] == http_status
     assert outcome.evidence["transport_error"] == transport_error
+
+
+def test_a_settle_not_answered_within_the_paying_requests_budget_is_still_settling(
+    facilitator_chain: FacilitatorChain,
+    facilitator_double: FacilitatorDouble,
+    facilitator_network: NetworkConfig,
+) -> None:
+    # The facilitator broadcasts, then answers nothing for longer than its timeout; the
+    # paying request's budget is already spent: /settle still goes, once, and is given
+    # MIN_SETTLE_READ_SECONDS (below facilitator_timeout) to answer.
+    facilitator_double.mode = "hang"
+    assert facilitator_network.facilitator_timeout > MIN_SETTLE_READ_SECONDS
+    settler = FacilitatorSettler()
+    authorization = facilitator_chain.sign(VALUE)
+    prepared = settler.prepare(authorization=authorization, network=facilitator_network)
+
+    outcome = settler.broadcast(
+        authorization=authorization,
+        requirements=facilitator_chain.requirements(VALUE),
+        network=facilitator_network,
+        prepared=prepared,
+        wait_until=time.monotonic(),
+    )
+
+    # Pending, and said to be ours: the facilitator was not down, we stopped waiting.
+    assert (outcome.status, outcome.reason_code) == (S.PENDING, "facilitator_still_settling")
+    assert outcome.evidence["transport_error"] == "ReadTimeout"
+    assert facilitator_double.calls["settle"] == 1
+    assert facilitator_double.broadcast_count == 1  # the money moved: pending, never failed
+    assert facilitator_chain.balance(facilitator_chain.seller) == VALUE
 
 
 def test_each_broadcast_calls_settle_once(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import requests
@@ -40,10 +41,11 @@ def _pay(url: str, payer, index: int, answers: list[requests.Response | None]) -
 def test_more_payments_wait_for_their_block_at_once_than_threads(
     make_x402_world, settings, start_asgi_server
 ):
-    world = make_x402_world(no_mining=True)
-    # Long enough that no wait ends by timing out: only the block ends them.
+    # Long enough that no wait ends by timing out: only the block ends them. The request's
+    # wait budget (the offering's expected run time, capped) bounds the settlement's wait too.
+    world = make_x402_world(no_mining=True, offering={"expected_run_time": timedelta(seconds=60)})
     settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = 60.0
-    settings.X402_RESULT_WAIT_SECONDS = 10  # `report` runs in the request: 200 with the result
+    settings.X402_RESULT_WAIT_SECONDS = 60  # `report` runs in the request: 200 with the result
     settings.TOLLBOOTH = {**settings.TOLLBOOTH, "X402_THREADS": 1}
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
     base = start_asgi_server()

@@ -98,6 +98,9 @@ class PaymentRequest:
     # Why the quote the payment carries cannot be paid (its signed terms are not ours),
     # answered under the payment's key where reading a quote would have refused it.
     quote_refusal: DomainError | None = None
+    # When this request's wait for its settlement ends (a time.monotonic() value): the
+    # door's wait budget (purchases.x402.outcomes). None: the rail's own limit.
+    settle_wait_until: float | None = None
 
     @property
     def actor(self) -> Actor:
@@ -666,7 +669,11 @@ def _settle_and_answer(
 
     try:
         settled = purchase_settle_attempt(
-            attempt_id=attempt_id, now=now, recorded=recorded, hand_off=True
+            attempt_id=attempt_id,
+            now=now,
+            recorded=recorded,
+            hand_off=True,
+            wait_until=checkout.request.settle_wait_until,
         )
     except Handoff as handoff:  # the settlement's wait went to the caller's event loop
         raise handoff.then(answer) from None

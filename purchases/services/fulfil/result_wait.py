@@ -102,10 +102,16 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     Fast in-process work is run here (exactly once, under the execution claim) instead of
     waiting for a worker to take it from the queue; the execution job held back for it in
     `purchase_inline_execution_scope` is then retired, or sent if the run did not finish it.
+    Work that scope decided to run inline runs even when `wait_seconds` is spent (what is
+    left of a budget a slow settlement used up): it finishes in its start, so it is the
+    work itself, not a wait for it.
     """
-    if purchase.fulfillment_state not in WAITING_STATES or wait_seconds <= 0:
+    if purchase.fulfillment_state not in WAITING_STATES:
         return purchase
-    if _runs_inline(purchase.offering, wait_seconds):
+    inline = _runs_inline(purchase.offering, wait_seconds)
+    if not inline and wait_seconds <= 0:
+        return purchase
+    if inline:
         _execute_inline(purchase.pk)
     state = fulfillment_wait(
         purchase_id=purchase.pk,
@@ -122,11 +128,11 @@ _INLINE_DECIDED: ContextVar[tuple[int, bool] | None] = ContextVar("inline_decide
 
 
 def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
-    if wait_seconds <= 0:
-        return False
     decided = _INLINE_DECIDED.get()
     if decided is not None and decided[0] == offering.pk:
-        return decided[1]
+        return decided[1]  # by the request's scope, on its whole budget
+    if wait_seconds <= 0:
+        return False
     name, upstream = offering_executor(offering)
     # Only in-process work runs in the web request: a seller's upstream may take its whole
     # timeout, which must not hold a web worker; a Celery worker calls it.

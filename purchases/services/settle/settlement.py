@@ -67,6 +67,7 @@ def purchase_settle_attempt(
     now: datetime | None = None,
     recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
     hand_off: bool = False,
+    wait_until: float | None = None,
 ) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
     the outcome. Returns None when the attempt was already settled or failed.
@@ -74,7 +75,9 @@ def purchase_settle_attempt(
     `recorded`: the purchase and attempt as this request just wrote them, with the quote's
     terms (nothing to read back, before or after). `hand_off`: the caller passes a Handoff
     on (core.handoff): the wait for the broadcast's receipt may go to its event loop, and
-    this raises Handoff with the recording as its rest.
+    this raises Handoff with the recording as its rest. `wait_until`: the paying request's
+    budget (a time.monotonic() value) the first broadcast's wait ends by, pending if not
+    proven then; None (reconciliation, resubmission): the network's own timeout.
     """
     now = now_or(now)
     known: tuple[Purchase, PaymentAttempt] | None = None
@@ -104,7 +107,9 @@ def purchase_settle_attempt(
 
     try:
         with handoff_allowed(hand_off):
-            outcome = rail_for(attempt.rail).settle(attempt=attempt, terms=terms, now=now)
+            outcome = rail_for(attempt.rail).settle(
+                attempt=attempt, terms=terms, now=now, wait_until=wait_until
+            )
     except Handoff as handoff:  # the caller's event loop waits; the recording follows
         raise handoff.then(record) from None
     return record(outcome)
