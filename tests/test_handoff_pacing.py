@@ -77,7 +77,7 @@ def test_waits_look_once_per_change_share_one_watcher_that_ends_with_them() -> N
         other = Wait(chain, until=1, pacing=chain.pacing("another node"))
         tasks = [asyncio.create_task(w.run()) for w in [*waits, other]]
         await until(lambda: chain.head_looks >= 20)
-        assert sorted(pacing_watched()) == ["another node", "node"]  # one watcher per key
+        assert sorted(map(str, pacing_watched())) == ["another node", "node"]  # one per key
         # Begun before the watcher's first look: one more look each, at that head; no more.
         assert [w.looks for w in waits] == [2] * 5
 
