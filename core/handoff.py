@@ -31,8 +31,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Generator, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -88,26 +88,31 @@ class PollingWait(Generic[T]):
         """The same loop with the sleeps on the event loop; each look runs via `run_sync`.
         `looked_at`: when the look that gave `first` began (unknown: any change wakes)."""
         value = first
-        while True:
-            remaining = self.deadline - time.monotonic()
-            if self.is_done(value) or remaining <= 0:
-                return value
-            if self.pacing is None:
-                await asyncio.sleep(min(next(self.delays), remaining))
-            else:
-                timeout = min(self.pacing.ceiling, remaining)
-                await _paced_sleep(self.pacing, run_sync, looked_at=looked_at, timeout=timeout)
-            looked_at = time.monotonic()
-            value = await run_sync(self.look)
+        if self.is_done(value) or self.deadline <= time.monotonic():
+            return value
+        async with _watching(self.pacing, run_sync) as watcher:
+            while True:
+                remaining = self.deadline - time.monotonic()
+                if self.is_done(value) or remaining <= 0:
+                    return value
+                if self.pacing is None or watcher is None:
+                    await asyncio.sleep(min(next(self.delays), remaining))
+                else:
+                    timeout = min(self.pacing.ceiling, remaining)
+                    await watcher.sleep(looked_at=looked_at, timeout=timeout)
+                looked_at = time.monotonic()
+                value = await run_sync(self.look)
 
 
 class _Watcher:
-    """Looks at one paced value for one event loop while any wait sleeps on it.
+    """Looks at one paced value for one event loop while any wait is paced by it.
 
     `changed_at` is when the look that saw the latest change ended: a block it saw may be
     newer than a wait's own look only if that look began before then, so such a wait looks
     again at once and a later one sleeps until the next change. The first value a watcher
-    sees counts as a change (what came before it is unknown)."""
+    sees counts as a change (what came before it is unknown). A wait holds the watcher from
+    its first sleep to its end, its looks included, so a watcher does not end and start
+    again (and wake it again) between one wait's looks."""
 
     def __init__(self, slot: tuple[asyncio.AbstractEventLoop, Hashable], pacing: Pacing,
                  run_sync: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:  # fmt: skip
@@ -117,7 +122,7 @@ class _Watcher:
         self.value: Hashable = _UNSEEN
         self.changed_at = -math.inf
         self.changed = asyncio.Event()
-        self.sleeping = 0
+        self.waits = 0
         self.failing = False
         self.task = slot[0].create_task(self._watch(), name="pacing watcher")
         self.task.add_done_callback(self._forget)
@@ -128,19 +133,16 @@ class _Watcher:
         if self.changed_at > looked_at:
             return
         changed = self.changed
-        self.sleeping += 1
         try:
             async with asyncio.timeout(timeout):
                 await changed.wait()
         except TimeoutError:
             pass
-        finally:
-            self.sleeping -= 1
 
     async def _watch(self) -> None:
-        # Ends once a look and an interval pass with nothing asleep (the next wait starts
-        # another watcher), so no task is left looking for nobody.
-        while self.sleeping:
+        # Ends once a look and an interval pass with no wait paced by it (the next wait
+        # starts another watcher), so no task is left looking for nobody.
+        while self.waits:
             try:
                 value = await self.run_sync(self.pacing.look)
             except Exception as exc:  # a look that failed saw nothing: wake nobody
@@ -168,18 +170,23 @@ _UNSEEN: Hashable = object()
 _WATCHERS: dict[tuple[asyncio.AbstractEventLoop, Hashable], _Watcher] = {}
 
 
-async def _paced_sleep(
-    pacing: Pacing,
-    run_sync: Callable[[Callable[[], Any]], Awaitable[Any]],
-    *,
-    looked_at: float,
-    timeout: float,
-) -> None:
+@asynccontextmanager
+async def _watching(
+    pacing: Pacing | None, run_sync: Callable[[Callable[[], Any]], Awaitable[Any]]
+) -> AsyncIterator[_Watcher | None]:
+    """The running watcher for `pacing` on this event loop (started if none), held inside."""
+    if pacing is None:
+        yield None
+        return
     slot = (asyncio.get_running_loop(), pacing.key)
     watcher = _WATCHERS.get(slot)
     if watcher is None or watcher.task.done():
         watcher = _WATCHERS[slot] = _Watcher(slot, pacing, run_sync)
-    await watcher.sleep(looked_at=looked_at, timeout=timeout)
+    watcher.waits += 1
+    try:
+        yield watcher
+    finally:
+        watcher.waits -= 1
 
 
 def pacing_watched() -> list[Hashable]:

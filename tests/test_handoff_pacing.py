@@ -40,10 +40,18 @@ class Chain:
 
 
 class Wait:
-    """A wait done once the head reaches `until`, counting its own looks."""
+    """A wait done once the head reaches `until`, counting its own looks (each taking
+    `look_seconds`: a slow node, a busy pool)."""
 
-    def __init__(self, chain: Chain, until: int, pacing: Pacing, deadline: float = 60.0) -> None:
-        self.chain, self.looks = chain, 0
+    def __init__(
+        self,
+        chain: Chain,
+        until: int,
+        pacing: Pacing,
+        deadline: float = 60.0,
+        look_seconds: float = 0.0,
+    ) -> None:
+        self.chain, self.looks, self.look_seconds = chain, 0, look_seconds
         self.polling = PollingWait(
             look=self.look,
             is_done=lambda head: head >= until,
@@ -54,7 +62,9 @@ class Wait:
 
     def look(self) -> int:
         self.looks += 1
-        return self.chain.head
+        head = self.chain.head
+        time.sleep(self.look_seconds)
+        return head
 
     async def run(self) -> int:
         looked_at = time.monotonic()
@@ -107,6 +117,23 @@ def test_a_wait_begun_after_the_head_was_seen_sleeps_until_it_moves() -> None:
         chain.head = 1
         assert await asyncio.gather(early, task) == [1, 1]
         assert late.looks == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_lone_wait_with_slow_looks_keeps_its_watcher_between_them() -> None:
+    # Looks slower than the watcher's interval: the watcher must not end while the wait is
+    # looking, else each new watcher's first head would wake the wait again, and again.
+    chain = Chain()
+
+    async def scenario() -> None:
+        wait = Wait(chain, until=1, pacing=chain.pacing(), look_seconds=0.03)
+        task = asyncio.create_task(wait.run())
+        await until(lambda: chain.head_looks >= 60)
+        assert wait.looks == 2  # its first, and once at the first head the watcher saw
+        chain.head = 1
+        assert await task == 1
+        assert wait.looks == 3
 
     asyncio.run(scenario())
 
