@@ -9,8 +9,8 @@ settlement, never a faster steady rate.
 On the ASGI role's event loop a waiting payment does not keep that schedule: it looks once
 per block, right after it (`chain_head_pacing`, core.handoff). One watcher per event loop and
 node asks for the head (eth_blockNumber) every HEAD_LOOK_SECONDS while any payment waits and
-wakes them all when it moves. At 2-second blocks a paid call made 2.4 to 3 receipt looks
-instead of 5.6 to 12 (1 to 32 agents, tests' anvil behind a counting proxy), and a payment
+wakes them all when it moves. At 2-second blocks a paid call made 2.1 to 3 receipt looks
+instead of 5.6 to 12.3 (32 to 1 agents, the tests' anvil behind a counting proxy), and a payment
 sees its block within about 0.05 s of it instead of 0.25 s. A payment still looks every
 PACED_CEILING_SECONDS should the head look fail.
 """
