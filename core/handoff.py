@@ -14,7 +14,7 @@ resubmission, a reconciliation, a synchronous server) the wait blocks, as it alw
 
 On the event loop a wait may be paced by something cheaper than its own look (`Pacing`: a
 chain's head). Then it does not sleep on its own timer: one watcher per event loop and
-pacing key looks at that value every `interval` seconds while any wait sleeps on it, and
+pacing key looks at that value every `interval` seconds while any wait is paced by it, and
 wakes them all when it changes, so a hundred payments waiting for the same block look for
 their receipts once each, right after it, instead of each on its own schedule. The watcher
 ends when nothing waits on it; a look of its that fails wakes nobody; a wait still looks at
@@ -49,7 +49,7 @@ class Pacing:
     """What tells a wait on an event loop when to look again: `look` (run like the wait's
     own looks, in a thread) answers a value that changes when a look may find something new.
     Waits with equal `key` on one event loop share one watcher, which looks every
-    `interval` seconds while any of them sleeps; a wait looks at least every `ceiling`."""
+    `interval` seconds while any of them waits; a wait looks at least every `ceiling`."""
 
     key: Hashable
     look: Callable[[], Hashable]
