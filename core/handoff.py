@@ -12,6 +12,15 @@ looks (each look a short hop to a thread) and then runs `resume` in a thread: th
 the blocking wait would have run next, with the value the wait ended on. Anywhere else (a
 resubmission, a reconciliation, a synchronous server) the wait blocks, as it always did.
 
+On the event loop a wait may be paced by something cheaper than its own look (`Pacing`: a
+chain's head). Then it does not sleep on its own timer: one watcher per event loop and
+pacing key looks at that value every `interval` seconds while any wait is paced by it, and
+wakes them all when it changes, so a hundred payments waiting for the same block look for
+their receipts once each, right after it, instead of each on its own schedule. The watcher
+ends when nothing waits on it; a look of its that fails wakes nobody; a wait still looks at
+least every `ceiling` seconds (a watcher that cannot see) and never sleeps past its
+deadline. The blocking wait keeps its timed sleeps.
+
 Layers that unwind must hold nothing across the wait: no transaction is open around a
 network wait (the settlement's rule), and a scope is re-entered by its `around`.
 """
@@ -19,9 +28,11 @@ network wait (the settlement's rule), and a scope is re-entered by its `around`.
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -30,17 +41,33 @@ T = TypeVar("T")
 
 _CALLER_COMPLETES: ContextVar[bool] = ContextVar("waits_handed_off", default=False)
 _ALLOWED: ContextVar[bool] = ContextVar("handoff_allowed", default=False)
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """What tells a wait on an event loop when to look again: `look` (run like the wait's
+    own looks, in a thread) answers a value that changes when a look may find something new.
+    Waits with equal `key` on one event loop share one watcher, which looks every
+    `interval` seconds while any of them waits; a wait looks at least every `ceiling`."""
+
+    key: Hashable
+    look: Callable[[], Hashable]
+    interval: float
+    ceiling: float
 
 
 @dataclass
 class PollingWait(Generic[T]):
     """Look until `is_done(value)` or `deadline` (time.monotonic()), sleeping `delays`
-    between looks. The value is the last look's, whether done or not."""
+    between looks. The value is the last look's, whether done or not. With `pacing`, a wait
+    on an event loop sleeps until the paced value changes instead (`asleep`)."""
 
     look: Callable[[], T]
     is_done: Callable[[T], bool]
     delays: Iterator[float]
     deadline: float
+    pacing: Pacing | None = None
 
     def blocking(self, first: T) -> T:
         value = first
@@ -51,24 +78,130 @@ class PollingWait(Generic[T]):
             time.sleep(min(next(self.delays), remaining))
             value = self.look()
 
-    async def asleep(self, first: T, run_sync: Callable[[Callable[[], T]], Awaitable[T]]) -> T:
-        """The same loop with the sleeps on the event loop; each look runs via `run_sync`."""
+    async def asleep(
+        self,
+        first: T,
+        run_sync: Callable[[Callable[[], Any]], Awaitable[Any]],
+        *,
+        looked_at: float = -math.inf,
+    ) -> T:
+        """The same loop with the sleeps on the event loop; each look runs via `run_sync`.
+        `looked_at`: when the look that gave `first` began (unknown: any change wakes)."""
         value = first
-        while True:
-            remaining = self.deadline - time.monotonic()
-            if self.is_done(value) or remaining <= 0:
-                return value
-            await asyncio.sleep(min(next(self.delays), remaining))
-            value = await run_sync(self.look)
+        if self.is_done(value) or self.deadline <= time.monotonic():
+            return value
+        async with _watching(self.pacing, run_sync) as watcher:
+            while True:
+                remaining = self.deadline - time.monotonic()
+                if self.is_done(value) or remaining <= 0:
+                    return value
+                if self.pacing is None or watcher is None:
+                    await asyncio.sleep(min(next(self.delays), remaining))
+                else:
+                    timeout = min(self.pacing.ceiling, remaining)
+                    await watcher.sleep(looked_at=looked_at, timeout=timeout)
+                looked_at = time.monotonic()
+                value = await run_sync(self.look)
+
+
+class _Watcher:
+    """Looks at one paced value for one event loop while any wait is paced by it.
+
+    `changed_at` is when the look that saw the latest change ended: a block it saw may be
+    newer than a wait's own look only if that look began before then, so such a wait looks
+    again at once and a later one sleeps until the next change. The first value a watcher
+    sees counts as a change (what came before it is unknown). A wait holds the watcher from
+    its first sleep to its end, its looks included, so a watcher does not end and start
+    again (and wake it again) between one wait's looks."""
+
+    def __init__(self, slot: tuple[asyncio.AbstractEventLoop, Hashable], pacing: Pacing,
+                 run_sync: Callable[[Callable[[], Any]], Awaitable[Any]]) -> None:  # fmt: skip
+        self.slot = slot
+        self.pacing = pacing
+        self.run_sync = run_sync
+        self.value: Hashable = _UNSEEN
+        self.changed_at = -math.inf
+        self.changed = asyncio.Event()
+        self.waits = 0
+        self.failing = False
+        self.task = slot[0].create_task(self._watch(), name="pacing watcher")
+        self.task.add_done_callback(self._forget)
+
+    async def sleep(self, *, looked_at: float, timeout: float) -> None:
+        """Until the value may have changed since a look that began at `looked_at`, or
+        `timeout` seconds."""
+        if self.changed_at > looked_at:
+            return
+        changed = self.changed
+        try:
+            async with asyncio.timeout(timeout):
+                await changed.wait()
+        except TimeoutError:
+            pass
+
+    async def _watch(self) -> None:
+        # Ends once a look and an interval pass with no wait paced by it (the next wait
+        # starts another watcher), so no task is left looking for nobody.
+        while self.waits:
+            try:
+                value = await self.run_sync(self.pacing.look)
+            except Exception as exc:  # a look that failed saw nothing: wake nobody
+                if not self.failing:
+                    logger.warning(
+                        "pacing look failed; waits look on their own at least every %s s "
+                        "until it answers: %r", self.pacing.ceiling, exc,
+                    )  # fmt: skip
+                self.failing = True
+            else:
+                self.failing = False
+                if value != self.value:
+                    self.value, self.changed_at = value, time.monotonic()
+                    changed, self.changed = self.changed, asyncio.Event()
+                    changed.set()
+            await asyncio.sleep(self.pacing.interval)
+
+    def _forget(self, _task: asyncio.Task[None]) -> None:
+        if _WATCHERS.get(self.slot) is self:
+            del _WATCHERS[self.slot]
+
+
+_UNSEEN: Hashable = object()
+# The running watchers of this process, by (event loop, pacing key); each removes itself.
+_WATCHERS: dict[tuple[asyncio.AbstractEventLoop, Hashable], _Watcher] = {}
+
+
+@asynccontextmanager
+async def _watching(
+    pacing: Pacing | None, run_sync: Callable[[Callable[[], Any]], Awaitable[Any]]
+) -> AsyncIterator[_Watcher | None]:
+    """The running watcher for `pacing` on this event loop (started if none), held inside."""
+    if pacing is None:
+        yield None
+        return
+    slot = (asyncio.get_running_loop(), pacing.key)
+    watcher = _WATCHERS.get(slot)
+    if watcher is None or watcher.task.done():
+        watcher = _WATCHERS[slot] = _Watcher(slot, pacing, run_sync)
+    watcher.waits += 1
+    try:
+        yield watcher
+    finally:
+        watcher.waits -= 1
+
+
+def pacing_watched() -> list[Hashable]:
+    """The pacing keys a watcher looks at now, in any event loop of this process."""
+    return [key for _loop, key in list(_WATCHERS)]
 
 
 class Handoff(Exception):
     """A wait handed to the caller, with what is left to do once it ends (`resume`)."""
 
-    def __init__(self, wait: PollingWait[Any], first: Any) -> None:
+    def __init__(self, wait: PollingWait[Any], first: Any, *, looked_at: float = -math.inf) -> None:
         super().__init__("wait handed to the caller")
         self.wait = wait
         self.first = first
+        self.looked_at = looked_at  # when the look that gave `first` began
         self.resume: Callable[[Any], Any] = lambda value: value
 
     def then(self, after: Callable[[Any], Any]) -> Handoff:
@@ -92,13 +225,14 @@ class Handoff(Exception):
     ) -> Any:
         """Wait on the event loop (each look run by `look`), then run what is left (by
         `rest`: in a thread) and return what it returns."""
-        value = await self.wait.asleep(self.first, look)
+        value = await self.wait.asleep(self.first, look, looked_at=self.looked_at)
         resume = self.resume
         return await rest(lambda: resume(value))
 
 
 def polling_wait(wait: PollingWait[T]) -> T:
     """Look once; if not done, hand the wait to the caller when it asked, else block."""
+    looked_at = time.monotonic()
     first = wait.look()
     if (
         _CALLER_COMPLETES.get()
@@ -106,7 +240,7 @@ def polling_wait(wait: PollingWait[T]) -> T:
         and not wait.is_done(first)
         and wait.deadline > time.monotonic()
     ):
-        raise Handoff(wait, first)
+        raise Handoff(wait, first, looked_at=looked_at)
     return wait.blocking(first)
 
 

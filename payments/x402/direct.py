@@ -29,7 +29,7 @@ from core.handoff import Handoff, PollingWait, polling_wait
 from payments.chain.token import transfer_with_authorization_calldata
 from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.x402.chain import AUTHORIZATION_STATE_SELECTOR, is_hash32
-from payments.x402.receipts import receipt_poll_delays
+from payments.x402.receipts import chain_head_pacing, receipt_poll_delays
 from payments.x402.relayer import (
     ALREADY_SENT,
     NonceLease,
@@ -175,6 +175,7 @@ class DirectSettler:
             is_done=lambda outcome: outcome.status is not SettlementStatus.PENDING,
             delays=receipt_poll_delays(ceiling=self.poll_interval),
             deadline=wait_deadline(network.confirmation_timeout, wait_until),
+            pacing=chain_head_pacing(rpc),  # handed off: one look per block (receipts.py)
         )
         try:
             # Blocks, unless the caller is an event loop that takes the wait (core.handoff).

@@ -4,11 +4,13 @@ The ASGI app (config/asgi.py, config/urls_asgi.py) routes `/x402/<offering>` her
 request runs the paid view (X402PaidApi, unchanged) in a thread with waits handed off
 (core.handoff): everything up to the broadcast runs as before; if the receipt is not there
 at the first look, the view returns `HandedOff` instead of sleeping. This coroutine then
-sleeps between looks on the event loop (each look a short hop to a thread) and runs the
-rest (record the outcome, run or await the work, answer) in a thread, exactly the code the
-blocking wait would have run next, so the answer is the one the WSGI view gives. Thousands
-of payments can wait on one loop; at most TOLLBOOTH_X402_THREADS threads per process run
-their synchronous parts.
+sleeps on the event loop until the chain's head moves (one watcher per loop and node looks
+at the head for every waiting payment, `core.handoff.Pacing`), looks for the receipt (a
+short hop to a thread, once per block) and runs the rest (record the outcome, run or await
+the work, answer) in a thread, exactly the code the blocking wait would have run next, so
+the answer is the one the WSGI view gives. Thousands of payments can wait on one loop; at
+most TOLLBOOTH_X402_THREADS threads per process run their synchronous parts, the head
+watcher's looks among them (`_look`).
 
 Once handed off, the rest runs to its end even if the client goes away (shielded), as the
 blocking view's thread would: the settlement is recorded and the answer stored under the
