@@ -481,18 +481,27 @@ def _broadcast(
     """Send `prepared`; if another transaction took its relayer nonce meanwhile, the same
     authorization once more on a fresh nonce (`_on_a_fresh_nonce`). `try_claimed`: the
     caller counted this send as a resubmission already (`resubmit`)."""
+    outcome = _send(attempt, terms, prepared, wait_until)
+    if outcome.reason_code != RELAYER_NONCE_TAKEN:
+        return outcome
+    return _on_a_fresh_nonce(
+        attempt, terms, prepared, outcome, now, try_claimed=try_claimed, wait_until=wait_until
+    )
+
+
+def _send(
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    prepared: PreparedBroadcast,
+    wait_until: float | None,
+) -> SettlementOutcome:
     context = x402_context(attempt=attempt)
-    outcome = context.settler.broadcast(
+    return context.settler.broadcast(
         authorization=context.authorization,
         requirements=x402_requirements(terms=terms, network=context.network),
         network=context.network,
         prepared=prepared,
         wait_until=wait_until,
-    )
-    if outcome.reason_code != RELAYER_NONCE_TAKEN:
-        return outcome
-    return _on_a_fresh_nonce(
-        attempt, terms, prepared, outcome, now, try_claimed=try_claimed, wait_until=wait_until
     )
 
 
@@ -556,13 +565,7 @@ def _on_a_fresh_nonce(
         return replace(outcome, evidence={**outcome.evidence, REPLACED_SUBMISSION: replaced})
 
     try:
-        outcome = context.settler.broadcast(
-            authorization=context.authorization,
-            requirements=x402_requirements(terms=terms, network=context.network),
-            network=context.network,
-            prepared=fresh,
-            wait_until=wait_until,
-        )
+        outcome = _send(attempt, terms, fresh, wait_until)
     except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
         raise handoff.then(told) from None
     return told(outcome)
