@@ -92,8 +92,11 @@ def test_work_on_a_purchase_claimed_paid_succeeds_without_reading_it_again(
     assert bytes(purchase.result.body) == output.content
     assert purchase.receipt.transaction == attempt.tx_hash
     assert ExecutionAttempt.objects.get().job_ref == "job-1"
-    # The run hands back the purchase as it wrote it: an answer from it (the paid request
-    # that ran the work inline) needs not read it again.
+    # The run hands back the purchase as it wrote it, with the result and receipt it stored:
+    # an answer delivering them (the paid request that ran the work inline) reads nothing.
     kept = executed.purchase
     assert kept is not None and kept.fulfillment_state == Purchase.FulfillmentState.SUCCEEDED
-    assert kept.updated_at == purchase.updated_at
+    with django_assert_max_num_queries(0):
+        assert (kept.result.pk, bytes(kept.result.body)) == (purchase.result.pk, output.content)
+        assert kept.receipt.public_id == purchase.receipt.public_id
+        assert kept.receipt.signed == purchase.receipt.signed

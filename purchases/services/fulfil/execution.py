@@ -306,7 +306,7 @@ def _succeed_once(
                 actor=actor,
                 update_fields=["reason_code"],
             )
-            fulfillment_services.execution_succeed(
+            result, receipt, _ = fulfillment_services.execution_succeed(
                 purchase_id=purchase.pk,
                 claim=claim,
                 output=output,
@@ -316,6 +316,11 @@ def _succeed_once(
                 job_ref=job_ref,
             )
             fulfillment_notify(purchase=purchase)
+        # Kept on the purchase as written, so an answer delivering them from this run reads
+        # neither back (delivery's _result_and_receipt). After the commit: a rolled-back
+        # block leaves nothing cached.
+        purchase.result = result
+        purchase.receipt = receipt
     except LeaseLost:
         return Executed(ExecutionOutcome.LEASE_LOST)  # nothing written: the block rolled back
     return Executed(ExecutionOutcome.SUCCEEDED, purchase)
