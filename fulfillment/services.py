@@ -288,9 +288,10 @@ def execution_succeed(
     retention: timedelta,
     now: datetime,
     job_ref: str = "",
-) -> tuple[Result, Change]:
-    """Store the result and its SHA-256 and write the receipt. Caller holds the purchase lock
-    (or has just moved the purchase by a conditional UPDATE, which is the lock).
+) -> tuple[Result, Receipt, Change]:
+    """Store the result and its SHA-256 and write the receipt (both returned as written: the
+    receipt without its id). Caller holds the purchase lock (or has just moved the purchase
+    by a conditional UPDATE, which is the lock).
 
     `job_ref` is the job that produced the output when it was not recorded before (work that
     finishes inside its start call): it goes on the attempt with the outcome. Raises LeaseLost
@@ -304,7 +305,7 @@ def execution_succeed(
         attempt.save(update_fields=["state", "finished_at", "job_ref"])
     except ConcurrentTransition as lost:
         raise LeaseLost(claim.attempt_id) from lost
-    result = _result_store(
+    result, receipt = _result_store(
         purchase_id=purchase_id,
         attempt=attempt,
         output=output,
@@ -312,7 +313,7 @@ def execution_succeed(
         retention=retention,
         now=now,
     )
-    return result, execution_success_change(claim=claim, output=output, job_ref=job_ref)
+    return result, receipt, execution_success_change(claim=claim, output=output, job_ref=job_ref)
 
 
 def _result_store(
@@ -323,7 +324,7 @@ def _result_store(
     payment: PaymentEvidence,
     retention: timedelta,
     now: datetime,
-) -> Result:
+) -> tuple[Result, Receipt]:
     """The result, its SHA-256 and the receipt, for the attempt that produced them."""
     digest = hashlib.sha256(output.content).hexdigest()
     result = Result(
@@ -351,7 +352,7 @@ def _result_store(
         receipt_sign_into(receipt=receipt, facts=payment.receipt, now=now)
     if not result_insert_with_receipt(result=result, receipt=receipt):
         raise RuntimeError(f"purchase {purchase_id} already has a result")  # one lease, one run
-    return result
+    return result, receipt
 
 
 def receipt_payload(

@@ -62,7 +62,7 @@ def test_work_that_finishes_after_its_purchase_was_given_up_stores_nothing():
         purchase_id=attempt.purchase_id, worker="sweeper", reason_code="job_still_running"
     )
 
-    outcome = execution._succeed(claimed, JobOutput(b"{}", "application/json"), "job-1")
+    outcome = execution._succeed(claimed, JobOutput(b"{}", "application/json"), "job-1").outcome
 
     assert outcome == execution.ExecutionOutcome.LEASE_LOST
     assert not Result.objects.filter(purchase_id=attempt.purchase_id).exists()
@@ -85,9 +85,18 @@ def test_work_on_a_purchase_claimed_paid_succeeds_without_reading_it_again(
     # PostgreSQL; a statement of its own on SQLite, which has no data-modifying CTE) and
     # the events' INSERT. No read.
     with django_assert_max_num_queries(6 if connection.vendor == "postgresql" else 7):
-        assert execution._succeed(claimed, output, "job-1") == execution.ExecutionOutcome.SUCCEEDED
+        executed = execution._succeed(claimed, output, "job-1")
+        assert executed.outcome == execution.ExecutionOutcome.SUCCEEDED
     purchase = Purchase.objects.select_related("result", "receipt").get(pk=attempt.purchase_id)
     assert purchase.fulfillment_state == Purchase.FulfillmentState.SUCCEEDED
     assert bytes(purchase.result.body) == output.content
     assert purchase.receipt.transaction == attempt.tx_hash
     assert ExecutionAttempt.objects.get().job_ref == "job-1"
+    # The run hands back the purchase as it wrote it, with the result and receipt it stored:
+    # an answer delivering them (the paid request that ran the work inline) reads nothing.
+    kept = executed.purchase
+    assert kept is not None and kept.fulfillment_state == Purchase.FulfillmentState.SUCCEEDED
+    with django_assert_max_num_queries(0):
+        assert (kept.result.pk, bytes(kept.result.body)) == (purchase.result.pk, output.content)
+        assert kept.receipt.public_id == purchase.receipt.public_id
+        assert kept.receipt.signed == purchase.receipt.signed

@@ -14,7 +14,8 @@ authorizations are signed before the clock starts. CPU is this process's
 N are timed alone (the figure) and N more under cProfile with a CPU clock (the breakdown;
 the profiler adds overhead of its own). PROFILE_REQUESTS sets N (default 60); PROFILE_TOP
 how many of our functions to list by cumulative CPU (default 40); PROFILE_OUT a file to
-dump the raw profile to.
+dump the raw profile to; PROFILE_CPROFILE=0 skips the cProfile half (for a sampling
+profiler outside, e.g. `py-spy record --format raw -- .venv/bin/python -m pytest ...`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
     settings.X402_RESULT_WAIT_SECONDS = 30
     requests = int(os.environ.get("PROFILE_REQUESTS", "60"))
     top = int(os.environ.get("PROFILE_TOP", "40"))
-    total = WARM_UP + 2 * requests
+    use_cprofile = os.environ.get("PROFILE_CPROFILE", "1") != "0"
+    total = WARM_UP + (2 if use_cprofile else 1) * requests
     bodies = [{"title": f"Sales {n}", "csv": f"region,units\nnorth,{n}\n"} for n in range(total)]
     # Every payment pays a quote of its own (the 402 for its input), asked before the clock.
     payments = [
@@ -75,11 +77,15 @@ def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
     print()
     print(f"paid x402 requests, CPU per request in ms ({WARM_UP} warm-up not counted):")
     for label, cpu in (("plain", plain), ("profiled", profiled)):
+        if not cpu:
+            continue
         print(
             f"  {label:9s} n={len(cpu)}  median {statistics.median(cpu) * 1e3:.1f}"
             f"  mean {statistics.mean(cpu) * 1e3:.1f}  min {min(cpu) * 1e3:.1f}"
             f"  max {max(cpu) * 1e3:.1f}"
         )
+    if not use_cprofile:
+        return
     print_ours(pstats.Stats(profiler), top)
     if os.environ.get("PROFILE_OUT"):
         profiler.dump_stats(os.environ["PROFILE_OUT"])  # for pstats, snakeviz, ...

@@ -84,28 +84,42 @@ def purchase_execute(*, purchase_id: int, worker: str) -> ExecutionOutcome:
     executor cannot say what happened yet and tries remain; once the tries or the deadline
     are spent the execution ends unknown and escalates to support (ESCALATED).
     """
+    return purchase_execute_keeping(purchase_id=purchase_id, worker=worker).outcome
+
+
+@dataclass(frozen=True)
+class Executed:
+    outcome: ExecutionOutcome
+    # SUCCEEDED: the purchase as the run's last write left it (the conditional UPDATE that
+    # moved it to succeeded, committed with the result), with its offering and quote: a
+    # caller answering the buyer needs not read it again. None otherwise.
+    purchase: Purchase | None = None
+
+
+def purchase_execute_keeping(*, purchase_id: int, worker: str) -> Executed:
+    """`purchase_execute`, keeping the purchase a successful run wrote (see Executed)."""
     claimed = _claim(purchase_id, worker)
     if claimed is None:
-        return ExecutionOutcome.OBSERVED
+        return Executed(ExecutionOutcome.OBSERVED)
     if claimed.claim.spent_reason:
         # A try ended without recording its failure (crash, kill): the budget is spent anyway.
         _end(purchase_id, claimed.claim, claimed.claim.spent_reason, is_known_failure=False)
-        return ExecutionOutcome.ESCALATED
+        return Executed(ExecutionOutcome.ESCALATED)
     try:
         executor = get_executor(claimed.executor_name, claimed.spec.upstream)
         output, job_ref = _run(executor, claimed)
     except LeaseLost:
         logger.warning("purchase %s: lease lost to another worker", purchase_id)
-        return ExecutionOutcome.LEASE_LOST
+        return Executed(ExecutionOutcome.LEASE_LOST)
     except ExecutorError as error:
         if not error.definitive and not error.retryable:
             # The effect happened or may have, and another call cannot settle it: escalate.
             _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=False)
-            return ExecutionOutcome.ESCALATED
+            return Executed(ExecutionOutcome.ESCALATED)
         if not error.definitive:
-            return _retry_or_give_up(purchase_id, claimed.claim, error)
+            return Executed(_retry_or_give_up(purchase_id, claimed.claim, error))
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
-        return ExecutionOutcome.FAILED
+        return Executed(ExecutionOutcome.FAILED)
     return _succeed(claimed, output, job_ref)
 
 
@@ -252,7 +266,7 @@ def _receipt_facts_if_final(purchase: Purchase) -> ReceiptFacts | None:
     )
 
 
-def _succeed(claimed: _Claimed, output: JobOutput, job_ref: str) -> ExecutionOutcome:
+def _succeed(claimed: _Claimed, output: JobOutput, job_ref: str) -> Executed:
     """Store the result and move the purchase. A purchase claimed paid is moved on the row as
     claimed: its conditional UPDATE (still running, still paid) is the lock and nothing is
     read again; if it moved meanwhile, it is read again under its lock."""
@@ -266,7 +280,7 @@ def _succeed(claimed: _Claimed, output: JobOutput, job_ref: str) -> ExecutionOut
 
 def _succeed_once(
     known: Purchase | None, claimed: _Claimed, output: JobOutput, job_ref: str
-) -> ExecutionOutcome:
+) -> Executed:
     claim = claimed.claim
     actor = Actor.system("executor")
     try:
@@ -292,7 +306,7 @@ def _succeed_once(
                 actor=actor,
                 update_fields=["reason_code"],
             )
-            fulfillment_services.execution_succeed(
+            result, receipt, _ = fulfillment_services.execution_succeed(
                 purchase_id=purchase.pk,
                 claim=claim,
                 output=output,
@@ -302,9 +316,14 @@ def _succeed_once(
                 job_ref=job_ref,
             )
             fulfillment_notify(purchase=purchase)
+        # Kept on the purchase as written, so an answer delivering them from this run reads
+        # neither back (delivery's _result_and_receipt). After the commit: a rolled-back
+        # block leaves nothing cached.
+        purchase.result = result
+        purchase.receipt = receipt
     except LeaseLost:
-        return ExecutionOutcome.LEASE_LOST  # nothing written: the block rolled back
-    return ExecutionOutcome.SUCCEEDED
+        return Executed(ExecutionOutcome.LEASE_LOST)  # nothing written: the block rolled back
+    return Executed(ExecutionOutcome.SUCCEEDED, purchase)
 
 
 def _end(

@@ -40,9 +40,10 @@ from fulfillment.executors import get_executor
 from purchases.models import Offering, Purchase
 from purchases.selectors import purchase_reload
 from purchases.services.fulfil.execution import (
+    Executed,
     ExecutionOutcome,
     ExecutionRetryable,
-    purchase_execute,
+    purchase_execute_keeping,
 )
 from purchases.services.fulfil.sweeper import EXECUTE_JOB, purchase_execution_key
 from purchases.services.fulfil.upstreams import offering_executor
@@ -112,7 +113,11 @@ def purchase_await_result(*, purchase: Purchase, wait_seconds: float) -> Purchas
     if not inline and wait_seconds <= 0:
         return purchase
     if inline:
-        _execute_inline(purchase.pk)
+        succeeded = _execute_inline(purchase.pk)
+        if succeeded is not None:
+            # The purchase as this run committed it (succeeded, with its result): nothing
+            # to wait for, and nothing to read again.
+            return succeeded
     state = fulfillment_wait(
         purchase_id=purchase.pk,
         waiting=WAITING_STATES,
@@ -139,11 +144,12 @@ def _runs_inline(offering: Offering, wait_seconds: float) -> bool:
     return upstream is None and bool(get_executor(name).finishes_in_start)
 
 
-def _execute_inline(purchase_id: int) -> None:
+def _execute_inline(purchase_id: int) -> Purchase | None:
+    """Run the work here; the purchase as the run left it when it succeeded, else None."""
     worker = f"web:{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
-    outcome: ExecutionOutcome | None = None
+    executed: Executed | None = None
     try:
-        outcome = purchase_execute(purchase_id=purchase_id, worker=worker)
+        executed = purchase_execute_keeping(purchase_id=purchase_id, worker=worker)
     except ExecutionRetryable:
         # Counted and on the timeline; the staged worker task (or the sweeper) retries it.
         logger.info("purchase %s: inline execution left to the worker", purchase_id)
@@ -151,7 +157,11 @@ def _execute_inline(purchase_id: int) -> None:
         # The payment stands and the job is still staged: the buyer gets the usual 202 and
         # the worker runs it under the same claim rules. Never a 500 for a paid call.
         logger.exception("purchase %s: inline execution failed; left to the worker", purchase_id)
-    _settle_held_job(purchase_id, is_finished=outcome in _FINISHED)
+    if executed is None:
+        _settle_held_job(purchase_id, is_finished=False)
+        return None
+    _settle_held_job(purchase_id, is_finished=executed.outcome in _FINISHED)
+    return executed.purchase
 
 
 def _settle_held_job(purchase_id: int, *, is_finished: bool) -> None:
