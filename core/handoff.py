@@ -31,6 +31,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
@@ -55,6 +56,10 @@ class Pacing:
     look: Callable[[], Hashable]
     interval: float
     ceiling: float
+    # After a change the watcher does not look for this fraction of the shortest of the
+    # last gaps between changes it saw (a chain's block time): 0.75 at 2-second blocks
+    # looks about 10 times a block, not 40. 0: it looks every `interval` throughout.
+    quiet: float = 0.0
 
 
 @dataclass
@@ -124,6 +129,7 @@ class _Watcher:
         self.changed = asyncio.Event()
         self.waits = 0
         self.failing = False
+        self.gaps: deque[float] = deque(maxlen=_GAPS_KEPT)  # between changes seen in a row
         self.task = slot[0].create_task(self._watch(), name="pacing watcher")
         self.task.add_done_callback(self._forget)
 
@@ -155,10 +161,29 @@ class _Watcher:
             else:
                 self.failing = False
                 if value != self.value:
-                    self.value, self.changed_at = value, time.monotonic()
-                    changed, self.changed = self.changed, asyncio.Event()
-                    changed.set()
-            await asyncio.sleep(self.pacing.interval)
+                    self._change(value)
+            await asyncio.sleep(max(self.pacing.interval, self._quiet_left()))
+
+    def _change(self, value: Hashable) -> None:
+        now = time.monotonic()
+        if self.value is not _UNSEEN and self.changed_at > -math.inf:
+            self.gaps.append(now - self.changed_at)
+        self.value, self.changed_at = value, now
+        changed, self.changed = self.changed, asyncio.Event()
+        changed.set()
+
+    def _quiet_left(self) -> float:
+        """How long no change is expected: `quiet` of the shortest recent gap, from the
+        last change. Only once the last gaps keep a clock (none more than half as long
+        again as the shortest): a chain's block time is learnt, never assumed, and changes
+        that come when they please (automine, blocks on demand) are looked for throughout.
+        A change sooner than expected is seen late by at most the waits' ceiling."""
+        if not self.pacing.quiet or len(self.gaps) < _GAPS_KEPT:
+            return 0.0
+        if max(self.gaps) > _CLOCK_SPREAD * min(self.gaps):
+            return 0.0
+        quiet_until = self.changed_at + self.pacing.quiet * min(self.gaps)
+        return quiet_until - time.monotonic()
 
     def _forget(self, _task: asyncio.Task[None]) -> None:
         if _WATCHERS.get(self.slot) is self:
@@ -166,6 +191,9 @@ class _Watcher:
 
 
 _UNSEEN: Hashable = object()
+# The gaps between changes a watcher learns its quiet period from.
+_GAPS_KEPT = 3
+_CLOCK_SPREAD = 1.5
 # The running watchers of this process, by (event loop, pacing key); each removes itself.
 _WATCHERS: dict[tuple[asyncio.AbstractEventLoop, Hashable], _Watcher] = {}
 

@@ -177,3 +177,59 @@ def test_a_wait_never_sleeps_past_its_deadline_and_the_blocking_wait_ignores_pac
     )
     assert blocking.blocking(0) == 0
     assert chain.head_looks == looks_before  # timed sleeps, no watcher
+
+
+class Clock:
+    """Moves the chain's head by itself, one block every `gaps` entry in turn (a chain's
+    clock when they are equal, blocks on demand when not), counting the watcher's looks
+    between blocks once the first `learn` blocks have passed."""
+
+    def __init__(self, chain: Chain, gaps: list[float], blocks: int, learn: int = 4) -> None:
+        self.chain, self.gaps, self.blocks, self.learn = chain, gaps, blocks, learn
+        self.looks_at_learnt = 0
+
+    async def run(self) -> None:
+        for block in range(1, self.blocks + 1):
+            await asyncio.sleep(self.gaps[block % len(self.gaps)])
+            if block == self.learn:
+                self.looks_at_learnt = self.chain.head_looks
+            self.chain.head = block
+
+    def looks_per_block_after_learning(self) -> float:
+        return (self.chain.head_looks - self.looks_at_learnt) / (self.blocks - self.learn)
+
+
+def _looks_per_block(gaps: list[float], quiet: float) -> float:
+    """One wait for the 12th block, its watcher looking every 5 ms but for `quiet` of the
+    learnt block time after each block; the watcher's looks per block once it had learnt."""
+    chain = Chain()
+    clock = Clock(chain, gaps, blocks=12)
+    pacing = Pacing(key="node", look=chain.look_head, interval=0.005, ceiling=60.0, quiet=quiet)
+    wait = Wait(chain, until=12, pacing=pacing)
+
+    async def scenario() -> None:
+        ticking = asyncio.create_task(clock.run())
+        assert await wait.run() == 12  # every block seen: the last one ends the wait
+        await ticking
+
+    asyncio.run(scenario())
+    # The wait itself looked once per block (plus its first look and the catch-up look).
+    assert wait.looks <= 12 + 2
+    return clock.looks_per_block_after_learning()
+
+
+def test_a_watcher_on_a_chains_clock_stops_looking_for_most_of_the_block_time() -> None:
+    every_block = _looks_per_block([0.2], quiet=0.0)
+    quiet = _looks_per_block([0.2], quiet=0.75)
+    # 0.75 of the block time without a look: about a quarter of the looks (0.3 to spare for
+    # a loaded machine, where each look takes longer and both sides look less).
+    assert quiet < 0.55 * every_block, (quiet, every_block)
+
+
+def test_blocks_that_keep_no_clock_are_looked_for_throughout() -> None:
+    # Blocks on demand (automine, a bursty chain): gaps of 0.05 s and 0.3 s are no clock,
+    # so the watcher never goes quiet and looks as often as one without a quiet period.
+    uneven = [0.05, 0.3]
+    every_block = _looks_per_block(uneven, quiet=0.0)
+    quiet = _looks_per_block(uneven, quiet=0.75)
+    assert quiet > 0.7 * every_block, (quiet, every_block)
