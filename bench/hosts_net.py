@@ -216,6 +216,12 @@ def database_host_start(processes: Processes) -> None:
         "tcp_keepalives_idle": "5",
         "tcp_keepalives_interval": "2",
         "tcp_keepalives_count": "3",
+        # Keepalives only judge a quiet connection. A backend that answered a statement to
+        # the cut peer has data no one acknowledges, and TCP retransmits it for a quarter
+        # of an hour while the backend holds its transaction's locks: give up after 10 s.
+        "tcp_user_timeout": "10000",
+        # A backend busy in a statement (a lock wait) reads no socket: look every 5 s.
+        "client_connection_check_interval": "5000",
     }
     args = ["runuser", "-u", "postgres", "--", str(bin_dir / "postgres"), "-D", str(data)]
     for key, value in settings.items():
