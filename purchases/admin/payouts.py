@@ -5,6 +5,7 @@ Nothing here changes a row: purchases.services.remedy.payouts does."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -216,29 +217,28 @@ class PayoutAdmin(ReadOnlyModelAdmin):
     @admin.action(description="Second approval (another wallet than the payer's)",
                   permissions=["approve_second"])  # fmt: skip
     def approve_second_payout(self, request: HttpRequest, queryset: QuerySet[Payout]) -> None:
-        actor = Actor.staff(request.user.get_username())
-        for payout in queryset.order_by("pk"):
-            try:
-                payout_second_approve(payout_id=payout.pk, actor=actor)
-            except PayoutRefused as exc:
-                self.message_user(
-                    request, f"Payout {payout.pk}: {exc.code.value}: {exc.detail}", messages.ERROR
-                )
-                continue
-            self.message_user(
-                request, f"Payout {payout.pk} approved: signed, recorded.", messages.SUCCESS
-            )
+        self._each_payout(request, queryset, payout_second_approve, "approved: signed, recorded.")
 
     @admin.action(description="Cancel (awaiting a second approver only)",
                   permissions=["approve_second"])  # fmt: skip
     def cancel_payout(self, request: HttpRequest, queryset: QuerySet[Payout]) -> None:
+        self._each_payout(request, queryset, payout_cancel, "cancelled.")
+
+    def _each_payout(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Payout],
+        act: Callable[..., object],
+        done: str,
+    ) -> None:
+        """`act` on each selected payout in turn; a refusal is said and the rest go on."""
         actor = Actor.staff(request.user.get_username())
         for payout in queryset.order_by("pk"):
             try:
-                payout_cancel(payout_id=payout.pk, actor=actor)
+                act(payout_id=payout.pk, actor=actor)
             except PayoutRefused as exc:
                 self.message_user(
                     request, f"Payout {payout.pk}: {exc.code.value}: {exc.detail}", messages.ERROR
                 )
                 continue
-            self.message_user(request, f"Payout {payout.pk} cancelled.", messages.SUCCESS)
+            self.message_user(request, f"Payout {payout.pk} {done}", messages.SUCCESS)
