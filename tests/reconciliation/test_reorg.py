@@ -29,6 +29,7 @@ from payments.models import PaymentAttempt
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.selectors import purchase_capability_url, purchase_status
 from purchases.services.fulfil.execution import purchase_execute
+from purchases.services.settle import finality
 from purchases.services.settle.finality import watch_unfinal_settlements
 from purchases.services.shared.alerts import escalation_alert
 from tests.fixtures.anvil import closed_port_url
@@ -280,6 +281,34 @@ def test_reorged_payment_whose_window_closed_is_delivered_payment_reversed(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_look_that_saw_it_gone_does_nothing_once_another_settled_it_again(world, monkeypatch):
+    """The race the threaded test below meets now and then, in a fixed order: the buyer's
+    resend reads the chain (transfer gone), the beat then reopens and settles it again
+    (the identical transaction, mined anew) before the resend acts on what it read."""
+    snapshot = world.node.rpc("evm_snapshot")
+    payment, _ = _paid_and_delivered(world, APIClient())
+    _reorg(world.node, snapshot)
+    real_look = finality.settlement_finality
+
+    def look_then_let_the_beat_act_first(**kwargs: Any) -> Any:
+        check = real_look(**kwargs)
+        assert check.finality == finality.Finality.UNDONE
+        monkeypatch.setattr(finality, "settlement_finality", real_look)
+        assert watch_unfinal_settlements(now=datetime.now(UTC) + timedelta(minutes=1))["undone"]
+        return check
+
+    monkeypatch.setattr(finality, "settlement_finality", look_then_let_the_beat_act_first)
+    assert ask(APIClient(), world, payment=payment).status_code == 200
+    subjects = _subjects(Purchase.objects.get())
+    assert subjects.count(("payment_attempt.reorged", "settlement_reorged")) == 1
+    assert [s for s, _ in subjects].count("payment_attempt.resubmitted") == 1
+    assert world.seller_balance() == PRICE
+    assert (Purchase.objects.get().payment_state, PaymentAttempt.objects.get().state) == (
+        "paid",
+        "succeeded",
+    )
+
+
 def test_beat_and_buyers_racing_on_a_reorg_settle_it_again_once(live_world):
     """The beat's watch and two resends find the same vanished transfer at once: one
     reopening, one resubmission, one transfer in the end, and nobody is told it failed."""

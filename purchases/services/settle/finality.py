@@ -229,7 +229,8 @@ def _resettle(attempt: PaymentAttempt, check: FinalityCheck, now: datetime) -> N
 
 
 def _reopen(attempt: PaymentAttempt, check: FinalityCheck, now: datetime, actor: Actor) -> bool:
-    """Under the purchase's lock, then the attempt's. False if someone else moved it first."""
+    """Under the purchase's lock, then the attempt's. False if someone else moved or
+    settled it again since `attempt` was read."""
     with transaction.atomic():
         purchase = (
             Purchase.objects.select_for_update(of=("self",))
@@ -238,6 +239,10 @@ def _reopen(attempt: PaymentAttempt, check: FinalityCheck, now: datetime, actor:
         )
         locked = PaymentAttempt.objects.select_for_update().get(pk=attempt.pk)
         if locked.state != PaymentAttempt.State.SUCCEEDED or locked.final_at is not None:
+            return False
+        # Settled again since our look (a racing resend or beat reopened and resubmitted it,
+        # possibly as the identical transaction): what we saw gone is not what is recorded.
+        if (locked.updated_at, locked.block_number) != (attempt.updated_at, attempt.block_number):
             return False
         authorization = x402_attempt_authorization(attempt=locked)
         evidence = {
