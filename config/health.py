@@ -29,9 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 import requests
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, HttpResponse
+
+from core.middleware import BothModesMiddleware
 
 CHECK_TIMEOUT_SECONDS = 2.0
 LIVENESS_PATH = "/healthz"
@@ -176,22 +179,35 @@ def _answer(status: int, body: dict[str, Any], *, head: bool = False) -> HttpRes
     return response
 
 
-class HealthCheckMiddleware:
+class HealthCheckMiddleware(BothModesMiddleware):
     """Answer the probes before anything else runs (see the module docstring)."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        path = request.path_info
-        if path not in (LIVENESS_PATH, READINESS_PATH):
-            return self.get_response(request)
-        if request.method not in ("GET", "HEAD"):
-            response = _answer(405, {"status": "method_not_allowed"})
-            response["Allow"] = "GET, HEAD"
-            return response
-        head = request.method == "HEAD"
-        if path == LIVENESS_PATH:
-            return _answer(200, {"status": "alive"}, head=head)
+    def answer(self, request: HttpRequest) -> HttpResponse | None:
+        early = _early_answer(request)
+        if early is not None or request.path_info != READINESS_PATH:
+            return early
         status, body = readiness()
-        return _answer(status, body, head=head)
+        return _answer(status, body, head=request.method == "HEAD")
+
+    async def answer_async(self, request: HttpRequest) -> HttpResponse | None:
+        early = _early_answer(request)
+        if early is not None or request.path_info != READINESS_PATH:
+            return early
+        # The checks wait on the network: off the event loop.
+        status, body = await sync_to_async(readiness, thread_sensitive=False)()
+        return _answer(status, body, head=request.method == "HEAD")
+
+
+def _early_answer(request: HttpRequest) -> HttpResponse | None:
+    """Not a probe (None, go on), or a probe answered without any I/O: a wrong method, or
+    liveness. Readiness is left to the caller (it waits on the checks)."""
+    path = request.path_info
+    if path not in (LIVENESS_PATH, READINESS_PATH):
+        return None
+    if request.method not in ("GET", "HEAD"):
+        response = _answer(405, {"status": "method_not_allowed"})
+        response["Allow"] = "GET, HEAD"
+        return response
+    if path == LIVENESS_PATH:
+        return _answer(200, {"status": "alive"}, head=request.method == "HEAD")
+    return None

@@ -37,9 +37,10 @@ MIDDLEWARE = [
     "config.health.HealthCheckMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's) from the app itself: no other web server needed.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
-    "purchases.api.middleware.HostileInputMiddleware",
+    "config.static_files.StaticFilesMiddleware",
+    # Outside the hostile-input check, so its refusals (problems) are not cached either.
     "purchases.api.middleware.NoStoreMiddleware",
+    "purchases.api.middleware.HostileInputMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "corsheaders.middleware.CorsMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
 
 from core.errors import DomainError, ErrorCode
 from core.input_limits import RefusedText, text_check
+from core.middleware import BothModesMiddleware
 from purchases.api.problems import PROBLEM_CONTENT_TYPE
 
 # Answers under these prefixes are about money or one buyer's purchase: no shared or
@@ -24,17 +24,14 @@ def _request_text(request: HttpRequest) -> list[str]:
     return texts
 
 
-class HostileInputMiddleware:
+class HostileInputMiddleware(BothModesMiddleware):
     """Refuse NUL or unpaired surrogates in the path, query or headers with a 400.
 
     The database refuses such text; without this a lookup by path or header is a 500.
     Bodies are checked by the JSON parser (purchases.api.parsers).
     """
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def answer(self, request: HttpRequest) -> HttpResponseBase | None:
         try:
             for text in _request_text(request):
                 text_check(text)
@@ -43,17 +40,13 @@ class HostileInputMiddleware:
             return JsonResponse(
                 error.as_problem(), status=error.spec.status, content_type=PROBLEM_CONTENT_TYPE
             )
-        return self.get_response(request)
+        return None
 
 
-class NoStoreMiddleware:
+class NoStoreMiddleware(BothModesMiddleware):
     """`Cache-Control: no-store` on paid answers, purchase state, results, receipts, problems."""
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        response = self.get_response(request)
+    def finish(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
         is_problem = response.get("Content-Type", "").startswith(PROBLEM_CONTENT_TYPE)
         if is_problem or request.path_info.startswith(NO_STORE_PREFIXES):
             response["Cache-Control"] = "no-store"
