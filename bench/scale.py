@@ -149,11 +149,11 @@ def _seed(count: int) -> None:
         """INSERT INTO payments_paymentattempt (id, rail, payer, network, asset, amount,
              fingerprint, settlement_reference, reason_code, created_at, updated_at, state,
              purchase_id, authorization_nonce, raw_transaction, unanswered_checks,
-             resubmissions, tx_hash, idempotency_record_id, finality_seen)
+             resubmissions, tx_hash, idempotency_record_id, finality_seen, relayer_address)
            SELECT i, 'x402', '0x' || lpad(to_hex(i %% 50000), 40, '0'), %(network)s, %(asset)s,
              250000, 'f', '0x' || lpad(to_hex(i), 64, '0'), '', now(), now(), 'succeeded', i,
              '0x' || lpad(to_hex(i), 64, 'f'), '', 0, 0, '0x' || lpad(to_hex(i), 64, '0'), i,
-             '{}'
+             '{}', ''
            FROM generate_series(%(lo)s, %(hi)s) i""",
         """INSERT INTO payments_refund (id, method, amount, asset, network, payer,
              reason_code, transaction, paid_reference, paid_by, created_at, state,

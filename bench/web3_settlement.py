@@ -92,6 +92,7 @@ def web3_sign(account: LocalAccount, tx: TxParams, nonce: int) -> PreparedBroadc
         tx_hash=signed.hash.to_0x_hex(),
         raw_transaction=signed.raw_transaction.to_0x_hex(),
         relayer_nonce=nonce,
+        relayer_address=account.address,
     )
 
 

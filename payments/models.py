@@ -62,6 +62,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     # committed first, so a crash after the send still names the transaction.
     relayer_nonce = models.PositiveBigIntegerField(null=True, blank=True)
     raw_transaction = models.TextField(blank=True)
+    # The relayer key that signed it: a gap check reads only its own key's rows at those
+    # nonce numbers (an earlier key's sit at the same numbers). Blank on rows from before.
+    relayer_address = models.CharField(max_length=42, blank=True, default="")
     broadcast_started_at = models.DateTimeField(null=True, blank=True)
     block_number = models.PositiveBigIntegerField(null=True, blank=True)
     # The chain head when we verified the authorization: its transfer cannot be older, so

@@ -78,15 +78,19 @@ def ledger_debit_post(*, entry: LedgerEntry, amount: int) -> bool:
 # -- x402 attempts ----------------------------------------------------------------------------
 
 
+_SIGNED_FIELDS = ("tx_hash", "raw_transaction", "relayer_nonce", "relayer_address")
+
+
 def attempt_mark_prepared(
-    *, attempt_id: int, now: datetime, signed: tuple[str, str, int | None] | None
+    *, attempt_id: int, now: datetime, signed: tuple[str, str, int | None, str] | None
 ) -> None:
     """Stamp the attempt's first broadcast (kept if there is one) and, `signed` being the
-    transaction's (tx hash, raw transaction, relayer nonce), record it unless one is: one
+    transaction's (tx hash, raw transaction, relayer nonce, relayer address), record it
+    unless one is: one
     UPDATE, its text written once per shape (every broadcast runs it)."""
     values: list[tuple[str, Any]] = [("broadcast_started_at", now), ("updated_at", now)]
     if signed is not None:
-        values += list(zip(("tx_hash", "raw_transaction", "relayer_nonce"), signed, strict=True))
+        values += list(zip(_SIGNED_FIELDS, signed, strict=True))
     meta = PaymentAttempt._meta
     params = [meta.get_field(name).get_db_prep_save(value, connection) for name, value in values]  # type: ignore[union-attr]
     params.append(attempt_id)
@@ -107,7 +111,7 @@ def _mark_prepared_sql(vendor: str, signed: bool) -> str:
     if signed:
         tx_hash = attempt("tx_hash")
         unsigned = f"({tx_hash} IS NULL OR {tx_hash} = '')"
-        for name in ("tx_hash", "raw_transaction", "relayer_nonce"):
+        for name in _SIGNED_FIELDS:
             assignments.append(
                 f"{attempt(name)} = CASE WHEN {unsigned} THEN %s ELSE {attempt(name)} END"
             )

@@ -329,8 +329,12 @@ def attempt_marks_and_relayer_nonces() -> dict[str, Any]:
     attempt = PaymentAttemptFactory.create()
     payments_sql.attempt_mark_prepared(attempt_id=attempt.pk, now=AT, signed=None)
     later = AT + timedelta(seconds=3)
-    payments_sql.attempt_mark_prepared(attempt_id=attempt.pk, now=later, signed=("0xa", "0x01", 7))
-    payments_sql.attempt_mark_prepared(attempt_id=attempt.pk, now=later, signed=("0xb", "0x02", 8))
+    payments_sql.attempt_mark_prepared(
+        attempt_id=attempt.pk, now=later, signed=("0xa", "0x01", 7, "0xr1")
+    )
+    payments_sql.attempt_mark_prepared(
+        attempt_id=attempt.pk, now=later, signed=("0xb", "0x02", 8, "0xr2")
+    )
     stored = PaymentAttempt.objects.get(pk=attempt.pk)
     # The lease clock restarts only when the chain's count (floor - 1) moved.
     nonces = [
@@ -353,6 +357,7 @@ def attempt_marks_and_relayer_nonces() -> dict[str, Any]:
             stored.tx_hash,
             stored.raw_transaction,
             stored.relayer_nonce,
+            stored.relayer_address,
         ),
         "nonces": nonces,
         "account": (

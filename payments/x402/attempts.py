@@ -123,8 +123,14 @@ def x402_attempt_mark_prepared(
         attempt.tx_hash = prepared.tx_hash.lower()
         attempt.raw_transaction = prepared.raw_transaction or ""
         attempt.relayer_nonce = prepared.relayer_nonce
+        attempt.relayer_address = prepared.relayer_address or ""
     signed = (
-        ((prepared.tx_hash or "").lower(), prepared.raw_transaction or "", prepared.relayer_nonce)
+        (
+            (prepared.tx_hash or "").lower(),
+            prepared.raw_transaction or "",
+            prepared.relayer_nonce,
+            prepared.relayer_address or "",
+        )
         if prepared.tx_hash
         else None
     )
@@ -166,12 +172,14 @@ def x402_attempt_replace_prepared(
         tx_hash=(prepared.tx_hash or "").lower(),
         raw_transaction=prepared.raw_transaction or "",
         relayer_nonce=prepared.relayer_nonce,
+        relayer_address=prepared.relayer_address or "",
         updated_at=now,
     )
     if written:
         attempt.tx_hash = (prepared.tx_hash or "").lower()
         attempt.raw_transaction = prepared.raw_transaction or ""
         attempt.relayer_nonce = prepared.relayer_nonce
+        attempt.relayer_address = prepared.relayer_address or ""
     return bool(written)
 
 
@@ -195,4 +203,5 @@ def x402_attempt_prepared(*, attempt: PaymentAttempt) -> PreparedBroadcast:
         tx_hash=attempt.tx_hash,
         raw_transaction=attempt.raw_transaction or None,
         relayer_nonce=attempt.relayer_nonce,
+        relayer_address=attempt.relayer_address or None,
     )

@@ -134,6 +134,7 @@ class DirectSettler:
             tx_hash=signed.hash.to_0x_hex(),
             raw_transaction=signed.raw_transaction.to_0x_hex(),
             relayer_nonce=nonce,
+            relayer_address=account.address,
             gap_closed=gap_closed,
         )
 

@@ -420,9 +420,13 @@ def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
         if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
             continue
         network = network_config(network_id)
+        account = Account.from_key(network.relayer_private_key)
         known = list(
             PaymentAttempt.objects.filter(
-                network=network_id, state__in=PENDING_ATTEMPT_STATES, relayer_nonce__isnull=False
+                network=network_id,
+                state__in=PENDING_ATTEMPT_STATES,
+                relayer_nonce__isnull=False,
+                relayer_address__in=(account.address, ""),
             )
             .exclude(raw_transaction="")
             .values_list("relayer_nonce", "raw_transaction")
@@ -431,7 +435,7 @@ def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
             actions = relayer_heal(
                 network=network,
                 w3=w3_for(network),
-                account=Account.from_key(network.relayer_private_key),
+                account=account,
                 known=known,
                 now=now,
             )

@@ -248,7 +248,12 @@ def _lost_broadcasts(
     if not nonces:
         return {}, set()
     rows = PaymentAttempt.objects.filter(
-        network=network.caip2, relayer_nonce__gte=nonces.start, relayer_nonce__lt=nonces.stop
+        network=network.caip2,
+        relayer_nonce__gte=nonces.start,
+        relayer_nonce__lt=nonces.stop,
+        # An earlier key's rows at these numbers are not read (blank: recorded before the
+        # column; `_is_ours` tells those apart).
+        relayer_address__in=(account.address, ""),
     ).exclude(raw_transaction="")
     by_nonce: dict[int, _Lost] = {}
     in_flight: set[int] = set()

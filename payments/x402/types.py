@@ -99,6 +99,7 @@ class PreparedBroadcast:
     tx_hash: str | None = None
     raw_transaction: str | None = None
     relayer_nonce: int | None = None
+    relayer_address: str | None = None  # the key that signed it (checksummed)
     # Direct mode: what was done to close a nonce gap below this transaction before it was
     # sent, as (relayer nonce, action, tx hash sent, ids of the attempts whose transaction
     # held that nonce); evidence only, never recorded on the attempt.

@@ -273,6 +273,39 @@ def test_a_nonce_whose_own_send_may_still_be_on_its_way_is_not_touched(make_x402
     assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
 
 
+def test_a_gap_check_reads_only_its_own_keys_transactions_at_those_nonces(make_x402_world, db):
+    """After a key rotation (and in the bench, a new chain and key per window) an earlier
+    key's transactions sit at the same nonce numbers: the gap check does not even read or
+    decode them (their signer recovery grew the paid call's CPU with every earlier key); a
+    row recorded before the relayer's address was kept is still read and told apart."""
+    from payments.x402.networks import network_config
+    from payments.x402.relayer import _signer_and_nonce, relayer_gap_close
+
+    world = make_x402_world(no_mining=True)
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    assert ask(client, world, payment=payment).status_code == 202
+    lost = PaymentAttempt.objects.get()
+    assert (lost.relayer_nonce, lost.relayer_address) == (0, world.relayer.address)
+    world.node.drop_transaction(lost.tx_hash)  # nonce 0 is a gap now
+    network = network_config("eip155:31337")
+    earlier_key = world.new_account().address
+
+    def gap_close() -> list[Any]:
+        _signer_and_nonce.cache_clear()
+        return relayer_gap_close(
+            network=network, account=world.relayer, chain_pending=0, allocated=1, lapsed_below=0
+        )
+
+    PaymentAttempt.objects.update(relayer_address=earlier_key)  # as if signed by that key
+    assert gap_close() == []
+    assert _signer_and_nonce.cache_info().misses == 0  # its row was never read
+    PaymentAttempt.objects.update(relayer_address="")  # recorded before the column
+    [resent] = gap_close()
+    assert (resent["action"], resent["tx_hash"]) == ("rebroadcast", lost.tx_hash)
+    assert _signer_and_nonce.cache_info().misses == 1
+
+
 def test_a_lost_transaction_of_a_payment_recorded_as_failed_is_filled_never_sent_again(
     make_x402_world, db
 ):
