@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,10 +74,15 @@ return {1, 0}
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _local_lock = threading.Lock()
 _script: Any = None
-# One redis-py client per connection pool: Django's cache makes a new one on every call,
-# whose construction cost more CPU than the throttle's round trip (issue 11). A client is
-# only a handle on its pool (thread-safe, and it reconnects in a forked worker).
-_clients: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# One redis-py client and connection pool per process and server: Django's cache makes a
+# new client on every call, whose construction cost more CPU than the throttle's round trip
+# (issue 11), and a new cache object, with a pool of its own, in every fresh context
+# (`caches` is context-local): on the ASGI role that is every request, so each paid call
+# opened new Redis connections, the connect, handshake and driver-info look-up a twentieth
+# of the workers' CPU at 64 agents (issue 22). A pool is thread-safe and reconnects in a
+# forked worker; the key has the process id all the same, so none crosses a fork.
+_clients: dict[tuple[int, str, str], Any] = {}
+_clients_lock = threading.Lock()
 # While Redis is unreachable, each process counts in its own memory (a cache of its own, so
 # an outage's counts never mix with anything else) and asks Redis again this often: often
 # enough that shared limits resume within seconds, rarely enough that a dead Redis costs
@@ -181,12 +186,17 @@ def _redis_hit(cache: RedisCache, keys: list[str], windows: list[Window], now: f
 
 
 def _client(cache: RedisCache) -> Any:
-    """The cache's client for writes, made once per connection pool."""
+    """A client on the cache's write server, made once per process (its pool's options)."""
     backend: Any = cache._cache
-    pool = backend._get_connection_pool(True)
-    client = _clients.get(pool)
+    server, options = backend._servers[0], backend._pool_options
+    key = (os.getpid(), server, repr(sorted(options.items())))
+    client = _clients.get(key)
     if client is None:
-        client = _clients[pool] = backend._client(connection_pool=pool)
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                pool = backend._pool_class.from_url(server, **options)
+                client = _clients[key] = backend._client(connection_pool=pool)
     return client
 
 

@@ -3,6 +3,7 @@ limits under concurrent requests, an exact Retry-After, and what a Redis outage 
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
 import uuid
@@ -170,6 +171,21 @@ def test_retry_after_is_when_the_oldest_hit_leaves_the_window(
     assert client.post("/api/v1/quotes", body, format="json").status_code == 404
     again = client.post("/api/v1/quotes", body, format="json")
     assert (again.status_code, again["Retry-After"]) == (429, "10")  # T0 + 10 leaves at + 70
+
+
+def test_requests_in_fresh_contexts_share_the_processs_redis_connections(counters, settings):
+    """Under ASGI every request runs in a context of its own, where Django's context-local
+    `caches` makes a new cache object with a connection pool of its own: the throttle must
+    not open a Redis connection per request (it did, at a twentieth of the CPU)."""
+    client = _redis(settings)
+
+    def hit(n: int) -> bool:
+        return rate_limit_hit(windows=[Window(f"context-{n}", 100, 60)], now=T0).allowed
+
+    assert contextvars.Context().run(hit, 0)  # the process's pool has its connection now
+    before = client.info("stats")["total_connections_received"]
+    assert all(contextvars.Context().run(hit, n) for n in range(1, 21))
+    assert client.info("stats")["total_connections_received"] - before < 5
 
 
 def test_the_process_memory_counters_of_the_embedded_demo_agree(settings):
