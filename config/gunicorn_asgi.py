@@ -41,7 +41,7 @@ from config.gunicorn import (  # noqa: F401  (gunicorn reads these names from th
 )
 
 wsgi_app = "config.asgi:application"
-worker_class = "uvicorn.workers.UvicornWorker"
+worker_class = "config.uvicorn_worker.TollboothUvicornWorker"
 bind = [os.environ.get("GUNICORN_ASGI_BIND", "0.0.0.0:8001")]
 workers = int(os.environ.get("GUNICORN_ASGI_WORKERS", str(os.cpu_count() or 2)))
 proc_name = "tollbooth-asgi"

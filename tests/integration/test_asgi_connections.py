@@ -17,7 +17,9 @@ in pg_stat_activity. Nothing here is timed.
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -35,6 +37,15 @@ PAID_THREADS = 2  # the paid URL's pool per worker: each thread keeps its connec
 KEPT = WORKERS * (PAID_THREADS + 1)
 
 
+def _chain_env(world, anvil_node) -> dict[str, str]:
+    return {
+        "X402_LOCAL_RPC_URL": anvil_node.rpc_url,
+        "X402_LOCAL_TOKEN": world.token,
+        "X402_LOCAL_RELAYER_KEY": world.relayer.key.hex(),
+        "X402_LOCAL_MODE": "direct",
+    }
+
+
 def _backends() -> int:
     """Connections to the test database other than this test's own."""
     with connection.cursor() as cursor:
@@ -50,13 +61,7 @@ def test_the_asgi_role_leaves_no_connections_behind_its_sync_views(
 ):
     world = build_world(settings, anvil_node)
     replica = start_replica(
-        {
-            "X402_LOCAL_RPC_URL": anvil_node.rpc_url,
-            "X402_LOCAL_TOKEN": world.token,
-            "X402_LOCAL_RELAYER_KEY": world.relayer.key.hex(),
-            "X402_LOCAL_MODE": "direct",
-            "TOLLBOOTH_X402_THREADS": str(PAID_THREADS),
-        },
+        {**_chain_env(world, anvil_node), "TOLLBOOTH_X402_THREADS": str(PAID_THREADS)},
         asgi=True,
     )
     before = _backends()
@@ -76,3 +81,19 @@ def test_the_asgi_role_leaves_no_connections_behind_its_sync_views(
         assert set(codes) <= {200, 402}, sorted(set(codes))
         left = _backends() - before
         assert left <= KEPT, f"{left} connections left after {REQUESTS} requests"
+
+
+def test_the_asgi_roles_workers_serve_on_uvloop_with_httptools(settings, start_replica, anvil_node):
+    """config/uvicorn_worker.py: uvicorn's "auto" would fall back to asyncio's loop and h11
+    without a word (a fifth more CPU per paid call at 64 agents, docs/benchmarks.md). Each
+    worker that answered has uvloop's loop and httptools' parser mapped into its memory."""
+    world = build_world(settings, anvil_node)
+    replica = start_replica(_chain_env(world, anvil_node), asgi=True)
+    for _ in range(8):  # a few answers, so every worker has served
+        assert requests.get(replica.url + "/.well-known/x402", timeout=30).status_code == 200
+    pids = re.findall(r"Booting worker with pid: (\d+)", replica.log())
+    assert len(pids) == WORKERS, replica.log()
+    for pid in pids:
+        mapped = Path(f"/proc/{pid}/maps").read_text()
+        assert "/uvloop/loop." in mapped, f"worker {pid} runs without uvloop"
+        assert "/httptools/parser/parser." in mapped, f"worker {pid} parses without httptools"
