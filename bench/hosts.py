@@ -254,11 +254,15 @@ PLANS = {
 }
 
 
-def measure(plan: Plan, delay_ms: float, workdir: Path, one_host_workers: int = 0) -> list[Window]:
+def measure(
+    plan: Plan, delay_ms: float, workdir: Path, one_host_workers: int = 0, web_host_workers: int = 0
+) -> list[Window]:
     windows_count = 2 * plan.repeats + len(plan.faults)
     windows: list[Window] = []
     wallets = AGENTS * (windows_count + 1)
-    with deployment_up(workdir, delay_ms, wallets, one_host_workers) as deployment:
+    with deployment_up(
+        workdir, delay_ms, wallets, one_host_workers, web_host_workers
+    ) as deployment:
         warm = deployment.take_wallets(AGENTS)[:2]  # imports, connections, first queries
         for shape in (ONE_HOST, HOSTS):
             agents = [Agent(w, deployment.token, f"warm{i}") for i, w in enumerate(warm)]
@@ -298,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         help="ASGI worker processes of the one-host shape (default: the CPU count; 4: as "
         "many as both web hosts)",
     )  # fmt: skip
+    parser.add_argument(
+        "--web-host-workers", type=int, default=0,
+        help="ASGI worker processes of each web host (default: the CPU count; 1: both web "
+        "hosts together as many as the one host, the cores being shared)",
+    )  # fmt: skip
     parser.add_argument("--faults", help="comma-separated: web, worker (none: '')")
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench" / "hosts.json")
     args = parser.parse_args(argv)
@@ -318,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
         workdir = Path(tmp)
         try:
-            windows = measure(plan, args.delay_ms, workdir, args.one_host_workers)
+            windows = measure(
+                plan, args.delay_ms, workdir, args.one_host_workers, args.web_host_workers
+            )
         except BaseException:
             for log in sorted(workdir.glob("*.log")):
                 print(f"--- {log.name} (tail) ---\n{log.read_text(errors='replace')[-2000:]}",
@@ -333,8 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     load = (load_start, os.getloadavg()[0])
     rows = [Row.of("bench.hosts", figure) for figure in figures(windows, load)]
     print(table(rows))
-    print(f"\n{args.scale} run, {AGENTS} agents, {args.delay_ms:g} ms each way per link; load "
-          f"average {load[0]:.2f} at start, {load[1]:.2f} at end (2 cores, shared)")  # fmt: skip
+    workers = (f"ASGI workers: {args.web_host_workers or 'the CPU count'} per web host, "
+               f"{args.one_host_workers or 'the CPU count'} on the one host")  # fmt: skip
+    print(f"\n{args.scale} run, {AGENTS} agents, {args.delay_ms:g} ms each way per link; "
+          f"{workers}; load average {load[0]:.2f} at start, {load[1]:.2f} at end "
+          "(2 cores, shared)")  # fmt: skip
     failures = [f"{w.fault}: {', '.join(failed_checks(w))}" for w in windows
                 if w.fault and failed_checks(w)]  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)

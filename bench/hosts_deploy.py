@@ -35,6 +35,7 @@ class Deployment:
     wallets: list[Any]
     delay_ms: float
     one_host_workers: int = 0  # 0: gunicorn's default (the CPU count)
+    web_host_workers: int = 0  # each web host's ASGI workers; 0: the CPU count
     used_wallets: int = 0
 
     def take_wallets(self, count: int) -> list[Any]:
@@ -92,6 +93,8 @@ def web_host_start(deployment: Deployment, host: str) -> None:
     env = host_env(deployment, host, GUNICORN_BIND=f"127.0.0.1:{net.APP_PORT}",
                    GUNICORN_ASGI_BIND=f"127.0.0.1:{net.ASGI_APP_PORT}",
                    TOLLBOOTH_TRUSTED_PROXIES="1")  # fmt: skip
+    if deployment.web_host_workers:  # hosts sharing the machine's cores: a share of them each
+        env["GUNICORN_ASGI_WORKERS"] = str(deployment.web_host_workers)
     processes.spawn(host, host, [sys.executable, "scripts/serve.py", "web", "mcp"], env)
 
 
@@ -154,7 +157,11 @@ Offering.objects.update_or_create(slug={slug!r}, defaults=dict(
 
 @contextlib.contextmanager
 def deployment_up(
-    workdir: Path, delay_ms: float, wallets_needed: int, one_host_workers: int = 0
+    workdir: Path,
+    delay_ms: float,
+    wallets_needed: int,
+    one_host_workers: int = 0,
+    web_host_workers: int = 0,
 ) -> Iterator[Deployment]:
     """The hosts, the chain, a migrated database with the offering; torn down on exit."""
     import subprocess
@@ -196,7 +203,7 @@ def deployment_up(
             subprocess.run([sys.executable, "manage.py", "shell", "-c", seed], cwd=ROOT, env=env,
                            check=True)  # fmt: skip
             deployment = Deployment(processes, env, node, token, seller.address, wallets,
-                                    delay_ms, one_host_workers)  # fmt: skip
+                                    delay_ms, one_host_workers, web_host_workers)  # fmt: skip
             for host in WEB_HOSTS:
                 web_host_start(deployment, host)
             for host in WORKER_HOSTS:
