@@ -18,6 +18,7 @@ in pg_stat_activity. Nothing here is timed.
 from __future__ import annotations
 
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,6 +36,7 @@ PAID_THREADS = 2  # the paid URL's pool per worker: each thread keeps its connec
 # What the role keeps on purpose, per worker: its paid pool's connections and the result
 # waits' listener. Not one per request served.
 KEPT = WORKERS * (PAID_THREADS + 1)
+BOOTED_WITHIN = 60.0  # seconds for a worker to finish booting on a loaded machine
 
 
 def _chain_env(world, anvil_node) -> dict[str, str]:
@@ -86,14 +88,24 @@ def test_the_asgi_role_leaves_no_connections_behind_its_sync_views(
 def test_the_asgi_roles_workers_serve_on_uvloop_with_httptools(settings, start_replica, anvil_node):
     """config/uvicorn_worker.py: uvicorn's "auto" would fall back to asyncio's loop and h11
     without a word (a fifth more CPU per paid call at 64 agents, docs/benchmarks.md). Each
-    worker that answered has uvloop's loop and httptools' parser mapped into its memory."""
+    worker, once booted, has uvloop's loop and httptools' parser mapped into its memory. A
+    worker may still be booting when the replica first answers (its sibling took the
+    requests), so each is given until BOOTED_WITHIN; one on the fallback never maps them."""
     world = build_world(settings, anvil_node)
     replica = start_replica(_chain_env(world, anvil_node), asgi=True)
-    for _ in range(8):  # a few answers, so every worker has served
-        assert requests.get(replica.url + "/.well-known/x402", timeout=30).status_code == 200
     pids = re.findall(r"Booting worker with pid: (\d+)", replica.log())
     assert len(pids) == WORKERS, replica.log()
-    for pid in pids:
-        mapped = Path(f"/proc/{pid}/maps").read_text()
-        assert "/uvloop/loop." in mapped, f"worker {pid} runs without uvloop"
-        assert "/httptools/parser/parser." in mapped, f"worker {pid} parses without httptools"
+    needed = {"/uvloop/loop.": "uvloop", "/httptools/parser/parser.": "httptools"}
+    missing: dict[str, list[str]] = {}
+    deadline = time.monotonic() + BOOTED_WITHIN
+    while True:
+        assert requests.get(replica.url + "/.well-known/x402", timeout=30).status_code == 200
+        maps = {pid: Path(f"/proc/{pid}/maps").read_text() for pid in pids}
+        missing = {
+            pid: [name for path, name in needed.items() if path not in mapped]
+            for pid, mapped in maps.items()
+        }
+        if not any(missing.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not any(missing.values()), f"workers without them: {missing}"
