@@ -7,6 +7,10 @@ Every chunk read from one side is written to the other `delay` later, in order; 
 never waits for the delay, so the link adds latency, not a bandwidth cap. When one side
 closes or fails, both are closed: a cut link looks to each end as it would on a network.
 Prints "delay proxy ready" once every link listens.
+
+`command()` is how the bench starts one: bench/delay_proxy.c, the same proxy in C, built
+once with the system's C compiler (the proxies share the machine's cores with the hosts
+they connect, and a network costs its hosts no CPU); this module where there is none.
 """
 
 from __future__ import annotations
@@ -14,14 +18,46 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
+import os
+import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 CHUNK = 65536
+SOURCE_C = Path(__file__).with_name("delay_proxy.c")
+BUILD_DIR = Path(__file__).resolve().parents[1] / "var" / "bench"
+
+
+def native_binary() -> Path | None:
+    """bench/delay_proxy.c built (once per source: the name carries its hash), or None
+    where there is no C compiler."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        return None
+    digest = hashlib.sha256(SOURCE_C.read_bytes()).hexdigest()[:12]
+    binary = BUILD_DIR / f"delay_proxy-{digest}"
+    if not binary.exists():
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
+        partial = binary.with_suffix(f".{os.getpid()}")  # concurrent builds do not collide
+        subprocess.run([compiler, "-O2", "-Wall", "-o", str(partial), str(SOURCE_C)], check=True)
+        partial.replace(binary)
+    return binary
+
+
+def command(delay_ms: float, links: list[str], native: bool = True) -> list[str]:
+    """The command line of a proxy for these links: the C build unless told otherwise or
+    there is no compiler, else this module."""
+    binary = native_binary() if native else None
+    if binary is not None:
+        return [str(binary), "--delay-ms", str(delay_ms), *links]
+    return [sys.executable, "-m", "bench.delay_proxy", "--delay-ms", str(delay_ms), *links]
 
 
 def split_address(text: str) -> tuple[str, int]:

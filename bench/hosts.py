@@ -8,7 +8,7 @@ hosts cut off the network mid-load (issue 22, section 3; docs/deployment.md).
 Hosts (network namespaces, bench/hosts_net.py): lb (HAProxy), web1 and web2 (`serve.py
 web`), worker1 (`serve.py worker beat`) and worker2 (`serve.py worker`), db (a private
 PostgreSQL from initdb and a private Redis); the chain (anvil) and the agents in the root
-namespace. A delay proxy (bench/delay_proxy.py, `--delay-ms` each way) on every link.
+namespace. A delay proxy (bench/delay_proxy.c, `--delay-ms` each way) on every link.
 The one-host shape is `serve.py web worker` on the db host itself, talking to PostgreSQL
 and Redis over loopback; both shapes share the database, the chain and the relayer key,
 and take turns (the order rotated every repeat), so both see the same chain.
@@ -291,6 +291,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from bench.run import Row, table
+    from devtools.anvil import block_time_from_env
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(PLANS), default="full")
@@ -306,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
         "--web-host-workers", type=int, default=0,
         help="ASGI worker processes of each web host (default: the CPU count; 1: both web "
         "hosts together as many as the one host, the cores being shared)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--proxy", choices=("c", "python"), default="c",
+        help="the delay proxies: bench/delay_proxy.c (built with the system's C compiler; "
+        "the Python one where there is none) or bench/delay_proxy.py",
     )  # fmt: skip
     parser.add_argument("--faults", help="comma-separated: web, worker (none: '')")
     parser.add_argument("--json", type=Path, default=ROOT / "var" / "bench" / "hosts.json")
@@ -323,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         else plan.faults,
     )  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)  # cleaned up as on Ctrl-C
+    os.environ["BENCH_HOSTS_PROXY"] = args.proxy  # read by hosts_net.delay_proxy
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
         workdir = Path(tmp)
@@ -346,15 +353,18 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     workers = (f"ASGI workers: {args.web_host_workers or 'the CPU count'} per web host, "
                f"{args.one_host_workers or 'the CPU count'} on the one host")  # fmt: skip
-    print(f"\n{args.scale} run, {AGENTS} agents, {args.delay_ms:g} ms each way per link; "
-          f"{workers}; load average {load[0]:.2f} at start, {load[1]:.2f} at end "
-          "(2 cores, shared)")  # fmt: skip
+    block_time = block_time_from_env()
+    chain = f"{block_time:g} s blocks" if block_time else "automine"
+    print(f"\n{args.scale} run, {plan.repeats} repeats, {AGENTS} agents, {chain}, "
+          f"{args.delay_ms:g} ms each way per link ({args.proxy} proxies); {workers}; load "
+          f"average {load[0]:.2f} at start, {load[1]:.2f} at end (2 cores, shared)")  # fmt: skip
     failures = [f"{w.fault}: {', '.join(failed_checks(w))}" for w in windows
                 if w.fault and failed_checks(w)]  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_average": load, "delay_ms": args.delay_ms,
+        "load_average": load, "delay_ms": args.delay_ms, "proxy": args.proxy,
+        "block_time_s": block_time, "repeats": plan.repeats,
         "figures": [row.__dict__ for row in rows],
         "fault_checks": {w.fault: w.checks for w in windows if w.fault},
     }, indent=2) + "\n")  # fmt: skip

@@ -2,7 +2,8 @@
 
 Each host is a namespace with one veth on a bridge in the root namespace (10.231.0.0/24,
 the root namespace at .1, where the chain and the load client run). Every link between
-hosts goes through bench/delay_proxy.py run inside the host that opens it (the web and
+hosts goes through a delay proxy (bench/delay_proxy.c, or bench/delay_proxy.py where there is
+no C compiler) run inside the host that opens it (the web and
 worker hosts' connections to PostgreSQL and Redis), or inside the host that accepts it
 (the load balancer's connections to a web host); the chain's RPC goes through one in the
 root namespace. Taking a host's veth down therefore cuts every link it has.
@@ -169,8 +170,11 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
 def delay_proxy(
     processes: Processes, host: str | None, links: list[str], delay_ms: float, name: str
 ) -> None:
-    """bench/delay_proxy.py in the host, waiting until it listens."""
-    args = [PYTHON, "-m", "bench.delay_proxy", "--delay-ms", str(delay_ms), *links]
+    """A delay proxy (bench/delay_proxy.py: the C build where there is a compiler) in the
+    host, waiting until it listens."""
+    from bench.delay_proxy import command
+
+    args = command(delay_ms, links, native=os.environ.get("BENCH_HOSTS_PROXY", "c") != "python")
     process = processes.spawn(host, name, args, {**os.environ, "PYTHONPATH": str(ROOT)})
     wait_for_log(processes.log(name), "delay proxy ready", process, 30)
 
