@@ -2,9 +2,9 @@
 
 Each host is a namespace with one veth on a bridge in the root namespace (10.231.0.0/24,
 the root namespace at .1, where the chain and the load client run). Every link between
-hosts goes through a delay proxy (bench/delay_proxy.c, or bench/delay_proxy.py where there is
-no C compiler) run inside the host that opens it (the web and
-worker hosts' connections to PostgreSQL and Redis), or inside the host that accepts it
+hosts goes through a delay proxy (bench/delay_proxy.c; bench/delay_proxy.py where there is
+no C compiler) run inside the host that opens it (the web and worker hosts' connections to
+PostgreSQL and Redis), or inside the host that accepts it
 (the load balancer's connections to a web host); the chain's RPC goes through one in the
 root namespace. Taking a host's veth down therefore cuts every link it has.
 
@@ -19,13 +19,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTHON = sys.executable
 PREFIX = "tbh"  # namespaces tbh-<host>, host-side veths tbh-<host>, the bridge tbh0
 BRIDGE = f"{PREFIX}0"
 SUBNET = "10.231.0"
