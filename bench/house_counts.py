@@ -21,7 +21,15 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]
-APPS = ("purchases", "payments", "fulfillment", "core", "config")  # the product, not its tools
+APPS = (
+    "doors",
+    "backoffice",
+    "purchases",
+    "payments",
+    "fulfillment",
+    "core",
+    "config",
+)  # the product, not its tools
 STATEMENT = re.compile(
     r"\bSELECT\b.*\bFROM\b|\bSELECT\s+(1|pg_)|\bINSERT\s+INTO\b|\bUPDATE\b[^\n]*\bSET\b|"
     r"\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s*\(|\bLISTEN\s+[\w{]|\bON CONFLICT\b",

@@ -4,7 +4,7 @@ A settlement here is what a paid x402 call asks of the chain in direct mode: ver
 funds_state, the relayer's prepare (fees, pending nonce, nonce allocation, signing) and the
 broadcast (send, then receipt looks until confirmed). The anchor is the same three steps as
 web3 did them (bench/web3_settlement.py, commit 94cd2e1, on `requests`); ours is
-ChainReader.funds_state and DirectSettler as they are now (payments/x402/rpc.py underneath,
+ChainReader.funds_state and DirectSettler as they are now (payments/rails/x402/rpc.py underneath,
 on urllib3).
 
 One anvil (automine) with the test USDC and a funded payer; each side its own relayer. Both
@@ -36,7 +36,7 @@ from hexbytes import HexBytes
 from bench.common import Figure, Scale
 from devtools.anvil import AnvilNode
 from devtools.test_token import sign_transfer_authorization
-from payments.x402.types import Authorization, NetworkConfig, Requirements
+from payments.rails.x402.types import Authorization, NetworkConfig, Requirements
 
 PRICE = 10_000
 TOKEN_NAME, TOKEN_VERSION = "USDC", "2"  # the EIP-712 domain the test USDC is deployed with
@@ -78,7 +78,7 @@ def _timed(steps: dict[str, float], step: str, fn: Callable[[], Any]) -> Any:
 
 def _settle_web3(network: NetworkConfig, authorization: Authorization) -> dict[str, float]:
     from bench.web3_settlement import web3_broadcast, web3_funds_state, web3_prepare
-    from payments.x402.chain import ChainReader
+    from payments.rails.x402.chain import ChainReader
 
     steps: dict[str, float] = {}
 
@@ -97,8 +97,8 @@ def _settle_web3(network: NetworkConfig, authorization: Authorization) -> dict[s
 
 
 def _settle_plain(network: NetworkConfig, authorization: Authorization) -> dict[str, float]:
-    from payments.x402.chain import ChainReader
-    from payments.x402.direct import DirectSettler
+    from payments.rails.x402.chain import ChainReader
+    from payments.rails.x402.direct import DirectSettler
 
     settler = DirectSettler()
     steps: dict[str, float] = {}
@@ -158,7 +158,7 @@ def _network(node: AnvilNode, token: str, relayer: LocalAccount) -> NetworkConfi
 def _authorizations(
     node: AnvilNode, token: str, payer: LocalAccount, count: int
 ) -> list[Authorization]:
-    from payments.x402.verify import parse_authorization
+    from payments.rails.x402.verify import parse_authorization
 
     now = int(node.w3().eth.get_block("latest")["timestamp"])
     seller = Account.create().address
@@ -203,7 +203,7 @@ def _describe(side: _Side) -> str:
 def run(scale: Scale) -> list[Figure]:
     from bench.web3_settlement import web3_session
     from payments.models import RelayerAccount
-    from payments.x402.rpc import thread_transport
+    from payments.rails.x402.rpc import thread_transport
     from tests.fixtures.anvil import deploy_funded_usdc  # dev tooling: batched mints
 
     per_repeat, repeats = SIZES[scale]

@@ -4,7 +4,7 @@ from django.urls import path
 
 from bench.anchors import BareApi, OneInsertApi
 from config import urls as production_urls
-from purchases.api.views import QuotePurchaseApi
+from doors.rest.views import QuotePurchaseApi
 
 urlpatterns = [
     *production_urls.urlpatterns,

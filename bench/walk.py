@@ -1,8 +1,8 @@
 """The walk of one request through the project's code: where a reader has to look (issue 20).
 
 `Walk` is a context manager that records, with `sys.setprofile`, every call into a project
-function (purchases/, payments/, fulfillment/, core/, config/) made from another file: a
-*stop*, where a reader following the request opens a file. It counts
+function (doors/, backoffice/, purchases/, payments/, fulfillment/, core/, config/) made from
+another file: a *stop*, where a reader following the request opens a file. It counts
 
 - **stops**: calls into project code from another file (Django, a library, another of ours);
 - **files**: the project files visited;
@@ -32,7 +32,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tuple(
-    f"{ROOT}/{app}/" for app in ("purchases", "payments", "fulfillment", "core", "config")
+    f"{ROOT}/{app}/"
+    for app in ("doors", "backoffice", "purchases", "payments", "fulfillment", "core", "config")
 )
 
 

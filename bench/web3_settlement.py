@@ -1,4 +1,4 @@
-"""The direct settlement's chain traffic as web3.py did it before payments.x402.rpc (commit
+"""The direct settlement's chain traffic as web3.py did it before payments.rails.x402.rpc (commit
 94cd2e1): the anchor of bench/rpc_hot_path.py, and the reference tests/x402/test_rpc_client.py
 compares the new prepared bytes against.
 
@@ -8,7 +8,7 @@ defaults, a second eth_getBlockByNumber), the pending nonce is read on its own, 
 three reads go as a web3 batch, and the broadcast sends, then reads the receipt and (when it
 succeeded) the head as two calls per look. All of it over web3's HTTPProvider on a
 `requests` session per thread and URL (`web3_client`), as then; production's web3 now goes
-over payments.x402.rpc's urllib3 transport instead.
+over payments.rails.x402.rpc's urllib3 transport instead.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from web3.types import TxParams
 
 from payments.chain.token import build_transfer_with_authorization_tx, token_contract
 from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.chain import RPC_TIMEOUT_SECONDS, ChainUnavailable
-from payments.x402.direct import TRANSFER_WITH_AUTHORIZATION_GAS
-from payments.x402.receipts import receipt_poll_delays
-from payments.x402.relayer import relayer_nonce_allocate
-from payments.x402.types import Authorization, NetworkConfig, PreparedBroadcast
+from payments.rails.x402.chain import RPC_TIMEOUT_SECONDS, ChainUnavailable
+from payments.rails.x402.direct import TRANSFER_WITH_AUTHORIZATION_GAS
+from payments.rails.x402.receipts import receipt_poll_delays
+from payments.rails.x402.relayer import relayer_nonce_allocate
+from payments.rails.x402.types import Authorization, NetworkConfig, PreparedBroadcast
 
 _ALREADY_SENT = ("already known", "already imported", "known transaction", "already exists",
                  "nonce too low", "nonce is too low", "oldnonce")  # fmt: skip

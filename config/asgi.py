@@ -1,9 +1,9 @@
-"""The ASGI entry point: the MCP door (`/mcp`, purchases.x402.mcp) beside the Django app.
+"""The ASGI entry point: the MCP door (`/mcp`, doors.mcp) beside the Django app.
 
 Production serves it with uvicorn workers under gunicorn (config/gunicorn_asgi.py), where
 MCP's long-lived connections (SSE, a tool call waiting for its settlement and work) cost a
 coroutine, not a sync worker. The Django app here routes by config.urls_asgi: the x402 paid
-URL waits for its block on the event loop, not in a thread (purchases/x402/paid_async.py);
+URL waits for its block on the event loop, not in a thread (doors/x402/paid_async.py);
 the load balancer sends it and `/mcp` here, the rest of the site to WSGI gunicorn
 (config/gunicorn.py). See docs/deployment.md and docs/mcp.md. Production unless told
 otherwise, as config/wsgi.py.
@@ -48,8 +48,8 @@ request_finished.connect(
     request_connections_close, sender=ASGIHandler, dispatch_uid="asgi_request_connections_close"
 )
 
-from purchases.x402.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
-from purchases.x402.paid_async import served_on_event_loop  # noqa: E402
+from doors.mcp.server import McpApp  # noqa: E402  (needs the apps loaded)
+from doors.x402.paid_async import served_on_event_loop  # noqa: E402
 
 
 def build_application() -> Any:

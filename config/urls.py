@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from purchases.metrics import metrics_view
-from purchases.x402.views import (
+from backoffice.metrics import metrics_view
+from doors.x402.views import (
     ReceiptKeysApi,
     X402DiscoveryApi,
     X402PaidApi,
@@ -12,7 +12,7 @@ from purchases.x402.views import (
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("api/v1/", include("purchases.api.urls", namespace="api")),
+    path("api/v1/", include("doors.rest.urls", namespace="api")),
     path("x402/<slug:offering>", X402PaidApi.as_view(), name="x402-paid"),
     path(
         "x402/purchases/<str:ref>/<str:token>",
@@ -37,6 +37,6 @@ urlpatterns = [
 ]
 
 # Unrouted paths and errors outside the API views answer problem+json like the rest.
-handler400 = "purchases.api.problems.bad_request_view"
-handler404 = "purchases.api.problems.not_found_view"
-handler500 = "purchases.api.problems.server_error_view"
+handler400 = "doors.rest.problems.bad_request_view"
+handler404 = "doors.rest.problems.not_found_view"
+handler500 = "doors.rest.problems.server_error_view"

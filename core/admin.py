@@ -2,7 +2,7 @@
 role sees only the fields its job needs.
 
 The role table (which role sees which fields and may run which actions, per model) is data
-owned by the top floor (`purchases.roles`) and installed here at start-up, so this kernel
+owned by the top floor (`backoffice.roles`) and installed here at start-up, so this kernel
 names no app. `RoleScopedAdmin` applies it to every page an admin renders: the change page,
 the list, its search, its filters, its actions and its inlines. A hidden field is absent,
 not read-only.

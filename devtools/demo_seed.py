@@ -160,7 +160,7 @@ def demo_seed(
 ) -> dict[str, Any]:
     """Create or refresh the demo data; return the logins and keys to print. With
     `upstream_url`, also the offering sold from the sample upstream listening there."""
-    from purchases.roles import roles_ensure
+    from backoffice.roles import roles_ensure
 
     roles_ensure()
     path = _credentials_path()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from typing import Any
+from urllib.parse import urlsplit
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django_fsm import ConcurrentTransition, ConcurrentTransitionMixin, transition
 
 from core.fsm import FSMField
 from core.refs import new_ref
-from fulfillment.upstreams import upstream_validate
 
 
 class ExecutionAttempt(ConcurrentTransitionMixin, models.Model):
@@ -265,3 +268,68 @@ class Upstream(models.Model):
 
     def clean(self) -> None:
         upstream_validate(self)
+
+
+# Upper case, digits and underscores, not starting with a digit: what a shell exports.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")
+METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+MIN_TIMEOUT, MAX_TIMEOUT = Decimal("0.1"), Decimal("300")
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+MAX_TRIES = 100
+MAX_DEADLINE_SECONDS = 7 * 24 * 3600  # a week: past it a person decides anyway
+NEEDS_URL = frozenset({"http", "http_job", "mcp"})
+
+
+def upstream_validate(upstream: Upstream) -> None:
+    """Raise ValidationError naming every field that is wrong."""
+    errors: dict[str, str] = {}
+    secret_field = "secret_env"  # noqa: S105  (a field name: the secret is never on the row)
+    if upstream.kind in NEEDS_URL:
+        parts = urlsplit(upstream.url or "")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            errors["url"] = "An http:// or https:// URL with a host is required for this kind."
+    if upstream.kind == "python" and not re.fullmatch(
+        r"[A-Za-z0-9_.-]{1,64}", upstream.entry_point
+    ):
+        errors["entry_point"] = "Name the executor's entry point (group tollbooth.executors)."
+    if upstream.kind == "mcp" and not re.fullmatch(r"[A-Za-z0-9_./-]{1,128}", upstream.tool):
+        errors["tool"] = "Name the MCP tool that does the work."
+    if str(upstream.method).upper() not in METHODS:
+        errors["method"] = f"One of {', '.join(sorted(METHODS))}."
+    if upstream.secret_env and not ENV_NAME.fullmatch(upstream.secret_env):
+        errors[secret_field] = "An environment variable NAME (A-Z, 0-9, _), not the secret."
+    if upstream.kind == "http" and not upstream.secret_env:
+        errors[secret_field] = "An http upstream signs every call: name its secret's variable."
+    if not MIN_TIMEOUT <= Decimal(str(upstream.timeout_seconds)) <= MAX_TIMEOUT:
+        errors["timeout_seconds"] = f"Between {MIN_TIMEOUT} and {MAX_TIMEOUT} seconds."
+    if not 1 <= int(upstream.max_result_bytes) <= MAX_RESULT_BYTES:
+        errors["max_result_bytes"] = f"Between 1 and {MAX_RESULT_BYTES} bytes."
+    codes = upstream.definitive_statuses
+    if not isinstance(codes, list) or not all(
+        isinstance(c, int) and not isinstance(c, bool) and 400 <= c <= 499 for c in codes
+    ):
+        errors["definitive_statuses"] = "A list of 4xx codes, e.g. [400, 422]."
+    elif 429 in codes:
+        errors["definitive_statuses"] = "429 means 'not now': it can never be definitive."
+    if upstream.max_tries is not None and not 1 <= int(upstream.max_tries) <= MAX_TRIES:
+        errors["max_tries"] = f"Between 1 and {MAX_TRIES}, or empty for the default."
+    deadline = upstream.deadline_seconds
+    if deadline is not None and not 1 <= int(deadline) <= MAX_DEADLINE_SECONDS:
+        errors["deadline_seconds"] = f"Between 1 and {MAX_DEADLINE_SECONDS}, or empty."
+    dry_run_error = _dry_run_error(upstream.dry_run)
+    if dry_run_error:
+        errors["dry_run"] = dry_run_error
+    if errors:
+        raise ValidationError(errors)
+
+
+def _dry_run_error(dry_run: Any) -> str:
+    if dry_run in (None, {}):
+        return ""
+    if not isinstance(dry_run, dict) or set(dry_run) - {"method", "path", "body"}:
+        return 'An object with "method", "path" and optionally "body".'
+    if str(dry_run.get("method", "GET")).upper() not in METHODS:
+        return f"method: one of {', '.join(sorted(METHODS))}."
+    if not str(dry_run.get("path", "")).startswith("/"):
+        return 'path: an absolute path on the upstream, e.g. "/health".'
+    return ""

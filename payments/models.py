@@ -89,12 +89,12 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     # how far from final it is without asking the chain on every page view.
     finality_seen = models.JSONField(default=dict, blank=True)
     settlement_reference = models.CharField(max_length=120, blank=True)
-    # The books (purchases.services.jobs.books) and signed receipts: the settling block's
+    # The books (backoffice.books_export) and signed receipts: the settling block's
     # timestamp (UTC, the settlement time finance reports and a receipt's `settledAt`), and
     # the receipt's gas figures and sender. Gas is a
     # cost of sale only when our relayer sent the transaction (direct mode); a facilitator
     # pays its own. Filled at confirmation (gas, direct mode) and when the block is read
-    # (payments.x402.books_evidence: the finality watch, or lazily by an export).
+    # (payments.rails.x402.books_evidence: the finality watch, or lazily by an export).
     block_at = models.DateTimeField(null=True, blank=True)
     gas_used = models.PositiveBigIntegerField(null=True, blank=True)
     effective_gas_price = models.PositiveBigIntegerField(
@@ -130,7 +130,7 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
                 name="attempt_pending_scale",
             ),
             # A settlement that finds a nonce gap below its own looks up which of our
-            # transactions held those nonces (payments.x402.relayer.relayer_gap_close); the
+            # transactions held those nonces (payments.rails.x402.relayer.relayer_gap_close); the
             # case file names such a gap below a pending settlement (purchases.selectors).
             models.Index(
                 fields=["network", "relayer_nonce"],
@@ -399,7 +399,7 @@ class RelayerAccount(models.Model):
     address = models.CharField(max_length=64)
     next_nonce = models.PositiveBigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
-    # The nonces' leases (payments.x402.relayer.NONCE_LEASE), kept without a row per nonce:
+    # The nonces' leases (payments.rails.x402.relayer.NONCE_LEASE), kept without a row per nonce:
     # the node's pending count as last seen, since when it has stood there, and the counter
     # then. Every nonce below `handed_out_by_then` was handed out by `pending_seen_since`, so
     # once the count has stood still a lease past that, their holders are gone.

@@ -1,4 +1,4 @@
-"""Chain refunds closed on evidence: a payback is judged on chain (payments.x402.payback)
+"""Chain refunds closed on evidence: a payback is judged on chain (payments.rails.x402.payback)
 before it closes anything, and transfers that would pay an owed refund are offered as
 matches.
 
@@ -20,10 +20,9 @@ from eth_utils import is_address
 
 from core.changes import Change
 from payments.models import LIVE_PAYOUT_STATES, Payout, Refund
-from payments.services import RefundReferenceInvalid
-from payments.x402.chain import ChainReader
-from payments.x402.networks import UnknownNetwork, network_config
-from payments.x402.payback import (
+from payments.rails.x402.chain import ChainReader
+from payments.rails.x402.networks import UnknownNetwork, network_config
+from payments.rails.x402.payback import (
     PaybackCode,
     PaybackOwed,
     PaybackVerdict,
@@ -31,6 +30,7 @@ from payments.x402.payback import (
     payback_candidates,
     payback_judge,
 )
+from payments.services import RefundReferenceInvalid
 
 PAYBACK_FIELDS = (
     "payback_tx_hash",

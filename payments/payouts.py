@@ -22,11 +22,11 @@ from web3.exceptions import Web3RPCError
 
 from core.locks import lock_rows
 from payments.models import PayoutWallet
+from payments.rails.x402.chain import ChainReader, ChainUnavailable, w3_for
+from payments.rails.x402.finality import block_finality
+from payments.rails.x402.relayer import ALREADY_SENT, relayer_fee_fields
+from payments.rails.x402.types import NetworkConfig
 from payments.signers import SignedTransaction, TransactionSigner
-from payments.x402.chain import ChainReader, ChainUnavailable, w3_for
-from payments.x402.finality import block_finality
-from payments.x402.relayer import ALREADY_SENT, relayer_fee_fields
-from payments.x402.types import NetworkConfig
 
 TRANSFER_SELECTOR = Web3.keccak(text="transfer(address,uint256)")[:4]
 # A USDC transfer uses 35-65k gas; fixed, so signing needs no estimate (an estimate is a

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
+from core.clock import utc_seconds
 from core.errors import Owner
-from purchases.timeline import utc_seconds
-
-if TYPE_CHECKING:
-    from purchases.case_file import CaseFacts, UnfinalFact
+from purchases.case_facts import CaseFacts, UnfinalFact
 
 # The beat schedule (config/settings/base.py) runs these; said here as support reads them.
 SETTLEMENT_LOOK_UP = "settlement look-up by reconciliation (by tx hash and payer + nonce)"

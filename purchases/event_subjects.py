@@ -1,7 +1,7 @@
 """Every subject a timeline event (PurchaseEvent.subject) can carry, with what it means.
 
 One list, so the admin's case file can label each subject for people
-(`purchases.timeline.EVENT_LABELS`) and a test can prove none is missing. Code that writes a
+(`backoffice.timeline.EVENT_LABELS`) and a test can prove none is missing. Code that writes a
 boundary event names its subject from here (a lower service's `Change`, or older code, with
 the same string); tests/purchases/test_timeline_events.py checks that every subject the code
 writes is listed, tests/purchases/test_timeline_labels.py that each has a label.

@@ -16,7 +16,7 @@ from core.bulk import bulk_insert_rows
 from core.changes import Change
 from purchases.models import Purchase, PurchaseEvent, Quote
 
-# The timeline subject of a move of each FSM field of Purchase (labels: purchases.timeline).
+# The timeline subject of a move of each FSM field of Purchase (labels: backoffice.timeline).
 PURCHASE_TRANSITION_SUBJECTS = {
     "payment_state": "purchase.payment",
     "fulfillment_state": "purchase.fulfillment",

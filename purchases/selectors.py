@@ -25,11 +25,9 @@ from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments import selectors as payment_selectors
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
-from payments.x402.networks import UnknownNetwork, network_config
+from payments.rails.x402.networks import UnknownNetwork, network_config
 from purchases.case_checks import HEAL_EVERY
-from purchases.case_file import (
-    DUPLICATE,
-    LATE,
+from purchases.case_facts import (
     CaseFacts,
     EscalationFact,
     ExecutionFact,
@@ -37,6 +35,7 @@ from purchases.case_file import (
     RelayerGapFact,
     UnfinalFact,
 )
+from purchases.case_file import DUPLICATE, LATE
 from purchases.event_subjects import EXECUTION_RETRIED, OFFERING_UPSTREAM_CHANGED
 from purchases.models import (
     Buyer,
@@ -50,6 +49,11 @@ from purchases.models import (
 
 PAY = Purchase.PaymentState
 RUN = Purchase.FulfillmentState
+
+
+def offerings_for_sale() -> list[Offering]:
+    """The active offerings, by slug: what the offerings list shows a buyer."""
+    return list(Offering.objects.filter(is_active=True).order_by("slug"))
 
 
 def offering_upstream_changes(*, slug: str, limit: int = 20) -> list[PurchaseEvent]:

@@ -2,6 +2,6 @@
 
 from django.urls import path
 
-from purchases.metrics import metrics_view
+from backoffice.metrics import metrics_view
 
 urlpatterns = [path("metrics", metrics_view, name="metrics")]

@@ -6,7 +6,7 @@ import os
 import pstats
 from pathlib import Path
 
-OURS = ("purchases/", "payments/", "core/", "fulfillment/")
+OURS = ("doors/", "backoffice/", "purchases/", "payments/", "core/", "fulfillment/")
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -11,8 +11,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from backoffice.roles import roles_ensure
 from core.auth import StaffGrantsBackend, user_group_names
-from purchases.roles import roles_ensure
 
 pytestmark = pytest.mark.django_db
 

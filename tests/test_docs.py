@@ -28,7 +28,7 @@ RUNBOOK = ROOT / "docs/runbook.md"
 
 
 def test_runbook_reason_codes_are_the_case_files() -> None:
-    from purchases.management.commands.case_table import (
+    from backoffice.management.commands.case_table import (
         RUNBOOK_END,
         RUNBOOK_START,
         runbook_reason_section,
@@ -70,7 +70,7 @@ def test_runbook_shows_every_situation_and_its_screenshot() -> None:
 
 
 def test_finance_guide_names_every_payback_code() -> None:
-    from payments.x402.payback import PaybackCode
+    from payments.rails.x402.payback import PaybackCode
 
     guide = (ROOT / "docs/finance.md").read_text()
     missing = [code.value for code in PaybackCode if f"`{code.value}`" not in guide]

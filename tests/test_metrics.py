@@ -11,8 +11,8 @@ from django.test import Client
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from backoffice import metrics
 from payments.models import PaymentAttempt
-from purchases import metrics
 from purchases.models import Escalation, JobRun, Offering, OutboxMessage, Purchase
 from purchases.services.checkout.idempotency import payment_id_conflicts
 from tests.factories import (

@@ -30,6 +30,8 @@ INSTALLED_APPS = [
     "purchases",
     "payments",
     "fulfillment",
+    # Above the apps: every app's admin, the roles, the books (no models).
+    "backoffice",
 ]
 
 MIDDLEWARE = [
@@ -39,8 +41,8 @@ MIDDLEWARE = [
     # Static files (the admin's) from the app itself: no other web server needed.
     "config.static_files.StaticFilesMiddleware",
     # Outside the hostile-input check, so its refusals (problems) are not cached either.
-    "purchases.api.middleware.NoStoreMiddleware",
-    "purchases.api.middleware.HostileInputMiddleware",
+    "doors.rest.middleware.NoStoreMiddleware",
+    "doors.rest.middleware.HostileInputMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "corsheaders.middleware.CorsMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -96,7 +98,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=env.int("TOLLBOOTH_ADMIN_LOCKOUT_MINUTES",
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 # The same address rule as the API throttles: REMOTE_ADDR unless proxies are trusted.
-AXES_CLIENT_IP_CALLABLE = "purchases.api.throttles.client_address"
+AXES_CLIENT_IP_CALLABLE = "doors.rest.throttles.client_address"
 
 # config/asgi.py names config.urls_asgi: the same site, the x402 paid URL served async.
 ROOT_URLCONF = env("TOLLBOOTH_ROOT_URLCONF", default="config.urls")
@@ -174,12 +176,12 @@ TOLLBOOTH_READINESS_CACHE_SECONDS = env.float("TOLLBOOTH_READINESS_CACHE_SECONDS
 
 # --- REST API -------------------------------------------------------------------
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["purchases.api.auth.ApiKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["purchases.api.auth.IsAgent"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["doors.rest.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["doors.rest.auth.IsAgent"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # Bounded in size and depth before decoding; NUL and lone surrogates refused (docs/security.md).
-    "DEFAULT_PARSER_CLASSES": ["purchases.api.parsers.BoundedJSONParser"],
-    "EXCEPTION_HANDLER": "purchases.api.problems.problem_exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["doors.rest.parsers.BoundedJSONParser"],
+    "EXCEPTION_HANDLER": "doors.rest.problems.problem_exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
     # The client address is REMOTE_ADDR unless we sit behind this many trusted proxies, whose
@@ -197,11 +199,11 @@ SPECTACULAR_SETTINGS = {
     # The API-key auth and the problem+json errors every operation can answer.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "purchases.api.schema.problem_responses_hook",
+        "doors.rest.schema.problem_responses_hook",
     ],
 }
 
-# Throttle counters (purchases/api/throttles.py) must be shared by every web process: Redis
+# Throttle counters (doors/rest/throttles.py) must be shared by every web process: Redis
 # when REDIS_URL is set, else the process-local memory cache of the embedded demo.
 CACHES = {
     "default": (
@@ -262,7 +264,7 @@ TOLLBOOTH = {
     "MCP_THREADS": env.int("TOLLBOOTH_MCP_THREADS", default=16),
     # The x402 paid URL on the ASGI app runs its synchronous parts (record and broadcast;
     # record the outcome and answer) in at most this many threads per worker process; its
-    # wait for the block holds none (purchases/x402/paid_async.py, docs/deployment.md).
+    # wait for the block holds none (doors/x402/paid_async.py, docs/deployment.md).
     "X402_THREADS": env.int("TOLLBOOTH_X402_THREADS", default=8),
     # Paid URLs and quotes (429 throttled + Retry-After past these). An agent polls a result
     # every 2 s; quoting and paying take a few calls per purchase.
@@ -462,8 +464,8 @@ X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default
 # Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
 # An anonymous 402 writes nothing: its quote's terms travel signed in the 402
-# (`accepts[].extra.signedQuote`, purchases/x402/quote_seal.py, docs/x402.md) and the quote is
-# written with the purchase. HMAC-SHA256 key: this one, or (empty) a key derived from
+# (`accepts[].extra.signedQuote`, purchases/services/x402/quote_seal.py, docs/x402.md) and the
+# quote is written with the purchase. HMAC-SHA256 key: this one, or (empty) a key derived from
 # SECRET_KEY. Rotation: put the old key in the fallbacks (comma-separated) for at least
 # X402_ANONYMOUS_QUOTE_TTL_SECONDS; empty fallbacks: SECRET_KEY_FALLBACKS.
 X402_QUOTE_SIGNING_KEY = env.str("X402_QUOTE_SIGNING_KEY", default="")

@@ -1,5 +1,5 @@
 """Payment rails: one interface (`PaymentRail`) and its outcome types, one home per rail
-(payments.rails.prepaid; payments.x402.rail beside the x402 machinery), one line each in
+(payments.rails.prepaid; payments.rails.x402.rail beside the x402 machinery), one line each in
 `RAILS`.
 
 The purchases orchestration (purchases.services.checkout.checkout,

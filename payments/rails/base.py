@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 # setting `RAILS`, when a deployment (or a test) sets it, replaces this default.
 RAILS: dict[str, str] = {
     "prepaid": "payments.rails.prepaid.PrepaidRail",
-    "x402": "payments.x402.rail.X402Rail",
+    "x402": "payments.rails.x402.rail.X402Rail",
 }
 
 

@@ -22,6 +22,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from backoffice.roles import roles_ensure
 from core.actors import Actor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import ExportBatch, LedgerEntry, PaymentAttempt, Payout, Refund
@@ -36,7 +37,6 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.roles import roles_ensure
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from purchases.services.remedy.remedies import (
     escalation_open,
@@ -660,7 +660,7 @@ def test_roles_are_idempotent_and_exact() -> None:
     second = {name: _codenames(group) for name, group in roles_ensure().items()}
     assert first == second
     assert Group.objects.filter(name__in=["support", "finance"]).count() == 2
-    # Only view permissions: which fields and actions a role gets is purchases.roles' table.
+    # Only view permissions: which fields and actions a role gets is backoffice.roles' table.
     assert second["finance"] == {
         "view_refund",
         "view_ledgerentry",

@@ -13,13 +13,13 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from django.utils import timezone
 
+from backoffice.admin.finance import ledger_reference_of_refunds, refund_csv_response
+from backoffice.admin.payments import RefundAdmin
+from backoffice.roles import roles_ensure
 from core.admin import RoleScoping, amount_human
 from core.exports import StreamSummary, csv_stream
 from payments.models import ExportBatch, LedgerBalance, LedgerEntry, Refund
 from payments.services import RefundReferenceInvalid, ledger_credit, refund_mark_paid
-from purchases.admin.finance import ledger_reference_of_refunds, refund_csv_response
-from purchases.admin.payments import RefundAdmin
-from purchases.roles import roles_ensure
 from tests.admin.test_admin import TX_HASH, World, _action, _change, _changelist
 from tests.factories import USDC_LOCAL
 

@@ -5,7 +5,7 @@ One world is seeded with a distinctive value in every field worth proving (MARKS
 page where the model is an inline) exactly where a superuser's pages show it, or nowhere at
 all; and a search by it must find the row only when the role sees the field and the admin
 searches by it. The expectations (MARKS' `seen_by`, ACTIONS' `allowed`) are written here by
-hand from the issue, independently of purchases.roles' table; the table is also walked, so
+hand from the issue, independently of backoffice.roles' table; the table is also walked, so
 a field it names without a mark still gets a structural check (its column or row on the page).
 """
 
@@ -27,6 +27,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import formats, timezone
 
+from backoffice.admin.case_file import CASE_EVIDENCE_NAMES
+from backoffice.roles import NEVER_SHOWN, ROLE_TABLE, roles_ensure
 from core.admin import RoleScopedAdmin
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import (
@@ -37,7 +39,6 @@ from payments.models import (
     Payout,
     Refund,
 )
-from purchases.admin.case_file import CASE_EVIDENCE_NAMES
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -49,7 +50,6 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.roles import NEVER_SHOWN, ROLE_TABLE, roles_ensure
 from purchases.services.remedy.case_actions import case_refund_propose
 from tests.admin.test_case_file_admin import Cases
 from tests.factories import OfferingFactory, PurchaseFactory
@@ -832,7 +832,7 @@ CASE_TIMELINE = [
 ]
 # The same, nested in a facilitator's answer (a list of answers, each a dict).
 CASE_TIMELINE_NESTED = [("nonce", "0x" + "e3" * 32, SU), ("transaction", "0x" + "e9" * 32, ALL)]
-# A relayer nonce gap closed before a broadcast (payments.x402.direct): the relayer's nonce
+# A relayer nonce gap closed before a broadcast (payments.rails.x402.direct): the relayer's nonce
 # stays the superuser's, the transaction sent is everyone's.
 CASE_TIMELINE_GAP = [
     ("relayer_nonce", 876_543_219, ONLY_SUPERUSER),

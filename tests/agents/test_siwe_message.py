@@ -1,6 +1,6 @@
 """The EIP-4361 text we verify against is the text the official client signs: the x402 SDK's
 own formatter (signinwithethereum, in the client's environment) prepares every variant of a
-proof exactly as payments.x402.sign_in.siwe_message does."""
+proof exactly as payments.rails.x402.sign_in.siwe_message does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from x402.extensions.sign_in_with_x import SIWxPayload
 
-from payments.x402.sign_in import STATEMENT, siwe_message
+from payments.rails.x402.sign_in import STATEMENT, siwe_message
 
 BASE: dict[str, Any] = {
     "domain": "127.0.0.1:8123",

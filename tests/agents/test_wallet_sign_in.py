@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY
 from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import Offering, Purchase, PurchaseEvent, WalletSignIn
-from purchases.x402.offers import x402_offer
+from purchases.services.x402.offers import x402_offer
 from tests.factories import OfferingFactory
 from tests.x402.e2e import NETWORK, PRICE, X402World
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.urls import reverse
 
+from backoffice.roles import FINANCE, SUPPORT
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import (
     ExportBatch,
@@ -21,7 +22,6 @@ from payments.models import (
     Refund,
 )
 from purchases.models import Buyer, Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
-from purchases.roles import FINANCE, SUPPORT
 from tests.browser.admin_rows import PAYER
 
 BOTH = (SUPPORT, FINANCE)

@@ -14,6 +14,7 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.utils import timezone
 
+from backoffice.roles import FINANCE, SUPPORT, roles_ensure
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import LedgerBalance, LedgerEntry, PaymentAttempt, Refund
 from payments.services import export_batch_record, ledger_credit, ledger_debit
@@ -27,7 +28,6 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.roles import FINANCE, SUPPORT, roles_ensure
 from purchases.services.remedy.case_actions import purchase_case_now
 from purchases.services.shared.buyers import api_key_issue
 from tests.factories import (
@@ -50,7 +50,7 @@ OTHER_PAYER = "0x4bbeeb066ed09b7aed07bf39eee0460dfa261520"
 PAYBACK_TX = "0x" + "ab" * 32
 # A payment id an agent chose (123 of the 128 characters one may have).
 PAYMENT_ID = "agent-7f3c9e1a-" + "4d2b8f6e0a1c3e5d7b9f" * 5 + "-retry-2"
-# As payments.x402.facilitator writes it: prefixed, cut to the column's 64 characters.
+# As payments.rails.x402.facilitator writes it: prefixed, cut to the column's 64 characters.
 FACILITATOR_SAID = "invalid_exact_evm_payload_authorization_valid_before"
 FACILITATOR_REASON = f"facilitator_rejected:{FACILITATOR_SAID}"[:64]
 WORKER = "celery@tollbooth-worker-7f9c8d6b5-x2k4p:0b1e9f5c-3f0a-4c4e-9f61-7d2f2f0a8b11"

@@ -18,8 +18,8 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.urls import reverse
 
+from backoffice.roles import roles_ensure
 from purchases.models import Purchase
-from purchases.roles import roles_ensure
 from tests.admin.test_case_file_admin import Cases, cases  # noqa: F401  (the fixture)
 from tests.browser.conftest import VIEWPORT, staff_context
 from tests.factories import USDC_LOCAL, PaymentAttemptFactory

@@ -18,9 +18,9 @@ from django.contrib.auth.models import Group, User
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from backoffice.roles import roles_ensure
 from payments.models import PaymentAttempt
 from purchases.models import Purchase
-from purchases.roles import roles_ensure
 from purchases.services.fulfil.result_wait import listeners_close
 from tests.browser.conftest import VIEWPORT, staff_context
 from tests.x402.e2e import NETWORK, MakeWorld, ask, sign_payment

@@ -17,11 +17,11 @@ from django.contrib import admin
 from django.core.management import call_command
 from django.urls import URLPattern, URLResolver, reverse
 
+from backoffice.admin.case_actions import FORMS
+from backoffice.roles import FINANCE, ROLE_TABLE, SUPPORT
 from devtools.situations import transfer_after_failure, two_authorizations_for_one_quote
 from payments.models import Refund
-from purchases.admin.case_actions import FORMS
 from purchases.models import Purchase
-from purchases.roles import FINANCE, ROLE_TABLE, SUPPORT
 from tests.browser.admin_pages import CASE_ACTION, PAGES, AdminPage
 from tests.browser.admin_rows import layout_world_build
 from tests.browser.conftest import BrowserWorld, app_served, staff_context

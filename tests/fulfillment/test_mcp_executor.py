@@ -106,8 +106,8 @@ def test_an_unreachable_server_is_unknown_never_failed(mcp_upstream: McpUpstream
 
 
 def _mcp_purchase(buyer, mcp_upstream: McpUpstream, data: dict, **config: object):  # type: ignore[no-untyped-def]
+    from doors.rest.prepaid_answers import PrepaidAnswers
     from fulfillment.models import Upstream
-    from purchases.api.prepaid_answers import PrepaidAnswers
     from purchases.models import Purchase
     from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
     from purchases.services.quote.quotes import quote_create

@@ -8,8 +8,8 @@ from django.core.exceptions import ValidationError
 
 from fulfillment.executors.http import HttpExecutor
 from fulfillment.executors.http_job import HttpJobExecutor
-from fulfillment.models import Upstream
-from fulfillment.upstreams import upstream_spec, upstream_validate
+from fulfillment.models import Upstream, upstream_validate
+from fulfillment.upstreams import upstream_spec
 from purchases.services.fulfil.upstreams import offering_executor
 from tests.factories import OfferingFactory
 

@@ -9,12 +9,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.executors import JobSpec
 from fulfillment.executors.http_job import HttpJobExecutor
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from payments.models import LedgerEntry, Refund
 from payments.services import ledger_balance
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import (

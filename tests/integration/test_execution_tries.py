@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.models import ExecutionAttempt
 from payments.models import Refund
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import (

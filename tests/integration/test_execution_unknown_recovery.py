@@ -10,9 +10,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from doors.rest.prepaid_answers import PrepaidAnswers
+from doors.x402.answers import x402_answer, x402_capability_answer
 from fulfillment.models import ExecutionAttempt, Result
 from payments.models import Refund
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase
 from purchases.selectors import purchase_capability_token, purchase_capability_url
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
@@ -27,9 +28,8 @@ from purchases.services.fulfil.execution_recheck import (
     purchase_execution_recheck,
 )
 from purchases.services.quote.quotes import quote_create
+from purchases.services.x402.outcomes import x402_outcome_for_ref
 from purchases.tasks import recheck_unknown_executions_task
-from purchases.x402.answers import x402_answer, x402_capability_answer
-from purchases.x402.outcomes import x402_outcome_for_ref
 from tests.factories import OfferingFactory, PurchaseFactory
 from tests.fixtures.jobservice import JobServiceProcess, start_job_service
 from tests.integration.helpers import race, wait_for

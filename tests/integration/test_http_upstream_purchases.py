@@ -10,9 +10,9 @@ from decimal import Decimal
 
 import pytest
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.models import ExecutionAttempt, Result, Upstream
 from payments.models import Refund
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import (

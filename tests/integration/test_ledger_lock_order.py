@@ -15,10 +15,10 @@ from collections import Counter
 import pytest
 from django.db import connection
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, Refund
 from payments.services import ledger_balance, ledger_balances_mismatched
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute

@@ -15,7 +15,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from purchases.api.prepaid_answers import PrepaidAnswers
+from doors.rest.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
@@ -95,7 +95,7 @@ django.setup()
 from purchases.models import Buyer
 from purchases.services.shared import outbox
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
-from purchases.api.prepaid_answers import PrepaidAnswers
+from doors.rest.prepaid_answers import PrepaidAnswers
 outbox._relay_staged = lambda **_: os.kill(os.getpid(), signal.SIGKILL)
 purchase_pay_prepaid(
     buyer=Buyer.objects.get(pk=int(sys.argv[1])), quote_id=sys.argv[2],

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.executors import registered_names
 from fulfillment.models import Result, Upstream
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute

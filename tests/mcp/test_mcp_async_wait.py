@@ -1,4 +1,4 @@
-"""A tool call paid over x402 waiting for its block holds no thread (purchases/x402/mcp).
+"""A tool call paid over x402 waiting for its block holds no thread (doors/mcp).
 
 The ASGI app (config/asgi.py) serves `/mcp` with ONE thread for MCP domain calls
 (TOLLBOOTH_MCP_THREADS=1) and ONE for x402 payments' synchronous parts

@@ -1,5 +1,5 @@
 """An SSE session's messages may reach any worker process: the one holding the stream gets
-them through Redis (purchases/x402/mcp/sse_relay.py). Two apps of their own (as two worker
+them through Redis (doors/mcp/sse_relay.py). Two apps of their own (as two worker
 processes have), the stream on one, every message POSTed to the other."""
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from backoffice.books import Period, PeriodInvalid
+from backoffice.books_export import books_export
+from doors.rest.prepaid_answers import PrepaidAnswers
 from payments.models import ExportBatch, PaymentAttempt, RelayerAccount
-from purchases.api.prepaid_answers import PrepaidAnswers
-from purchases.books import Period, PeriodInvalid
 from purchases.models import Purchase, Quote
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
-from purchases.services.jobs.books import books_export
 from purchases.services.quote.quotes import quote_create
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory
@@ -202,7 +202,7 @@ def test_finance_downloads_a_period_from_the_admin_and_support_may_not(november,
 def _staff(username: str) -> Client:
     from django.contrib.auth.models import Group, User
 
-    from purchases.roles import roles_ensure
+    from backoffice.roles import roles_ensure
 
     roles_ensure()
     user = User.objects.create_user(username, is_staff=True)

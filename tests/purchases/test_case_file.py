@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 
 from core.errors import ErrorCode, Owner
+from purchases.case_facts import CaseFacts, EscalationFact, RefundFact
 from purchases.case_file import (
     ANY,
     CASE_TABLE,
     ERROR_CODES_ABOUT_A_PURCHASE,
     Action,
-    CaseFacts,
     Deadline,
-    EscalationFact,
     Finality,
-    RefundFact,
     Row,
     case_reason_codes,
     case_row,
@@ -342,15 +340,15 @@ def _source(relative_path: str) -> str:
 
 def _settlement_reasons() -> dict[str, set[str]]:
     """Reason codes a settlement look-up or settler can give, by the status they go with."""
-    lookup = _source("payments/x402/lookup.py")
-    direct = _source("payments/x402/direct.py")
+    lookup = _source("payments/rails/x402/lookup.py")
+    direct = _source("payments/rails/x402/direct.py")
     pending = set(re.findall(r'_outcome\(case, PENDING, "(\w+)"', lookup))
     failed = set(re.findall(r'_outcome\(case, FAILED, "(\w+)"', lookup))
     pending |= {"chain_unavailable", "awaiting_confirmations", "broadcast_not_prepared"}
     pending |= set(re.findall(r'SettlementStatus\.PENDING, tx_hash, "(\w+)"', direct))
     pending |= set(re.findall(r'_pending\(tx_hash, "(\w+)"', direct))
     failed |= set(re.findall(r'SettlementStatus\.FAILED, tx_hash, "(\w+)"', direct))
-    facilitator = _source("payments/x402/facilitator.py")
+    facilitator = _source("payments/rails/x402/facilitator.py")
     pending |= set(re.findall(r'^REASON_\w+ = "(\w+)"', facilitator, re.M))
     pending.add("facilitator_unresolved:*")
     failed.add("facilitator_rejected:*")
@@ -393,7 +391,11 @@ def test_every_execution_reason_has_its_own_row() -> None:
 def _error_codes_naming_a_purchase() -> set[str]:
     """ErrorCodes raised with `purchase=` somewhere in production code."""
     found: set[str] = set()
-    for path in [*ROOT.glob("purchases/**/*.py"), *ROOT.glob("payments/**/*.py")]:
+    for path in [
+        *ROOT.glob("purchases/**/*.py"),
+        *ROOT.glob("payments/**/*.py"),
+        *ROOT.glob("doors/**/*.py"),
+    ]:
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "DomainError"):
                 continue

@@ -17,16 +17,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devtools.situations import SITUATIONS
-from purchases.case_file import (
+from purchases.case_facts import (
     CaseFacts,
     EscalationFact,
     ExecutionFact,
-    Finality,
     RefundFact,
     RelayerGapFact,
     UnfinalFact,
-    purchase_case,
 )
+from purchases.case_file import Finality, purchase_case
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 S, MIN, H = timedelta(seconds=1), timedelta(minutes=1), timedelta(hours=1)

@@ -19,7 +19,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from purchases.api.prepaid_answers import PrepaidAnswers
+from doors.rest.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, OutboxMessage, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.sweeper import purchase_execution_stage, purchases_sweep_stalled

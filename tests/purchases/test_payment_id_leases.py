@@ -116,7 +116,7 @@ def _wrapped(cause: BaseException) -> db_utils.OperationalError:
 
 def test_outside_the_api_views_an_unreachable_database_is_a_503_too(rf):
     """handler500 (the admin, a middleware): the same answer as the API's."""
-    from purchases.api.problems import server_error_view
+    from doors.rest.problems import server_error_view
 
     with pytest.raises(psycopg.OperationalError) as refused:
         psycopg.connect(host="127.0.0.1", port=free_port(), connect_timeout=2)

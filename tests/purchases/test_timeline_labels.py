@@ -7,9 +7,10 @@ import ast
 from datetime import UTC, datetime
 from pathlib import Path
 
+from backoffice.timeline import EVENT_LABELS, event_label, evidence_items
+from core.clock import utc_seconds
 from purchases import event_subjects
 from purchases.events import PURCHASE_TRANSITION_SUBJECTS
-from purchases.timeline import EVENT_LABELS, event_label, evidence_items, utc_seconds
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCTION = ("purchases", "payments", "fulfillment", "core")
@@ -61,7 +62,7 @@ def test_every_subject_the_code_writes_has_a_label() -> None:
     assert {"payment_attempt.resubmitted", "case.settlement_rechecked"} <= subjects
     assert {"payment_id.replayed", "result.delivered", "alert.failed"} <= subjects
     missing = subjects - set(EVENT_LABELS)
-    assert not missing, f"add a label to purchases.timeline.EVENT_LABELS for {sorted(missing)}"
+    assert not missing, f"add a label to backoffice.timeline.EVENT_LABELS for {sorted(missing)}"
 
 
 def test_labels_read_as_words_and_refine_by_state_and_reason() -> None:

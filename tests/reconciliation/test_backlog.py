@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from payments.models import PaymentAttempt
-from payments.x402.types import Authorization
+from payments.rails.x402.types import Authorization
 from purchases.models import Purchase, Quote
 from purchases.services.jobs import reconcile
 from tests.x402.e2e import PRICE

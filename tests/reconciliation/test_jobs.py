@@ -204,8 +204,8 @@ def test_two_runs_at_once_never_transition_twice(make_x402_world):
 
 
 def test_a_nonce_lost_in_a_crash_is_filled_so_later_settlements_mine(paused):
-    from payments.x402.networks import network_config
-    from payments.x402.relayer import relayer_nonce_allocate
+    from payments.rails.x402.networks import network_config
+    from payments.rails.x402.relayer import relayer_nonce_allocate
 
     # A process allocated nonce 0, then died before signing or recording anything.
     network = network_config("eip155:31337")

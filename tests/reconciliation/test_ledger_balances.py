@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from doors.rest.prepaid_answers import PrepaidAnswers
 from payments.models import LedgerBalance, LedgerEntry
 from payments.services import ledger_balance
-from purchases.api.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.jobs import housekeeping

@@ -9,7 +9,7 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from purchases.api.prepaid_answers import PrepaidAnswers
+from doors.rest.prepaid_answers import PrepaidAnswers
 from purchases.models import JobRun, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.jobs import housekeeping

@@ -9,7 +9,7 @@ import pytest
 from celery import Celery
 from django.conf import settings
 
-from purchases.api.prepaid_answers import PrepaidAnswers
+from doors.rest.prepaid_answers import PrepaidAnswers
 from purchases.models import Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create

@@ -24,12 +24,12 @@ from django.utils import timezone
 from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
 
+from backoffice.roles import roles_ensure
 from core.actors import Actor
 from devtools.test_token import deploy_test_usdc, mint
 from payments.models import Refund
 from payments.paybacks import RefundPaybackRefused
 from purchases.models import JobRun, PurchaseEvent
-from purchases.roles import roles_ensure
 from purchases.services.remedy.paybacks import (
     purchase_refund_match_confirm,
     purchase_refund_payback_close,

@@ -15,9 +15,9 @@ from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from web3 import Web3
 
+from backoffice.roles import roles_ensure
 from payments.chain.safe_batch import safe_batch_checksum
 from payments.models import ExportBatch, Refund
-from purchases.roles import roles_ensure
 from tests.reconciliation.test_refund_paybacks import fund_seller, owed_refund
 from tests.x402.e2e import PRICE, X402World
 

@@ -26,6 +26,9 @@ from django.urls import reverse
 from django.utils import timezone
 from eth_abi import decode as abi_decode
 
+from backoffice.books import Period, books_daily
+from backoffice.books_export import books_export
+from backoffice.roles import roles_ensure
 from devtools.safe import (
     builder_calldata,
     safe_contract,
@@ -37,9 +40,6 @@ from devtools.test_token import mint
 from payments.chain.safe_batch import safe_batch_checksum
 from payments.chain.token import balance_of
 from payments.models import Refund
-from purchases.books import Period, books_daily
-from purchases.roles import roles_ensure
-from purchases.services.jobs.books import books_export
 from purchases.tasks import refund_paybacks_watch_task
 from tests.fixtures.anvil import new_account
 from tests.reconciliation.test_refund_paybacks import fund_seller, owed_refund, send_transfer

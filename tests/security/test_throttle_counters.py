@@ -20,7 +20,7 @@ from rest_framework.test import APIClient
 
 from core import rate_limit
 from core.rate_limit import Window, rate_limit_hit
-from purchases.api.throttles import PaidRequestThrottle
+from doors.rest.throttles import PaidRequestThrottle
 from purchases.models import Quote
 from purchases.services.shared.buyers import api_key_issue
 from tests.conftest import CSV_INPUT

@@ -25,9 +25,9 @@ from devtools.test_token import (
     sign_transfer_authorization,
 )
 from payments.chain.token import balance_of
-from payments.x402.chain import ChainReader
-from payments.x402.types import Authorization, NetworkConfig, Requirements
-from payments.x402.verify import parse_authorization
+from payments.rails.x402.chain import ChainReader
+from payments.rails.x402.types import Authorization, NetworkConfig, Requirements
+from payments.rails.x402.verify import parse_authorization
 from tests.fixtures.anvil import deploy_funded_usdc, new_accounts
 
 USDC = 10**6

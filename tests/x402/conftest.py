@@ -12,8 +12,8 @@ import pytest
 
 from devtools.anvil import AnvilNode
 from devtools.facilitator_double import FacilitatorDouble
-from payments.x402.chain import ChainReader
-from payments.x402.types import NetworkConfig, Requirements
+from payments.rails.x402.chain import ChainReader
+from payments.rails.x402.types import NetworkConfig, Requirements
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import ChainEnv, FacilitatorChain, make_env, make_facilitator_chain
 from tests.x402.rpc_proxy import RpcProxy
@@ -104,6 +104,6 @@ def facilitator_network(
 @pytest.fixture(autouse=True)
 def _paid_url_on_the_event_loop(settings) -> None:  # type: ignore[no-untyped-def]
     """The paid URL as the ASGI app serves it (config/urls_asgi.py): its wait for the block
-    handed to an event loop (purchases/x402/paid_async.py). Django's test client drives that
+    handed to an event loop (doors/x402/paid_async.py). Django's test client drives that
     view on the test's own thread, so every x402 test runs the handed-off path."""
     settings.ROOT_URLCONF = "config.urls_asgi"

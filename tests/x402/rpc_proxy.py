@@ -26,7 +26,7 @@ import requests
 from hexbytes import HexBytes
 from web3 import Web3
 
-from payments.x402.types import Authorization
+from payments.rails.x402.types import Authorization
 from tests.x402.chain_env import PRICE, ChainEnv
 
 

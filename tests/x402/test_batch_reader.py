@@ -16,10 +16,10 @@ import pytest
 
 from devtools.test_token import mint
 from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.batch import BatchChainReader
-from payments.x402.chain import ChainReader, ChainUnavailable
-from payments.x402.lookup import settlement_lookup
-from payments.x402.types import Authorization, NetworkConfig
+from payments.rails.x402.batch import BatchChainReader
+from payments.rails.x402.chain import ChainReader, ChainUnavailable
+from payments.rails.x402.lookup import settlement_lookup
+from payments.rails.x402.types import Authorization, NetworkConfig
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import ChainEnv
 from tests.x402.rpc_proxy import RawReply, RpcProxy, random_authorization, random_hash

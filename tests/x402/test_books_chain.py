@@ -18,13 +18,13 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from web3 import Web3
 
+from backoffice.books import Period
+from backoffice.books_export import books_export
 from core.actors import Actor
 from payments.chain.token import token_contract
 from payments.models import PaymentAttempt
+from payments.rails.x402.chain import TRANSFER_TOPIC
 from payments.services import refund_record
-from payments.x402.chain import TRANSFER_TOPIC
-from purchases.books import Period
-from purchases.services.jobs.books import books_export
 from purchases.services.remedy.paybacks import purchase_refund_payback_close
 from purchases.services.settle.finality import watch_unfinal_settlements
 from tests.x402.e2e import sign_payment

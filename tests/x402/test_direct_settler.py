@@ -17,9 +17,9 @@ from devtools.test_token import send_transfer_with_authorization
 from payments.chain.token import authorization_state
 from payments.models import RelayerAccount
 from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.direct import BroadcastNotPrepared, DirectSettler
-from payments.x402.relayer import relayer_heal, relayer_nonce_allocate
-from payments.x402.types import Authorization, PreparedBroadcast
+from payments.rails.x402.direct import BroadcastNotPrepared, DirectSettler
+from payments.rails.x402.relayer import relayer_heal, relayer_nonce_allocate
+from payments.rails.x402.types import Authorization, PreparedBroadcast
 from tests.x402.chain_env import CAIP2, FUNDED, PRICE, ChainEnv
 
 CONFIRMED = SettlementStatus.CONFIRMED

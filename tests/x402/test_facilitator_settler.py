@@ -16,7 +16,7 @@ from eth_typing import HexStr
 from devtools.facilitator_double import FacilitatorDouble
 from payments.rails.base import SettlementOutcome
 from payments.rails.base import SettlementStatus as S
-from payments.x402.facilitator import (
+from payments.rails.x402.facilitator import (
     MIN_SETTLE_READ_SECONDS,
     PROVEN_REJECTIONS,
     REASON_CODE_MAX,
@@ -26,7 +26,7 @@ from payments.x402.facilitator import (
     classify_verify,
     facilitator_supported,
 )
-from payments.x402.types import NetworkConfig, PreparedBroadcast
+from payments.rails.x402.types import NetworkConfig, PreparedBroadcast
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import USDC, FacilitatorChain
 

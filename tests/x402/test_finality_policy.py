@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from payments.x402.networks import network_config
+from payments.rails.x402.networks import network_config
 
 
 def test_defaults_local_by_depth_base_by_the_finalized_tag():

@@ -16,9 +16,9 @@ from hexbytes import HexBytes
 from devtools.anvil import AnvilNode
 from devtools.test_token import mint
 from payments.rails.base import SettlementOutcome, SettlementStatus
-from payments.x402.chain import ChainReader, ChainUnavailable, w3_for
-from payments.x402.lookup import LOOKUP_REASONS, settlement_lookup
-from payments.x402.types import Authorization
+from payments.rails.x402.chain import ChainReader, ChainUnavailable, w3_for
+from payments.rails.x402.lookup import LOOKUP_REASONS, settlement_lookup
+from payments.rails.x402.types import Authorization
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import ChainEnv, make_env
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from payments.x402.receipts import receipt_poll_delays
+from payments.rails.x402.receipts import receipt_poll_delays
 
 
 def test_first_looks_come_fast_then_double_up_to_the_ceiling_and_stay() -> None:

@@ -31,7 +31,7 @@ from web3.exceptions import TransactionNotFound
 
 from payments.chain.token import balance_of
 from payments.models import PaymentAttempt, RelayerAccount
-from payments.x402.relayer import nonce_lease
+from payments.rails.x402.relayer import nonce_lease
 from purchases.models import JobRun, PurchaseEvent
 from purchases.services.jobs import reconcile
 from tests.x402.e2e import FUNDED, PRICE, X402World, ask, sign_payment
@@ -51,8 +51,8 @@ import sys, time
 import django
 django.setup()
 from web3 import Web3
-from payments.x402.networks import network_config
-from payments.x402.relayer import relayer_nonce_lease
+from payments.rails.x402.networks import network_config
+from payments.rails.x402.relayer import relayer_nonce_lease
 network = network_config("eip155:31337")
 relayer = sys.argv[1]
 pending = Web3(Web3.HTTPProvider(network.rpc_url)).eth.get_transaction_count(relayer, "pending")

@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from payments.models import RelayerAccount
-from payments.x402.relayer import relayer_nonce_allocate
-from payments.x402.types import NetworkConfig
+from payments.rails.x402.relayer import relayer_nonce_allocate
+from payments.rails.x402.types import NetworkConfig
 
 pytestmark = [pytest.mark.sqlite_concurrency, pytest.mark.django_db(transaction=True)]
 RELAYER = "0x" + "ab" * 20

@@ -1,4 +1,4 @@
-"""The plain JSON-RPC client of the paid call's hot path (payments.x402.rpc), and the direct
+"""The plain JSON-RPC client of the paid call's hot path (payments.rails.x402.rpc), and the direct
 settlement and verification reads built on it, against real anvil nodes. Faults come from a
 proxy in front of the real node (tests/x402/rpc_proxy.py); nothing of the node is mocked.
 """
@@ -28,10 +28,10 @@ from payments.chain.token import (
 )
 from payments.models import RelayerAccount
 from payments.rails.base import SettlementStatus
-from payments.x402 import direct
-from payments.x402.chain import ChainUnavailable, w3_for
-from payments.x402.direct import BroadcastNotPrepared, DirectSettler
-from payments.x402.rpc import (
+from payments.rails.x402 import direct
+from payments.rails.x402.chain import ChainUnavailable, w3_for
+from payments.rails.x402.direct import BroadcastNotPrepared, DirectSettler
+from payments.rails.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
     RpcCall,
@@ -41,7 +41,7 @@ from payments.x402.rpc import (
     RpcReplyInvalid,
     RpcTransport,
 )
-from payments.x402.types import Authorization, PreparedBroadcast
+from payments.rails.x402.types import Authorization, PreparedBroadcast
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import PRICE, ChainEnv
 from tests.x402.rpc_proxy import DROP_CONNECTION, RawReply, RpcProxy

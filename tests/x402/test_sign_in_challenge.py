@@ -15,9 +15,9 @@ from prometheus_client import REGISTRY
 from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
+from doors.mcp.calls import ToolCall, tool_call
 from purchases.models import PurchaseEvent, WalletSignIn
 from purchases.services.jobs.housekeeping import purge_expired_quotes
-from purchases.x402.mcp.calls import ToolCall, tool_call
 from tests.factories import PurchaseFactory
 from tests.x402.e2e import NETWORK, X402World
 

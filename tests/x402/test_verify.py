@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from hexbytes import HexBytes
 
-from payments.x402.chain import ChainReader, ChainUnavailable
-from payments.x402.types import Authorization, NetworkConfig, Requirements, VerificationFailed
-from payments.x402.verify import (
+from payments.rails.x402.chain import ChainReader, ChainUnavailable
+from payments.rails.x402.types import Authorization, NetworkConfig, Requirements, VerificationFailed
+from payments.rails.x402.verify import (
     SETTLEMENT_MARGIN_SECONDS,
     VERIFICATION_NEXT_MOVE,
     VERIFICATION_REASONS,

@@ -1,4 +1,4 @@
-"""A paid request waiting for its block holds no thread (purchases/x402/paid_async.py).
+"""A paid request waiting for its block holds no thread (doors/x402/paid_async.py).
 
 The ASGI app (config/asgi.py) serves the paid URL with ONE thread for synchronous work
 (TOLLBOOTH_X402_THREADS=1) on a chain that mines only when told. Several buyers pay at once:

@@ -1,6 +1,6 @@
 """One paid x402 request derives its attempt's context once (issue 20 §1): the network's
 configuration, the settler of its mode and the parsed authorization, built by the rail's
-`verify` and handed on to every later step (payments/x402/context.py). Counted with the
+`verify` and handed on to every later step (payments/rails/x402/context.py). Counted with the
 committed call tracer (bench/walk.py) on a real paid request, direct mode, real anvil."""
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from rest_framework.test import APIClient
 
 from bench.walk import Walk
 from payments.models import PaymentAttempt
-from payments.x402.rail import X402Rail
+from payments.rails.x402.rail import X402Rail
 from tests.x402.e2e import X402World, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
-NETWORK = "payments/x402/networks.py::network_config"
-SETTLER = "payments/x402/settlers.py::settler_for"
-PARSE = "payments/x402/attempts.py::x402_attempt_authorization"
+NETWORK = "payments/rails/x402/networks.py::network_config"
+SETTLER = "payments/rails/x402/settlers.py::settler_for"
+PARSE = "payments/rails/x402/attempts.py::x402_attempt_authorization"
 
 
 def _calls(walk: Walk) -> Counter[str]:

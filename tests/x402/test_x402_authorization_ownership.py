@@ -21,7 +21,7 @@ from x402.schemas import PaymentPayload, PaymentRequired
 from core.errors import DomainError, ErrorCode
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms
-from payments.x402.rail import X402Rail, x402_presentation
+from payments.rails.x402.rail import X402Rail, x402_presentation
 from purchases.models import BuyerWallet, Escalation, JobRun, Purchase
 from purchases.services.jobs import reconcile
 from tests.x402.e2e import PRICE, sign_payment

@@ -14,12 +14,12 @@ from x402.http.utils import decode_payment_signature_header, encode_payment_sign
 from x402.schemas import PaymentPayload
 
 from core.canonical import sha256_hex
+from doors.x402.answers import X402Answers
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from purchases.services.fulfil.execution import purchase_execute
-from purchases.x402.answers import X402Answers
-from purchases.x402.checkout import x402_pay
+from purchases.services.x402.checkout import x402_pay
 from tests.integration.helpers import race
 from tests.x402.e2e import NETWORK, PRICE, sign_payment
 

@@ -1,5 +1,5 @@
 """Payments waiting on the event loop look for their receipts once per block (core.handoff
-Pacing, payments/x402/receipts.py `chain_head_pacing`), not each on its own timer.
+Pacing, payments/rails/x402/receipts.py `chain_head_pacing`), not each on its own timer.
 
 The paid URL is served by the ASGI app (config/asgi.py) on a chain that mines only when told,
 with its node behind a recording JSON-RPC proxy (tests/x402/rpc_proxy.py: every request goes
@@ -101,7 +101,7 @@ def paced_world(make_x402_world, settings, start_asgi_server, monkeypatch):  # t
     settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = 60.0
     settings.X402_RESULT_WAIT_SECONDS = 10  # `report` runs in the request: 200 with the result
     settings.ALLOWED_HOSTS = ["127.0.0.1"]
-    monkeypatch.setattr("payments.x402.receipts.PACED_CEILING_SECONDS", 60.0)
+    monkeypatch.setattr("payments.rails.x402.receipts.PACED_CEILING_SECONDS", 60.0)
     url = f"{start_asgi_server()}{world.paid_url}"
     yield world, proxy, url
     proxy.close()

@@ -19,7 +19,7 @@ from x402.http.utils import decode_payment_signature_header
 
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
-from payments.x402.rail import x402_presentation
+from payments.rails.x402.rail import x402_presentation
 from purchases import event_subjects as subjects
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
 from tests.x402.e2e import PRICE, ask, sign_payment

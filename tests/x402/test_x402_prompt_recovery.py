@@ -260,8 +260,8 @@ def test_after_a_reorg_undid_our_transaction_the_next_purchase_settles_at_once(m
 def test_a_nonce_whose_own_send_may_still_be_on_its_way_is_not_touched(make_x402_world, db):
     """Concurrent settlements pipeline: a nonce handed out just before ours, recorded and not
     yet sent, is that settlement's to send. Nothing is sent or filled in its place."""
-    from payments.x402.networks import network_config
-    from payments.x402.relayer import relayer_gap_close
+    from payments.rails.x402.networks import network_config
+    from payments.rails.x402.relayer import relayer_gap_close
 
     world = make_x402_world(no_mining=True)
     client = APIClient()
@@ -281,8 +281,8 @@ def test_a_gap_check_reads_only_its_own_keys_transactions_at_those_nonces(make_x
     key's transactions sit at the same nonce numbers: the gap check does not even read or
     decode them (their signer recovery grew the paid call's CPU with every earlier key); a
     row recorded before the relayer's address was kept is still read and told apart."""
-    from payments.x402.networks import network_config
-    from payments.x402.relayer import _signer_and_nonce, relayer_gap_close
+    from payments.rails.x402.networks import network_config
+    from payments.rails.x402.relayer import _signer_and_nonce, relayer_gap_close
 
     world = make_x402_world(no_mining=True)
     client = APIClient()

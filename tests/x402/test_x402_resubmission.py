@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
-from payments.x402.relayer import relayer_fee_fields
+from payments.rails.x402.relayer import relayer_fee_fields
 from purchases.models import Escalation, Purchase, PurchaseEvent
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from tests.x402.e2e import PRICE, X402World, ask, sign_payment

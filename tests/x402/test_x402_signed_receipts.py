@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from fulfillment.models import Receipt
 from fulfillment.receipt_signing import receipt_verify
 from payments.models import PaymentAttempt
-from payments.x402.books_evidence import settlements_awaiting_block_time
+from payments.rails.x402.books_evidence import settlements_awaiting_block_time
 from purchases import event_subjects
 from purchases.models import Purchase
 from purchases.services.fulfil.execution import purchase_execute
@@ -178,7 +178,7 @@ def test_an_authorization_seen_after_its_record_was_compacted_is_answered_from_t
 def test_a_receipt_that_reads_the_block_first_records_what_the_books_need_with_it(
     client, x402_world
 ):
-    """One reader of the settling block (payments.x402.books_evidence): when a receipt needs
+    """One reader of the settling block (payments.rails.x402.books_evidence): when a receipt needs
     the settlement time first (a facilitator's settlement, a row settled before the books),
     the sender and gas come with it, and the books have nothing left to read."""
     world = x402_world

@@ -23,7 +23,7 @@ from devtools.test_token import mint
 from payments.chain.token import balance_of
 from payments.models import PaymentAttempt
 from purchases.models import Offering, Purchase, PurchaseEvent, Quote
-from purchases.x402.offers import x402_offer
+from purchases.services.x402.offers import x402_offer
 from tests.x402.e2e import FUNDED, PRICE, ask, sign_payment
 
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\n"}

@@ -1,5 +1,5 @@
 """A paid request waits for its settlement and its work within one budget: the offering's
-expected run time, capped by X402_RESULT_WAIT_SECONDS (purchases.x402.outcomes
+expected run time, capped by X402_RESULT_WAIT_SECONDS (purchases.services.x402.outcomes
 x402_wait_budget), never the network's whole confirmation_timeout.
 
 On a chain that does not mine within the budget (anvil with mining paused; the network's
@@ -7,7 +7,7 @@ confirmation_timeout far longer), the paying request answers 202 settlement_pend
 status URL while its transaction is still in the pool, and records the payment as pending,
 never failed. Once the block is mined, the status URL settles it and gives the result; the
 work runs once. Both ways the paid URL is served: blocking (WSGI, config.urls) and with
-the wait on the event loop (ASGI, purchases/x402/paid_async.py).
+the wait on the event loop (ASGI, doors/x402/paid_async.py).
 """
 
 from __future__ import annotations

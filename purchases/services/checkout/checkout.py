@@ -99,7 +99,7 @@ class PaymentRequest:
     # answered under the payment's key where reading a quote would have refused it.
     quote_refusal: DomainError | None = None
     # When this request's wait for its settlement ends (a time.monotonic() value): the
-    # door's wait budget (purchases.x402.outcomes). None: the rail's own limit.
+    # door's wait budget (purchases.services.x402.outcomes). None: the rail's own limit.
     settle_wait_until: float | None = None
 
     @property

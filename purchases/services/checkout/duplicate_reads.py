@@ -1,6 +1,7 @@
 """The duplicate-window look-up (purchases.services.checkout.duplicates) for a payment whose
-quote is not written yet (an anonymous quote signed into its 402: purchases.x402.quote_seal):
-read with the offering, the key computed here from the signed input hash."""
+quote is not written yet (an anonymous quote signed into its 402:
+purchases.services.x402.quote_seal): read with the offering, the key computed here from the
+signed input hash."""
 
 from __future__ import annotations
 

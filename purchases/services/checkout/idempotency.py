@@ -55,7 +55,7 @@ payment_id_conflicts = Counter(
 class StoredAnswer:
     """A payment id's recorded answer, replayed byte for byte when the request comes again.
 
-    Opaque here: the API's answers (purchases.x402.answers, prepaid_answers) decide its
+    Opaque here: the API's answers (doors.x402.answers, prepaid_answers) decide its
     status, body and headers; this module only stores it with the work it answers for and
     hands it back.
     """

@@ -1,5 +1,5 @@
 """The prepaid API's payment: a quote paid from the buyer's balance under an
-Idempotency-Key; the answer (purchases.api.prepaid_answers) is stored with the debit."""
+Idempotency-Key; the answer (doors.rest.prepaid_answers) is stored with the debit."""
 
 from __future__ import annotations
 

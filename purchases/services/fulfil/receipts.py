@@ -3,7 +3,7 @@ answer, for ever (docs/receipts.md).
 
 A prepaid payment is final when its debit commits, so its receipt is signed with the result
 (fulfillment.services.receipt_sign_into). An x402 settlement is final per its network's
-finality policy (payments.x402.finality): until then a paid answer carries no receipt; the
+finality policy (payments.rails.x402.finality): until then a paid answer carries no receipt; the
 first answer after it (a resent payment, the status URL, a re-signed retry, a fetch of the
 result) or the finality watch issues it. The settlement time is the block's timestamp,
 read from the chain once and kept on the attempt.
@@ -25,8 +25,8 @@ from fulfillment import services as fulfillment_services
 from fulfillment.models import Receipt
 from fulfillment.services import ReceiptFacts
 from payments.models import PaymentAttempt, Rail
-from payments.x402.books_evidence import settlement_block_record
-from payments.x402.chain import ChainUnavailable
+from payments.rails.x402.books_evidence import settlement_block_record
+from payments.rails.x402.chain import ChainUnavailable
 from purchases import event_subjects as subjects
 from purchases.events import event_note
 from purchases.models import Purchase

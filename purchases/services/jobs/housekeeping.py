@@ -27,7 +27,7 @@ from purchases.services.shared.alerts import (
     refund_alert,
 )
 from purchases.services.shared.job_runs import job_run
-from purchases.x402.sign_in import wallet_sign_ins_prune
+from purchases.services.x402.sign_in import wallet_sign_ins_prune
 
 logger = logging.getLogger(__name__)
 # Duplicate guards are only lock rows: past the longest duplicate window nobody waits on one.

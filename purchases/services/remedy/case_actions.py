@@ -18,8 +18,8 @@ from core.clock import now_or
 from fulfillment import selectors as fulfillment_selectors
 from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
-from payments.x402.attempts import x402_attempt_live
-from payments.x402.networks import UnknownNetwork
+from payments.rails.x402.attempts import x402_attempt_live
+from payments.rails.x402.networks import UnknownNetwork
 from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase

@@ -18,9 +18,9 @@ from core.clock import now_or
 from payments import paybacks
 from payments.models import Refund
 from payments.paybacks import PaybackRecorded, RefundPaybackRefused
+from payments.rails.x402.chain import ChainUnavailable
+from payments.rails.x402.networks import UnknownNetwork
 from payments.safe_refunds import safe_exported_refunds
-from payments.x402.chain import ChainUnavailable
-from payments.x402.networks import UnknownNetwork
 from purchases.events import event_record_change
 from purchases.models import Purchase
 from purchases.selectors import seller_wallets

@@ -30,8 +30,8 @@ from payments import paybacks
 from payments.models import Payout
 from payments.paybacks import RefundPaybackRefused
 from payments.payouts import Awaiting, Look, PayoutLook, Sent, payout_look, payout_send
-from payments.x402.networks import UnknownNetwork, network_config
-from payments.x402.types import NetworkConfig
+from payments.rails.x402.networks import UnknownNetwork, network_config
+from payments.rails.x402.types import NetworkConfig
 from purchases import event_subjects
 from purchases.events import event_record_change
 from purchases.models import Purchase

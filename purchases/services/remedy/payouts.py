@@ -36,10 +36,10 @@ from payments.payouts import (
     payout_nonce_allocate,
     payout_transfer_sign,
 )
+from payments.rails.x402.chain import ChainUnavailable
+from payments.rails.x402.networks import UnknownNetwork, network_config
+from payments.rails.x402.types import NetworkConfig
 from payments.signers import SignerUnconfigured, TransactionSigner, refund_signer
-from payments.x402.chain import ChainUnavailable
-from payments.x402.networks import UnknownNetwork, network_config
-from payments.x402.types import NetworkConfig
 from purchases import event_subjects
 from purchases.events import event_record_change
 from purchases.models import Purchase

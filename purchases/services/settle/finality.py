@@ -1,7 +1,7 @@
 """A settled x402 payment is watched until final; a reorg that undoes it is settled again.
 
 Settled (the network's confirmation depth) is when the work may run; final (the network's
-finality policy, payments.x402.finality) is when no reorg can undo the transfer any more.
+finality policy, payments.rails.x402.finality) is when no reorg can undo the transfer any more.
 In between, the attempt stays `succeeded` with `final_at` empty and its next look at
 `next_check_at`; `watch_unfinal_settlements` (beat) and the buyer's own resend or status URL
 look again.
@@ -29,13 +29,13 @@ from django.db.models import F, Q
 from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
+from payments.rails.x402.attempts import x402_attempt_authorization
+from payments.rails.x402.books_evidence import settlement_books_evidence_fill
+from payments.rails.x402.chain import ChainReader
+from payments.rails.x402.finality import Finality, FinalityCheck, settlement_finality
+from payments.rails.x402.networks import network_config
+from payments.rails.x402.types import NetworkConfig
 from payments.services import payment_attempt_reopen
-from payments.x402.attempts import x402_attempt_authorization
-from payments.x402.books_evidence import settlement_books_evidence_fill
-from payments.x402.chain import ChainReader
-from payments.x402.finality import Finality, FinalityCheck, settlement_finality
-from payments.x402.networks import network_config
-from payments.x402.types import NetworkConfig
 from purchases import event_subjects as subjects
 from purchases.events import event_record, event_record_change, purchase_transition
 from purchases.models import Escalation, Purchase

@@ -1,0 +1,220 @@
+"""Agent API views: parse, make one domain call, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.clock import now_or
+from core.errors import DomainError, ErrorCode
+from doors.rest.answers import COPY_HEADER, receipt_headers, sent_bytes
+from doors.rest.prepaid_answers import PrepaidAnswers
+from doors.rest.serializers import (
+    ProblemSerializer,
+    PurchaseCreateInputSerializer,
+    QuoteCreateInputSerializer,
+)
+from doors.rest.throttles import PAID_THROTTLES
+from payments.services import ledger_balance
+from purchases.models import Buyer
+from purchases.selectors import (
+    offerings_for_sale,
+    purchase_get_for_buyer,
+    purchase_status,
+    quote_representation,
+)
+from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
+from purchases.services.fulfil.delivery import (
+    DeliveryPending,
+    purchase_result_deliver,
+    receipt_public,
+)
+from purchases.services.quote.quotes import quote_create
+
+PROBLEM = ProblemSerializer
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,128}$"},
+    OpenApiParameter.HEADER,
+    required=True,
+    description="Your payment id: 16-128 characters of [A-Za-z0-9_-]. Store it before sending.",
+)
+
+
+def _buyer(request: Request) -> Buyer:
+    assert isinstance(request.user, Buyer)
+    return request.user
+
+
+class OfferingListApi(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="What can be bought")
+    def get(self, request: Request) -> Response:
+        offerings = offerings_for_sale()
+        return Response(
+            {
+                "offerings": [
+                    {
+                        "offering": o.slug,
+                        "title": o.title,
+                        "description": o.description,
+                        "price": str(o.price),
+                        "asset": o.asset,
+                        "asset_symbol": o.asset_symbol,
+                        "decimals": o.asset_decimals,
+                        "network": o.network,
+                        "input_schema": o.input_schema,
+                        "stock": o.stock,
+                    }
+                    for o in offerings
+                ]
+            }
+        )
+
+
+class BalanceDetailApi(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Prepaid balance per asset")
+    def get(self, request: Request) -> Response:
+        buyer = _buyer(request)
+        assets = sorted(set(buyer.ledger_entries.values_list("asset", flat=True)))
+        return Response(
+            {
+                "buyer": buyer.ref,
+                "balances": [
+                    {"asset": a, "amount": str(ledger_balance(buyer_id=buyer.pk, asset=a))}
+                    for a in assets
+                ],
+            }
+        )
+
+
+class QuoteCreateApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
+    @extend_schema(
+        request=QuoteCreateInputSerializer,
+        responses={
+            200: OpenApiTypes.OBJECT,
+            201: OpenApiTypes.OBJECT,
+            404: PROBLEM,
+            409: PROBLEM,
+            422: PROBLEM,
+        },
+        summary="Get a quote (the same input while it is open returns the same quote)",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = QuoteCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        outcome = quote_create(
+            buyer=_buyer(request),
+            offering_slug=serializer.validated_data["offering"],
+            raw_input=serializer.validated_data["input"],
+        )
+        return Response(
+            quote_representation(quote=outcome.quote), status=201 if outcome.created else 200
+        )
+
+
+class QuotePurchaseApi(APIView):
+    throttle_classes = PAID_THROTTLES
+
+    @extend_schema(
+        request=PurchaseCreateInputSerializer,
+        parameters=[IDEMPOTENCY_KEY],
+        responses={
+            201: OpenApiTypes.OBJECT,
+            400: PROBLEM,
+            402: PROBLEM,
+            409: PROBLEM,
+            410: PROBLEM,
+        },
+        summary="Pay a quote from the prepaid balance, exactly once per payment id",
+    )
+    def post(self, request: Request, public_id: str) -> Response | HttpResponse:
+        serializer = PurchaseCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if serializer.validated_data["rail"] != "prepaid":
+            raise DomainError(
+                ErrorCode.UNSUPPORTED_RAIL,
+                "This endpoint takes rail 'prepaid'; pay over x402 at the offering's paid URL.",
+            )
+        answer, is_replay = purchase_pay_prepaid(
+            buyer=_buyer(request),
+            quote_id=public_id,
+            payment_id=request.headers.get("Idempotency-Key"),
+            answers=PrepaidAnswers(),
+            copy_label=request.headers.get(COPY_HEADER),
+        )
+        headers: dict[str, Any] = dict(answer.headers)
+        content_type = headers.pop("Content-Type", None)
+        if is_replay:
+            headers["Idempotent-Replayed"] = "true"
+        if answer.purchase_ref and answer.status < 300:
+            headers["Location"] = f"/api/v1/purchases/{answer.purchase_ref}"
+        # The stored bytes, not a re-rendering: a replay is byte for byte the first answer.
+        response = HttpResponse(
+            sent_bytes(answer),
+            status=answer.status,
+            content_type=content_type or "application/json",
+        )
+        for name, value in headers.items():
+            response[name] = value
+        return response
+
+
+class PurchaseDetailApi(APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        summary="Every boundary's state, the reason and the next move",
+    )
+    def get(self, request: Request, ref: str) -> Response:
+        purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref)
+        return Response(purchase_status(purchase=purchase, now=now_or(None)))
+
+
+class PurchaseResultApi(APIView):
+    @extend_schema(
+        responses={
+            (200, "*/*"): OpenApiTypes.BINARY,
+            202: OpenApiTypes.OBJECT,
+            404: PROBLEM,
+            409: PROBLEM,
+            410: PROBLEM,
+        },
+        summary="The stored result (202 with Retry-After while the work runs or is unknown)",
+    )
+    def get(self, request: Request, ref: str) -> Response | HttpResponse:
+        purchase = purchase_get_for_buyer(buyer=_buyer(request), ref=ref, with_result=True)
+        try:
+            delivery = purchase_result_deliver(purchase=purchase)
+        except DeliveryPending as pending:
+            return Response(
+                pending.status,
+                status=202,
+                headers={"Retry-After": str(pending.retry_after)},
+            )
+        response = HttpResponse(delivery.body, content_type=delivery.content_type)
+        response["Repr-Digest"] = f"sha-256=:{delivery.sha256_b64}:"
+        response["Link"] = f'<{delivery.receipt_url}>; rel="receipt"'
+        for name, value in receipt_headers(delivery.signed_receipt).items():
+            response[name] = value
+        return response
+
+
+class ReceiptDetailApi(APIView):
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        auth=[],
+        summary="Public proof of a purchase",
+    )
+    def get(self, request: Request, public_id: str) -> Response:
+        return Response(receipt_public(public_id=public_id))

@@ -1,0 +1,269 @@
+"""The x402 paid URLs (/x402/<offering>), the capability status URLs and discovery.
+
+Thin: parse, one call, render.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.handoff import Handoff
+from doors.rest.answers import COPY_HEADER
+from doors.rest.serializers import ProblemSerializer
+from doors.rest.throttles import PAID_THROTTLES
+from doors.x402.answers import (
+    X402Answer,
+    X402Answers,
+    x402_capability_answer,
+    x402_offer_answer,
+    x402_sign_in_answer,
+)
+from fulfillment.receipt_signing import receipt_keys_document
+from payments.rails.x402.sign_in import SIGN_IN_HEADER
+from purchases.models import Buyer, Offering
+from purchases.services.x402.checkout import x402_pay
+from purchases.services.x402.offers import (
+    input_from_query,
+    x402_catalog,
+    x402_offer,
+    x402_offer_from_query,
+    x402_offer_price_only,
+)
+
+PAYMENT_SIGNATURE = OpenApiParameter(
+    "PAYMENT-SIGNATURE",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="base64 JSON x402 v2 PaymentPayload. The payment-identifier id is optional: "
+    "without one the payment is keyed by (network, payer, nonce).",
+)
+SIGN_IN = OpenApiParameter(
+    SIGN_IN_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="base64 JSON sign-in-with-x proof (CAIP-122 / EIP-4361) answering the 402's "
+    "challenge: the payer of a settled purchase of this input gets it again without paying "
+    "while its result is kept; otherwise the ordinary 402 with `sign_in.refused`.",
+)
+COPY = OpenApiParameter(
+    COPY_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="A label for a deliberate extra copy of the same input inside the duplicate "
+    "window (1-64 of [A-Za-z0-9_-]); retries with the same label are still not charged.",
+)
+PAID_RESPONSES: dict[Any, Any] = {
+    (200, "*/*"): OpenApiTypes.BINARY,
+    202: OpenApiTypes.OBJECT,
+    400: ProblemSerializer,
+    402: ProblemSerializer,
+    409: ProblemSerializer,
+    # Both methods are throttled (PAID_THROTTLES), GET as much as POST.
+    429: OpenApiResponse(ProblemSerializer, "Too many requests (throttled); see Retry-After."),
+    503: ProblemSerializer,
+}
+# Only POST validates a body for its 402: an invalid query string gets the price-only 402.
+POST_RESPONSES: dict[Any, Any] = {
+    **PAID_RESPONSES,
+    422: OpenApiResponse(
+        ProblemSerializer, "The input is invalid (invalid_input, input_too_large)."
+    ),
+}
+
+
+def _render(answer: X402Answer) -> Response | HttpResponse:
+    headers = dict(answer.headers)
+    content_type = headers.pop("Content-Type", None)
+    if isinstance(answer.body, bytes | bytearray | memoryview):
+        response = HttpResponse(
+            bytes(answer.body),
+            status=answer.status,
+            content_type=answer.content_type or "application/octet-stream",
+        )
+        for name, value in headers.items():
+            response[name] = value
+        return response
+    return Response(answer.body, status=answer.status, headers=headers, content_type=content_type)
+
+
+class HandedOff(HttpResponse):
+    """Not an answer: the payment's wait, for the event loop serving this request to finish
+    (core.handoff); never sent."""
+
+    def __init__(self, handoff: Handoff) -> None:
+        super().__init__(status=500)
+        self.handoff = handoff
+
+
+def _buyer(request: Request) -> Buyer | None:
+    return request.user if isinstance(request.user, Buyer) else None
+
+
+class X402PaidApi(APIView):
+    """Buy one offering over x402: POST its input as JSON (or GET with query parameters)."""
+
+    permission_classes = [AllowAny]  # an API key is optional: it makes quotes deterministic
+    throttle_classes = PAID_THROTTLES
+
+    def _sign_in(
+        self, request: Request, offering: str, header: str, raw_input: Any, from_query: bool
+    ) -> Response | HttpResponse:
+        return _render(
+            x402_sign_in_answer(
+                offering_slug=offering,
+                header=header,
+                raw_input=raw_input,
+                buyer=_buyer(request),
+                resource_url=request.build_absolute_uri(request.path),
+                from_query=from_query,
+            )
+        )
+
+    def _pay(
+        self, request: Request, offering: str, header: str, from_query: bool
+    ) -> Response | HttpResponse:
+        def carried(sold: Offering) -> Any:
+            # Read only for a quote the 402 signed instead of writing: its input comes back.
+            if from_query:
+                return input_from_query(sold, request.query_params.dict())
+            return request.data
+
+        try:
+            answer = x402_pay(
+                offering_slug=offering,
+                payment_header=header,
+                buyer=_buyer(request),
+                answers=X402Answers(),
+                copy_label=request.headers.get(COPY_HEADER),
+                carried_input=carried,
+            )
+        except Handoff as handoff:
+            # Served on an event loop (doors.x402.paid_async): it waits for the block
+            # and then finishes this response as dispatch would have.
+            # dispatch's finalize_response consumes the headers: these are the handler's.
+            headers = dict(self.headers)
+            handoff.then(_render).around(lambda rest: self._finish(request, headers, rest))
+            return HandedOff(handoff)
+        return _render(answer)
+
+    def _finish(
+        self,
+        request: Request,
+        headers: dict[str, str],
+        rest: Callable[[], Response | HttpResponse],
+    ) -> Response | HttpResponse:
+        """What APIView.dispatch does with a handler's answer or exception."""
+        self.headers = headers
+        try:
+            response = rest()
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        return self.finalize_response(request, response)  # type: ignore[arg-type]  # any HttpResponse
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY],
+        responses=POST_RESPONSES,
+        summary="x402 paid endpoint: 402 with PAYMENT-REQUIRED, then pay with PAYMENT-SIGNATURE",
+    )
+    def post(self, request: Request, offering: str) -> Response | HttpResponse:
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header:
+            return self._pay(request, offering, header, from_query=False)
+        sign_in = request.headers.get(SIGN_IN_HEADER)
+        if sign_in:
+            return self._sign_in(request, offering, sign_in, request.data, from_query=False)
+        offer = x402_offer(
+            offering_slug=offering,
+            raw_input=request.data,
+            buyer=_buyer(request),
+            resource_url=request.build_absolute_uri(request.path),
+        )
+        return _render(x402_offer_answer(offer))
+
+    @extend_schema(
+        parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY],
+        responses=PAID_RESPONSES,
+        summary="x402 paid endpoint by GET: the query string is the input (flat inputs only)",
+    )
+    def get(self, request: Request, offering: str) -> Response | HttpResponse:
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header:
+            return self._pay(request, offering, header, from_query=True)
+        sign_in = request.headers.get(SIGN_IN_HEADER)
+        if sign_in:
+            params = request.query_params.dict()
+            return self._sign_in(request, offering, sign_in, params, from_query=True)
+        offer = x402_offer_from_query(
+            offering_slug=offering,
+            params=request.query_params.dict(),
+            buyer=_buyer(request),
+            resource_url=request.build_absolute_uri(request.path),
+        )
+        return _render(x402_offer_answer(offer))
+
+    @extend_schema(exclude=True)
+    def head(self, request: Request, offering: str) -> Response | HttpResponse:
+        # Never settles and writes nothing: the price-only 402, whatever headers came.
+        offer = x402_offer_price_only(
+            offering_slug=offering, resource_url=request.build_absolute_uri(request.path)
+        )
+        return _render(x402_offer_answer(offer))
+
+
+class X402PurchaseCapabilityApi(APIView):
+    """One purchase's status and, once ready, its result: the URL is the credential."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses={
+            (200, "*/*"): OpenApiTypes.BINARY,
+            202: OpenApiTypes.OBJECT,
+            402: ProblemSerializer,
+            404: ProblemSerializer,
+            409: ProblemSerializer,
+            410: ProblemSerializer,
+        },
+        auth=[],
+        summary="Poll a purchase by its capability URL (from a 202's Location); no API key",
+    )
+    def get(self, request: Request, ref: str, token: str) -> Response | HttpResponse:
+        return _render(x402_capability_answer(ref=ref, token=token))
+
+
+class X402DiscoveryApi(APIView):
+    """What can be bought over x402 here: every paid URL with its requirements and input."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="x402 discovery")
+    def get(self, request: Request) -> Response:
+        base_url = request.build_absolute_uri("/").rstrip("/")
+        return Response(x402_catalog(base_url=base_url))
+
+
+class ReceiptKeysApi(APIView):
+    """The receipt keys (docs/receipts.md): the EIP-712 domain and types receipts are signed
+    under, and every key that signed one, current and retired."""
+
+    authentication_classes: list[type] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="Receipt signing keys")
+    def get(self, request: Request) -> Response:
+        return Response(receipt_keys_document())
