@@ -15,7 +15,7 @@ import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connection, models, transaction
 from django.db.models import F, Q
@@ -23,25 +23,18 @@ from django.utils import timezone
 
 from core.actors import AGENT, Actor
 from core.bulk import insert_after
-from core.prepared import PreparedRaw
-from core.prepared.inserts import insert_statement_of
+from core.inserts import insert_statement_of
 from core.sql import column, on_postgresql, table
 from fulfillment.models import Receipt, Result
 from purchases import event_subjects as subjects
 from purchases.events import event_note, events_pending
 from purchases.models import (
-    ApiKey,
-    Buyer,
     DuplicateGuard,
     IdempotencyRecord,
     OutboxMessage,
     Purchase,
     PurchaseEvent,
 )
-
-if TYPE_CHECKING:
-    from purchases.services.checkout.idempotency import KeyedRequest
-
 
 # The timeline's insert columns, in the order the event INSERTs below select them.
 _EVENT_FIELDS = (
@@ -79,7 +72,6 @@ def events_flush_with(
         if not batch or not on_postgresql():
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if returning else []
-        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
         insert_sql, insert_params = insert_statement_of(batch)
         result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(
@@ -237,21 +229,20 @@ def _claim_or_known_sql(vendor: str) -> str:
     )
 
 
-# Its rows as records, the column mapping worked out once (raw() redoes it per call).
-_CLAIM_OR_KNOWN = PreparedRaw(IdempotencyRecord, _claim_or_known_sql)
-
-
 def payment_id_insert_or_known(
-    *, record: IdempotencyRecord, hashed: str, request: KeyedRequest
+    *, record: IdempotencyRecord, hashed: str, fingerprint_alias: str
 ) -> tuple[int | None, list[IdempotencyRecord]]:
     """Claim the key by inserting `record` (unless the key or its compacted form `hashed`
     exists): `(new id, [])`; or `(None, the key's rows)`, each with `purchase_ref`, the
-    request noted on the key's purchase (see _NOTED_CTE). `(None, [])`: a racing first claim
-    the statement's snapshot cannot see yet. One statement on PostgreSQL; the twin claims,
-    then reads and notes."""
+    request noted on the key's purchase (see _NOTED_CTE): the request is `record`'s scope,
+    key, principal and fingerprint, `fingerprint_alias` another fingerprint it matches.
+    `(None, [])`: a racing first claim the statement's snapshot cannot see yet. One
+    statement on PostgreSQL; the twin claims, then reads and notes."""
     params = _claim_params(record, hashed)
     if on_postgresql():
-        rows = _CLAIM_OR_KNOWN.fetch({**params, **_known_params(request, hashed)})
+        sql = _claim_or_known_sql(connection.vendor)
+        known = _known_params(record, hashed, fingerprint_alias)
+        rows = list(IdempotencyRecord.objects.raw(sql, {**params, **known}))
         claimed = next((row.claimed_id for row in rows if row.claimed_id is not None), None)  # type: ignore[attr-defined]
         return (int(claimed), []) if claimed is not None else (None, rows)
     with connection.cursor() as cursor:
@@ -260,11 +251,11 @@ def payment_id_insert_or_known(
     if row:
         return int(row[0]), []
     records = list(
-        IdempotencyRecord.objects.filter(
-            scope=request.scope, key__in=[request.key, hashed]
-        ).annotate(purchase_ref=F("purchase__ref"))
+        IdempotencyRecord.objects.filter(scope=record.scope, key__in=[record.key, hashed]).annotate(
+            purchase_ref=F("purchase__ref")
+        )
     )
-    _note_known(records, request, hashed)
+    _note_known(records, record, hashed, fingerprint_alias)
     return None, records
 
 
@@ -277,14 +268,14 @@ def _claim_params(record: IdempotencyRecord, hashed: str) -> dict[str, Any]:
     return params
 
 
-def _known_params(request: KeyedRequest, hashed: str) -> dict[str, Any]:
+def _known_params(asked: IdempotencyRecord, hashed: str, fingerprint_alias: str) -> dict[str, Any]:
     return {
-        "scope": request.scope,
-        "key": request.key,
+        "scope": asked.scope,
+        "key": asked.key,
         "hashed": hashed,
-        "principal": request.principal,
-        "fingerprint": request.fingerprint,
-        "fingerprint_alias": request.fingerprint_alias or request.fingerprint,
+        "principal": asked.principal,
+        "fingerprint": asked.request_fingerprint,
+        "fingerprint_alias": fingerprint_alias,
         "conflict": subjects.PAYMENT_ID_CONFLICT,
         "replayed": subjects.PAYMENT_ID_REPLAYED,
         "expired": subjects.PAYMENT_ID_RETENTION_EXPIRED,
@@ -294,33 +285,39 @@ def _known_params(request: KeyedRequest, hashed: str) -> dict[str, Any]:
     }
 
 
-def _note_known(records: list[IdempotencyRecord], request: KeyedRequest, hashed: str) -> None:
+def _note_known(
+    records: list[IdempotencyRecord],
+    asked: IdempotencyRecord,
+    hashed: str,
+    fingerprint_alias: str,
+) -> None:
     """_NOTED_CTE's twin: the same notes, one statement each."""
+    fingerprints = (asked.request_fingerprint, fingerprint_alias)
     keys = {record.key for record in records}
     for record in records:
         if not record.purchase_id:
             continue
-        if record.key == request.key and record.state != IdempotencyRecord.State.COMPLETED:
+        if record.key == asked.key and record.state != IdempotencyRecord.State.COMPLETED:
             continue
-        if record.key == hashed and request.key in keys:
+        if record.key == hashed and asked.key in keys:
             continue
-        if record.principal != request.principal or (
-            record.key == request.key and not request.matches(record.request_fingerprint)
+        if record.principal != asked.principal or (
+            record.key == asked.key and record.request_fingerprint not in fingerprints
         ):
             subject = subjects.PAYMENT_ID_CONFLICT
-        elif record.key == request.key:
+        elif record.key == asked.key:
             subject = subjects.PAYMENT_ID_REPLAYED
         else:
             subject = subjects.PAYMENT_ID_RETENTION_EXPIRED
         event_note(
             subject=subject,
             purchase=Purchase(pk=record.purchase_id),
-            actor=Actor.agent(request.principal),
+            actor=Actor.agent(asked.principal),
             evidence={
                 "scope": record.scope,
                 "record": record.pk,
-                "principal_matches": record.principal == request.principal,
-                "request_matches": request.matches(record.request_fingerprint),
+                "principal_matches": record.principal == asked.principal,
+                "request_matches": record.request_fingerprint in fingerprints,
                 "answered_at": record.completed_at.isoformat() if record.completed_at else None,
                 "answer_status": record.response_status,
             },
@@ -346,32 +343,6 @@ def _mark_recorded_sql(vendor: str) -> str:
         f"UPDATE {table(IdempotencyRecord)} SET {_record_column('purchase')} = %s, "  # noqa: S608 - names from the model
         f"{_record_column('recovery_point')} = %s "
         f"WHERE {_record_column('id')} = %s AND {_record_column('lease_token')} = %s"
-    )
-
-
-def payment_id_answer_store(*, record_id: int, lease_token: str, values: dict[str, Any]) -> int:
-    """Write `values` (field name: value) on the key while our lease holds it in flight: the
-    conditional UPDATE the ORM's update() compiles, its text written once per column set.
-    Rows written (0: the lease is lost)."""
-    fields = [IdempotencyRecord._meta.get_field(name) for name in values]
-    params = [
-        field.get_db_prep_save(value, connection)  # type: ignore[union-attr]
-        for field, value in zip(fields, values.values(), strict=True)
-    ]
-    params += [record_id, lease_token, IdempotencyRecord.State.IN_FLIGHT]
-    sql = _answer_store_sql(connection.vendor, tuple(values))
-    with transaction.mark_for_rollback_on_error(), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return int(cursor.rowcount)
-
-
-@functools.cache
-def _answer_store_sql(vendor: str, names: tuple[str, ...]) -> str:
-    assignments = ", ".join(f"{_record_column(name)} = %s" for name in names)
-    return (
-        f"UPDATE {table(IdempotencyRecord)} SET {assignments} "  # noqa: S608 - names from the model
-        f"WHERE {_record_column('id')} = %s AND {_record_column('lease_token')} = %s "
-        f"AND {_record_column('state')} = %s"
     )
 
 
@@ -608,45 +579,6 @@ def payment_drop_note(
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-
-
-# -- reads written once ---------------------------------------------------------------------
-
-
-@functools.cache
-def _api_key_buyer_sql(vendor: str) -> str:
-    """The key's buyer and hash by prefix: one fixed statement, written once per process,
-    because every API request runs it and the ORM would compile it anew each time (about
-    two thirds of its cost, docs/benchmarks.md). Revocation is read on every request."""
-    buyer_columns = ", ".join(f"b.{column(Buyer, f.name)}" for f in Buyer._meta.concrete_fields)
-    key_hash, prefix = column(ApiKey, "key_hash"), column(ApiKey, "prefix")
-    joined = f"b.{column(Buyer, 'id')} = k.{column(ApiKey, 'buyer')}"
-    return (
-        f"SELECT {buyer_columns}, k.{key_hash} AS api_key_hash "  # noqa: S608 - names from the models
-        f"FROM {table(ApiKey)} k JOIN {table(Buyer)} b ON {joined} "
-        f"WHERE k.{prefix} = %s AND k.{column(ApiKey, 'revoked_at')} IS NULL"
-    )
-
-
-# Its rows as Buyers, each with `api_key_hash`, the column mapping worked out once.
-API_KEY_BUYER = PreparedRaw(Buyer, _api_key_buyer_sql)
-
-
-@functools.cache
-def _fulfillment_state_sql(vendor: str) -> str:
-    return (
-        f"SELECT {column(Purchase, 'fulfillment_state')} FROM {table(Purchase)} "  # noqa: S608 - names from the model
-        f"WHERE {column(Purchase, 'id')} = %s"
-    )
-
-
-def fulfillment_state_read(purchase_id: int) -> str | None:
-    """The purchase's fulfilment state, one fixed statement (a waiter reads it often), or
-    None for no such purchase."""
-    with connection.cursor() as cursor:
-        cursor.execute(_fulfillment_state_sql(connection.vendor), [purchase_id])
-        row = cursor.fetchone()
-    return None if row is None else str(row[0])
 
 
 # -- notifications --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from core.actors import Actor
+from core.errors import DomainError
 from core.refs import payment_id_hash
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 from fulfillment.sql import result_insert_with_receipt
@@ -34,7 +35,12 @@ from purchases.models import (
     Purchase,
     PurchaseEvent,
 )
-from purchases.services.checkout.idempotency import KeyedRequest
+from purchases.services.checkout.idempotency import (
+    KeyClaim,
+    KeyedRequest,
+    StoredAnswer,
+    payment_id_store_answer,
+)
 from tests.factories import BuyerFactory, PaymentAttemptFactory, PurchaseFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(databases=["default", "twin"])]
@@ -120,7 +126,7 @@ def payment_id_claims() -> dict[str, Any]:
         )
         hashed = payment_id_hash(request.key)
         claimed, rows = sql.payment_id_insert_or_known(
-            record=record, hashed=hashed, request=request
+            record=record, hashed=hashed, fingerprint_alias=request.fingerprint
         )
         return keys.name("record", claimed), sorted(
             (row.key, row.state, keys.name("ref", row.purchase_ref), keys.name("record", row.pk))  # type: ignore[attr-defined]
@@ -172,17 +178,19 @@ def payment_id_recorded_and_answered() -> dict[str, Any]:
         sql.payment_id_mark_recorded(  # not our lease: writes nothing
             record_id=record.pk, lease_token="another", purchase_id=0
         )
-        stored = sql.payment_id_answer_store(
-            record_id=record.pk,
-            lease_token="lease",
-            values={"state": "completed", "response_status": 201, "completed_at": AT},
+        # The answer, stored through the ORM's conditional UPDATE: once, while the lease
+        # holds the key in flight; a second answer finds it answered and is refused.
+        claim = KeyClaim(record.pk, "lease")
+        payment_id_store_answer(
+            claim=claim, answer=StoredAnswer(201, {"n": 1}), purchase=None, now=AT
         )
-        again = sql.payment_id_answer_store(
-            record_id=record.pk, lease_token="lease", values={"response_status": 500}
-        )
+        with pytest.raises(DomainError) as again:
+            payment_id_store_answer(
+                claim=claim, answer=StoredAnswer(500, {}), purchase=None, now=AT
+            )
     record.refresh_from_db()
     return {
-        "written": (stored, again),
+        "refused": again.value.code,
         "record": (
             keys.name("purchase", record.purchase_id),
             record.recovery_point,

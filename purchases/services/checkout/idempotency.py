@@ -159,7 +159,11 @@ def payment_id_claim(*, request: KeyedRequest) -> KeyClaim:
         locked_until=lease_until(request.now),
         created_at=request.now,
     )
-    claimed, rows = sql.payment_id_insert_or_known(record=new, hashed=hashed, request=request)
+    claimed, rows = sql.payment_id_insert_or_known(
+        record=new,
+        hashed=hashed,
+        fingerprint_alias=request.fingerprint_alias or request.fingerprint,
+    )
     if claimed is not None:
         lease_hold(token=token, record_id=claimed, now=request.now)
         return KeyClaim(claimed, token, is_new=True)
@@ -319,11 +323,11 @@ def payment_id_store_answer(
         "locked_until": record.locked_until,
         "answer_is_live": answer.is_live,
         "recovery_point": IdempotencyRecord.RecoveryPoint.FINISHED,
-        **({"purchase": purchase.pk} if purchase is not None else {}),
+        **({"purchase_id": purchase.pk} if purchase is not None else {}),
     }
-    stored = sql.payment_id_answer_store(
-        record_id=claim.record_id, lease_token=claim.lease_token, values=values
-    )
+    stored = IdempotencyRecord.objects.filter(
+        pk=claim.record_id, lease_token=claim.lease_token, state=IdempotencyRecord.State.IN_FLIGHT
+    ).update(**values)
     if not stored:
         # Our lease ran out and another request resumed: its answer stands, ours rolls back.
         raise DomainError(
