@@ -1,12 +1,12 @@
 """CPU per paid x402 request, two trees measured in paired rounds (issue 20's rule: a change
 may not grow it more than 10%).
 
-Each round runs tests/x402/profile_paid_request.py (the suite's fixtures, a real anvil,
-PostgreSQL; the median CPU of this process per request, after its warm-up) in both trees at
-the same time, so a shared machine's load falls on both sides alike (`--sequential`: one
-after the other, the order swapped every round; on a machine others load unevenly that
-favoured whichever side ran in the quieter minutes). The figure is the median of the
-per-round ratios after/before, with both sides' medians:
+Each round runs bench/by_hand/profile_paid_request.py (tests/x402/ in a tree from before it
+moved; the suite's fixtures, a real anvil, PostgreSQL; the median CPU of this process per
+request, after its warm-up) in both trees at the same time, so a shared machine's load falls
+on both sides alike (`--sequential`: one after the other, the order swapped every round; on a
+machine others load unevenly that favoured whichever side ran in the quieter minutes). The
+figure is the median of the per-round ratios after/before, with both sides' medians:
 
     DATABASE_URL=postgres://.../db REDIS_URL=redis://... .venv/bin/python bench/cpu_pairs.py \\
         --before /path/to/base/worktree --after . --rounds 9 --requests 20
@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 
 PLAIN = re.compile(r"plain\s+n=\d+\s+median ([\d.]+)")
+# The profiler, where each tree has it: trees from before it moved to bench/ hold it in tests/.
+PROFILES = ("bench/by_hand/profile_paid_request.py", "tests/x402/profile_paid_request.py")
 # What a loaded, shared machine does to a round now and then; anything else stops the run.
 PASSING = ("too many clients", "remaining connection slots", "quote_expired", "Timeout")
 
@@ -53,7 +55,7 @@ def start(tree: Path, database_url: str, requests: int) -> subprocess.Popen[str]
             str(tree / ".venv/bin/python"),
             "-m",
             "pytest",
-            "tests/x402/profile_paid_request.py",
+            next(profile for profile in PROFILES if (tree / profile).is_file()),
             "-q",
             "-s",
             "-p",

@@ -13,7 +13,7 @@ drivers are run by hand through pytest, for the suite's fixtures (not collected:
 names do not start with `test_`):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \\
-        tests/x402/walk_paid_request.py tests/purchases/walk_prepaid_pay.py -q -s \\
+        bench/by_hand/walk_paid_request.py bench/by_hand/walk_prepaid_pay.py -q -s \\
         -p no:cacheprovider
 
 Each prints its figures and the files in order of first visit with their stop counts;

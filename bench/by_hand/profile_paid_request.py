@@ -4,7 +4,7 @@ Not a test (pytest collects only `test_*.py`): a profiler run by hand through py
 the suite's fixtures (the session anvil, a fresh test USDC, committed rows):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \
-        tests/x402/profile_paid_request.py -q -s -p no:cacheprovider
+        bench/by_hand/profile_paid_request.py -q -s -p no:cacheprovider
 
 Each request is a POST /x402/<slug> through the real view (APIClient) with a freshly signed
 PAYMENT-SIGNATURE for a new input (its 402 asked beforehand): direct settlement by the
@@ -29,8 +29,8 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
+from bench.by_hand.profiling import print_ours
 from purchases.services.fulfil.result_wait import listeners_close
-from tests.profiling import print_ours
 from tests.x402.e2e import X402World, ask, sign_payment
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -40,6 +40,9 @@ WARM_UP = 5
 
 def test_profile_paid_request(x402_live_world: X402World, settings) -> None:
     world, client = x402_live_world, APIClient()
+    # The paid URL as every x402 test serves it (tests/x402/conftest.py's autouse fixture,
+    # which this folder does not load): its wait handed to an event loop.
+    settings.ROOT_URLCONF = "config.urls_asgi"
     settings.X402_RESULT_WAIT_SECONDS = 30
     requests = int(os.environ.get("PROFILE_REQUESTS", "60"))
     top = int(os.environ.get("PROFILE_TOP", "40"))

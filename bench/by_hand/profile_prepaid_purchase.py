@@ -4,7 +4,7 @@ Not a test (pytest collects only `test_*.py`): a profiler run by hand through py
 the suite's fixtures (a funded buyer, its API key, committed rows):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \
-        tests/purchases/profile_prepaid_purchase.py -q -s -p no:cacheprovider
+        bench/by_hand/profile_prepaid_purchase.py -q -s -p no:cacheprovider
 
 Each round is what `make bench` sends (bench/api_overhead.py) through the real views
 (APIClient): POST /api/v1/quotes for a new input, POST /api/v1/quotes/<id>/purchase with
@@ -30,9 +30,9 @@ from functools import partial
 import pytest
 from rest_framework.test import APIClient
 
+from bench.by_hand.profiling import print_ours
 from purchases.models import Buyer, Offering
 from tests.factories import fund
-from tests.profiling import print_ours
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

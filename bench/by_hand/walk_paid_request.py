@@ -4,7 +4,7 @@ Not a test (pytest collects only `test_*.py`): run by hand through pytest, for t
 fixtures (the session anvil, a fresh test USDC, committed rows):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \\
-        tests/x402/walk_paid_request.py -q -s -p no:cacheprovider
+        bench/by_hand/walk_paid_request.py -q -s -p no:cacheprovider
 
 The request is a POST /x402/<slug> through the real view (APIClient) with a signed
 PAYMENT-SIGNATURE for a new input: direct settlement, the `report` executor inline,
@@ -28,6 +28,9 @@ WARM_UP = 3
 
 def test_walk_paid_request(x402_live_world: X402World, settings) -> None:
     world, client = x402_live_world, APIClient()
+    # The paid URL as every x402 test serves it (tests/x402/conftest.py's autouse fixture,
+    # which this folder does not load): its wait handed to an event loop.
+    settings.ROOT_URLCONF = "config.urls_asgi"
     settings.X402_RESULT_WAIT_SECONDS = 30
     bodies = [
         {"title": f"Walk {n}", "csv": f"region,units\nnorth,{n}\n"} for n in range(WARM_UP + 1)

@@ -3,7 +3,7 @@
 Not a test (pytest collects only `test_*.py`): a profiler run by hand through pytest,
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \
-        tests/purchases/profile_replay_floor.py -q -s -p no:cacheprovider
+        bench/by_hand/profile_replay_floor.py -q -s -p no:cacheprovider
 
 It serves `bench.urls` in this process (APIClient) and measures, in alternating rounds, the
 app CPU (`time.process_time`; PostgreSQL and Redis are other processes) of:

@@ -2,13 +2,13 @@
 profiler run by hand through pytest, not a test (pytest collects only `test_*.py`):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \
-        tests/x402/profile_asgi_request.py -q -s -p no:cacheprovider
+        bench/by_hand/profile_asgi_request.py -q -s -p no:cacheprovider
 
 Requests go through config.asgi's application (config.urls_asgi: the paid URL on the event
 loop), CONCURRENCY at a time on one event loop, as uvicorn drives it. CPU is this process's,
 all threads (`time.process_time`; anvil and PostgreSQL are other processes): what the hops
 between the event loop and threads cost shows here and not in the synchronous profile
-(tests/x402/profile_paid_request.py). Two kinds, each ROUNDS rounds after a warm-up:
+(bench/by_hand/profile_paid_request.py). Two kinds, each ROUNDS rounds after a warm-up:
 
 - unpaid: N POSTs to the paid URL, each answered 402 with its terms (the middleware chain
   and the view's quote, no settlement); PROFILE_REQUESTS sets N (default 400).

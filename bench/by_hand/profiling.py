@@ -1,4 +1,4 @@
-"""What the in-process profilers (tests/*/profile_*.py) print: our functions, not Django's."""
+"""What the in-process profilers (bench/by_hand/profile_*.py) print: our functions, not Django's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pstats
 from pathlib import Path
 
 OURS = ("doors/", "backoffice/", "purchases/", "payments/", "core/", "fulfillment/")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def print_ours(stats: pstats.Stats, top: int) -> None:

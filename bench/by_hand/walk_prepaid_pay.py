@@ -4,7 +4,7 @@ Not a test (pytest collects only `test_*.py`): run by hand through pytest, for t
 fixtures (a funded buyer, its API key, committed rows):
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... .venv/bin/python -m pytest \\
-        tests/purchases/walk_prepaid_pay.py -q -s -p no:cacheprovider
+        bench/by_hand/walk_prepaid_pay.py -q -s -p no:cacheprovider
 
 The walked request is POST /api/v1/quotes/<id>/purchase with a new Idempotency-Key
 through the real view (APIClient), paid from the balance. WARM_UP rounds first.
