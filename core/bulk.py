@@ -9,7 +9,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field, Model
 
-from core.inserts import insert_shape, insert_sql, insert_values
+from core.prepared.inserts import insert_rows, insert_shape, insert_sql, insert_values
 
 
 def bulk_update_columns(objs: Iterable[Model], fields: Sequence[str]) -> int:
@@ -59,6 +59,7 @@ def insert_unless_conflict(
     went in; False when `conflict` (e.g. `(quote_key) WHERE state = 'open'`, naming a
     partial unique index) already had one. PostgreSQL and SQLite (3.35+) both speak it.
     No signals; values prepared as the ORM prepares a new row's (auto_now_add included).
+    The text is written once per model and conflict (core.prepared.inserts).
 
     `also`: (sql, params) of a statement that follows the INSERT in the same statement, as
     a data-modifying CTE reading the new row from `inserted` (PostgreSQL only: pass None
@@ -129,12 +130,13 @@ def bulk_insert_rows(objs: Sequence[Model], *, copy_from: int = 200) -> None:
     From `copy_from` objects on PostgreSQL, one COPY instead of one INSERT with a
     placeholder per value: Django compiles that statement row by row and the server parses
     all of it, which at thousands of rows costs more than the writes themselves. Fewer
-    objects (a request's few events) go in bulk_create's one INSERT, which query counts see.
+    objects (a request's few events) go in one INSERT, which query counts see, its text
+    written once per row count (core.prepared.inserts.insert_rows).
     """
     if not objs:
         return
     if connection.vendor != "postgresql" or len(objs) < copy_from:
-        type(objs[0])._default_manager.bulk_create(objs)
+        insert_rows(objs)
         return
     shape = insert_shape(type(objs[0]))
     sql = f"COPY {shape.table} ({', '.join(shape.columns)}) FROM STDIN"

@@ -40,7 +40,7 @@ def lock_rows(queryset: models.QuerySet[M]) -> list[M]:
 
 def locking(queryset: models.QuerySet[M]) -> models.QuerySet[M]:
     """The queryset, to be read under lock_rows' mode (FOR NO KEY UPDATE of its own table),
-    for reads that lock one row with .get() or .first()."""
+    for reads that lock one row with .get() or compile once (core.prepared)."""
     return queryset.select_for_update(no_key=True, of=("self",))
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 
+from core.prepared import PreparedQuery
 from fulfillment.models import ExecutionAttempt, Receipt, Result
 
 
@@ -13,9 +14,7 @@ def result_for_purchase(*, purchase_id: int) -> Result | None:
     return Result.objects.filter(purchase_id=purchase_id).first()
 
 
-def result_with_receipt(*, purchase_id: int) -> Result | None:
-    """The result with its receipt's public id and signed text (`receipt_public_id`,
-    `receipt_signed`: empty until issued), in one query."""
+def _result_with_receipt(purchase_id: int) -> QuerySet[Result]:
     receipt = Receipt.objects.filter(purchase_id=OuterRef("purchase_id"))
     return (
         Result.objects.filter(purchase_id=purchase_id)
@@ -23,8 +22,18 @@ def result_with_receipt(*, purchase_id: int) -> Result | None:
             receipt_public_id=Subquery(receipt.values("public_id")[:1]),
             receipt_signed=Subquery(receipt.values("signed")[:1]),
         )
-        .first()
+        .order_by("pk")[:1]
     )
+
+
+# Every delivery's read, compiled once per process (core.prepared).
+_RESULT_WITH_RECEIPT = PreparedQuery(_result_with_receipt, purchase_id=int)
+
+
+def result_with_receipt(*, purchase_id: int) -> Result | None:
+    """The result with its receipt's public id and signed text (`receipt_public_id`,
+    `receipt_signed`: empty until issued), in one query."""
+    return _RESULT_WITH_RECEIPT.first(purchase_id=purchase_id)
 
 
 def result_is_expired(*, result: Result, now: datetime) -> bool:

@@ -19,6 +19,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
 from core.refs import payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from fulfillment.models import ExecutionAttempt, Receipt, Result
@@ -773,7 +774,13 @@ def purchase_duplicate_find(
 def purchase_reload(*, purchase: Purchase) -> Purchase:
     # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
     # the shared field object, which is not safe with threads serving requests.
-    return Purchase.objects.select_related("offering", "quote").get(pk=purchase.pk)
+    return _PURCHASE_READ.get(pk=purchase.pk)
+
+
+# The answer's read of a purchase, compiled once per process (core.prepared).
+_PURCHASE_READ = PreparedQuery(
+    lambda pk: Purchase.objects.select_related("offering", "quote").filter(pk=pk), pk=int
+)
 
 
 def purchases_awaiting_execution(*, now: datetime | None = None, limit: int = 500) -> list[int]:

@@ -23,12 +23,15 @@ from django.utils import timezone
 
 from core.actors import AGENT, Actor
 from core.bulk import insert_after
-from core.inserts import insert_statement_of
+from core.prepared import PreparedRaw
+from core.prepared.inserts import insert_statement_of
 from core.sql import column, on_postgresql, table
 from fulfillment.models import Receipt, Result
 from purchases import event_subjects as subjects
 from purchases.events import event_note, events_pending
 from purchases.models import (
+    ApiKey,
+    Buyer,
     DuplicateGuard,
     IdempotencyRecord,
     OutboxMessage,
@@ -72,6 +75,7 @@ def events_flush_with(
         if not batch or not on_postgresql():
             cursor.execute(sql, params)
             return list(cursor.fetchall()) if returning else []
+        # The batch's INSERT, its text written once per row count (core.prepared.inserts).
         insert_sql, insert_params = insert_statement_of(batch)
         result = "SELECT * FROM step" if returning else "SELECT 1"
         cursor.execute(
@@ -229,6 +233,10 @@ def _claim_or_known_sql(vendor: str) -> str:
     )
 
 
+# Its rows as records, the column mapping worked out once (raw() redoes it per call).
+_CLAIM_OR_KNOWN = PreparedRaw(IdempotencyRecord, _claim_or_known_sql)
+
+
 def payment_id_insert_or_known(
     *, record: IdempotencyRecord, hashed: str, fingerprint_alias: str
 ) -> tuple[int | None, list[IdempotencyRecord]]:
@@ -240,9 +248,8 @@ def payment_id_insert_or_known(
     statement on PostgreSQL; the twin claims, then reads and notes."""
     params = _claim_params(record, hashed)
     if on_postgresql():
-        sql = _claim_or_known_sql(connection.vendor)
         known = _known_params(record, hashed, fingerprint_alias)
-        rows = list(IdempotencyRecord.objects.raw(sql, {**params, **known}))
+        rows = _CLAIM_OR_KNOWN.fetch({**params, **known})
         claimed = next((row.claimed_id for row in rows if row.claimed_id is not None), None)  # type: ignore[attr-defined]
         return (int(claimed), []) if claimed is not None else (None, rows)
     with connection.cursor() as cursor:
@@ -579,6 +586,45 @@ def payment_drop_note(
     }
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+# -- reads written once ---------------------------------------------------------------------
+
+
+@functools.cache
+def _api_key_buyer_sql(vendor: str) -> str:
+    """The key's buyer and hash by prefix: one fixed statement, written once per process,
+    because every API request runs it and the ORM would compile it anew each time (about
+    two thirds of its cost, docs/benchmarks.md). Revocation is read on every request."""
+    buyer_columns = ", ".join(f"b.{column(Buyer, f.name)}" for f in Buyer._meta.concrete_fields)
+    key_hash, prefix = column(ApiKey, "key_hash"), column(ApiKey, "prefix")
+    joined = f"b.{column(Buyer, 'id')} = k.{column(ApiKey, 'buyer')}"
+    return (
+        f"SELECT {buyer_columns}, k.{key_hash} AS api_key_hash "  # noqa: S608 - names from the models
+        f"FROM {table(ApiKey)} k JOIN {table(Buyer)} b ON {joined} "
+        f"WHERE k.{prefix} = %s AND k.{column(ApiKey, 'revoked_at')} IS NULL"
+    )
+
+
+# Its rows as Buyers, each with `api_key_hash`, the column mapping worked out once.
+API_KEY_BUYER = PreparedRaw(Buyer, _api_key_buyer_sql)
+
+
+@functools.cache
+def _fulfillment_state_sql(vendor: str) -> str:
+    return (
+        f"SELECT {column(Purchase, 'fulfillment_state')} FROM {table(Purchase)} "  # noqa: S608 - names from the model
+        f"WHERE {column(Purchase, 'id')} = %s"
+    )
+
+
+def fulfillment_state_read(purchase_id: int) -> str | None:
+    """The purchase's fulfilment state, one fixed statement (a waiter reads it often), or
+    None for no such purchase."""
+    with connection.cursor() as cursor:
+        cursor.execute(_fulfillment_state_sql(connection.vendor), [purchase_id])
+        row = cursor.fetchone()
+    return None if row is None else str(row[0])
 
 
 # -- notifications --------------------------------------------------------------------------

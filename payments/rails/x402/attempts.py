@@ -7,8 +7,12 @@ puts the returned Change on the purchase's timeline.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import QuerySet
 
 from core.changes import Change
+from core.prepared import PreparedUpdate
 from payments import sql
 from payments.models import LIVE_ATTEMPT_STATES, PENDING_ATTEMPT_STATES, PaymentAttempt, Rail
 from payments.rails.x402.types import (
@@ -83,11 +87,21 @@ def x402_attempt_record(
     return attempt, change
 
 
+def _unclaimed_broadcast(
+    attempt_id: int, now: datetime
+) -> tuple[QuerySet[PaymentAttempt], dict[str, Any]]:
+    unclaimed = PaymentAttempt.objects.filter(pk=attempt_id, broadcast_started_at__isnull=True)
+    return unclaimed, {"broadcast_started_at": now}
+
+
+# Every settlement's first statement, compiled once per process (core.prepared).
+_FIRST_BROADCAST_CLAIM = PreparedUpdate(_unclaimed_broadcast, attempt_id=int, now=datetime)
+
+
 def x402_attempt_claim_first_broadcast(*, attempt: PaymentAttempt, now: datetime) -> bool:
     """Claim the attempt's first broadcast (one conditional UPDATE): True for exactly one
     caller ever, who performs it; the others look the settlement up instead."""
-    unclaimed = PaymentAttempt.objects.filter(pk=attempt.pk, broadcast_started_at__isnull=True)
-    if not unclaimed.update(broadcast_started_at=now):
+    if not _FIRST_BROADCAST_CLAIM.run(attempt_id=attempt.pk, now=now):
         return False
     attempt.broadcast_started_at = now
     return True

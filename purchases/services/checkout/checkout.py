@@ -18,19 +18,21 @@ again.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Subquery
+from django.db.models import QuerySet, Subquery
 from django_fsm import ConcurrentTransition
 
 from core.actors import Actor
 from core.bulk import insert_unless_conflict
 from core.errors import DomainError, ErrorCode
 from core.handoff import Handoff
+from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
 from payments.selectors import payment_attempt_for_key
@@ -270,32 +272,74 @@ def _quote_named(
     a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
     exists). Raises DomainError: quote_not_found.
     """
-    quotes = Quote.objects.select_related("offering").filter(
-        public_id=request.presentation.quote_id or ""
+    shape = _QuoteShape(
+        wallet_owner=request.buyer is None,
+        duplicate=with_duplicate,
+        of_offering=request.offering is not None,
+        lock=lock,
     )
-    if request.buyer is None:
-        # The paying wallet's owner (spend caps bind it) comes with the quote, not in a query
-        # of its own. A buyer with an API key is capped as itself: not needed then.
-        owner = BuyerWallet.objects.filter(address=request.presentation.payer.lower())
-        quotes = quotes.annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
-    if with_duplicate:
-        quotes = quotes.annotate(
-            duplicate_id=purchase_duplicate_of_quote(
-                payer=request.presentation.payer.lower(),
-                buyer_ref=request.buyer.ref if request.buyer else "",
-                copy_label=request.copy_label,
-                now=request.now,
-            )
+    values: dict[str, object] = {"public_id": request.presentation.quote_id or ""}
+    if shape.wallet_owner:
+        values["payer_lower"] = request.presentation.payer.lower()
+    if shape.duplicate:
+        values.update(
+            payer=request.presentation.payer.lower(),
+            buyer_ref=request.buyer.ref if request.buyer else "",
+            copy_label=request.copy_label,
+            now=request.now,
         )
     if request.offering is not None:
-        quotes = quotes.filter(offering_id=request.offering.pk)
-    if lock:
-        quotes = quotes.select_for_update(of=("self",))
-    quote = quotes.first()
+        values["offering_id"] = request.offering.pk
+    quote = _quote_query(shape).first(**values)
     if quote is None or not _may_pay(quote, request):
         detail = "accepted.extra.quote names no quote of this offering." if request.offering else ""
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND, detail)
     return quote
+
+
+@dataclass(frozen=True)
+class _QuoteShape:
+    wallet_owner: bool  # no API key: the paying wallet's owner comes with the quote
+    duplicate: bool  # with the purchase this payment would repeat
+    of_offering: bool  # only the paid URL's offering's quotes
+    lock: bool
+
+
+@functools.cache
+def _quote_query(shape: _QuoteShape) -> PreparedQuery[Quote]:
+    """The read of _quote_named in one shape, compiled once per process (core.prepared):
+    every paid request runs it, and its subqueries cost more to compile than to run."""
+    parameters: dict[str, type] = {"public_id": str}
+    if shape.wallet_owner:
+        parameters["payer_lower"] = str
+    if shape.duplicate:
+        parameters.update(payer=str, buyer_ref=str, copy_label=str, now=datetime)
+    if shape.of_offering:
+        parameters["offering_id"] = int
+
+    def build(**values: Any) -> QuerySet[Quote]:
+        quotes = Quote.objects.select_related("offering").filter(public_id=values["public_id"])
+        if shape.wallet_owner:
+            # The paying wallet's owner (spend caps bind it) comes with the quote, not in a
+            # query of its own. A buyer with an API key is capped as itself: not needed then.
+            owner = BuyerWallet.objects.filter(address=values["payer_lower"])
+            quotes = quotes.annotate(payer_owner_id=Subquery(owner.values("buyer_id")[:1]))
+        if shape.duplicate:
+            quotes = quotes.annotate(
+                duplicate_id=purchase_duplicate_of_quote(
+                    payer=values["payer"],
+                    buyer_ref=values["buyer_ref"],
+                    copy_label=values["copy_label"],
+                    now=values["now"],
+                )
+            )
+        if shape.of_offering:
+            quotes = quotes.filter(offering_id=values["offering_id"])
+        if shape.lock:
+            quotes = quotes.select_for_update(of=("self",))
+        return quotes.order_by("pk")[:1]  # as first() reads it
+
+    return PreparedQuery(build, **parameters)
 
 
 def _may_pay(quote: Quote, request: PaymentRequest) -> bool:

@@ -67,6 +67,8 @@ def purchase_duplicate_of_quote(
     """For annotating a Quote query (the offering joined): the id of the purchase a payment
     of that quote would repeat, as purchase_duplicate_find says, with the key computed by
     the database (SHA256 of the same fields), so reading the quote looks for it too."""
+    # The values each a parameter of their own, so the statement's shape never changes
+    # (checkout compiles it once: core.prepared).
     key = _Sha256Hex(
         Concat(
             Value(payer.lower()),

@@ -18,6 +18,7 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.clock import now_or
 from core.locks import locking
+from core.prepared import PreparedQuery
 from fulfillment import services as fulfillment_services
 from fulfillment.executors import (
     Executor,
@@ -144,16 +145,23 @@ def _retry_or_give_up(
     ) from error
 
 
+# Every execution's first read, compiled once per process (core.prepared): the purchase
+# locked, with its offering, quote and payment evidence.
+_CLAIM_READ = PreparedQuery(
+    lambda pk: (
+        locking(Purchase.objects)
+        .select_related("offering", "offering__upstream", "quote")
+        .annotate(**payment_selectors.payment_evidence_of_purchase())
+        .filter(pk=pk)
+    ),
+    pk=int,
+)
+
+
 def _claim(purchase_id: int, worker: str) -> _Claimed | None:
     actor = Actor.system(worker)
     with transaction.atomic(), events_batched():
-        # The purchase locked, with its offering, quote and payment evidence.
-        purchase = (
-            locking(Purchase.objects)
-            .select_related("offering", "offering__upstream", "quote")
-            .annotate(**payment_selectors.payment_evidence_of_purchase())
-            .get(pk=purchase_id)
-        )
+        purchase = _CLAIM_READ.get(pk=purchase_id)
         if purchase.fulfillment_state not in (RUN.QUEUED, RUN.RUNNING):
             return None  # finished, failed or not paid yet: nothing for a worker to do
         now = now_or(None)

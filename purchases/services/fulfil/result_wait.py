@@ -52,7 +52,7 @@ from purchases.services.shared.outbox import (
     outbox_release_held,
     outbox_retire_held,
 )
-from purchases.sql import LISTEN_FULFILLMENT
+from purchases.sql import LISTEN_FULFILLMENT, fulfillment_state_read
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -191,7 +191,11 @@ def fulfillment_wait(
     (a time.monotonic() value). Returns the last state read."""
 
     def read() -> str:
-        return str(Purchase.objects.values_list("fulfillment_state", flat=True).get(pk=purchase_id))
+        # One fixed statement, not a queryset compiled on every look (core.prepared's why).
+        state = fulfillment_state_read(purchase_id)
+        if state is None:
+            raise Purchase.DoesNotExist(f"purchase {purchase_id} does not exist")
+        return state
 
     if not on_postgresql():  # no LISTEN: poll
         return _poll(read, waiting, deadline, SQLITE_POLL_SECONDS)

@@ -16,6 +16,7 @@ from core.bulk import insert_unless_conflict
 from core.canonical import canonical_json, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
 from core.refs import new_ref
 from payments.rails import QuoteTerms
 from purchases.events import event_record
@@ -30,8 +31,14 @@ class QuoteOutcome:
     created: bool
 
 
+# Every quote and every paid call reads its offering: compiled once per process.
+_ACTIVE_OFFERING = PreparedQuery(
+    lambda slug: Offering.objects.filter(slug=slug, is_active=True).order_by("pk")[:1], slug=str
+)
+
+
 def offering_get_active(*, slug: str) -> Offering:
-    offering = Offering.objects.filter(slug=slug, is_active=True).first()
+    offering = _ACTIVE_OFFERING.first(slug=slug)
     if offering is None:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {slug!r}.")
     return offering

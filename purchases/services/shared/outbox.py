@@ -41,6 +41,7 @@ from django.db import transaction
 from django.db.models import F, QuerySet
 
 from core.clock import now_or
+from core.prepared import PreparedUpdate
 from purchases import sql
 from purchases.models import OUTBOX_WAITING, JobRun, OutboxMessage
 from purchases.services.shared.job_runs import job_run
@@ -63,6 +64,24 @@ FREQUENT_JOBS = ((RELAY_JOB, "relay_runs_pruned"), ("heal_relayers", "heal_runs_
 
 def _waiting(message_id: int) -> QuerySet[OutboxMessage]:
     return OutboxMessage.objects.filter(OUTBOX_WAITING, pk=message_id)
+
+
+# A message sent, or its job done by the request that staged it (retired), marked so if
+# still waiting: after every staging commit and every inline run, compiled once
+# (core.prepared).
+_MARK_RELAYED = PreparedUpdate(
+    lambda message_id, now: (
+        _waiting(message_id),
+        {"relayed_at": now, "attempts": F("attempts") + 1},
+    ),
+    message_id=int,
+    now=datetime,
+)
+_MARK_RETIRED = PreparedUpdate(
+    lambda message_id, now: (_waiting(message_id), {"retired_at": now}),
+    message_id=int,
+    now=datetime,
+)
 
 
 def outbox_stage(
@@ -170,7 +189,7 @@ def outbox_retire_held(*, dedup_key: str, now: datetime | None = None) -> bool:
     if hold is None or dedup_key not in hold.held:
         return False
     message_id, _ = hold.held.pop(dedup_key)
-    return _waiting(message_id).update(retired_at=now_or(now)) == 1
+    return _MARK_RETIRED.run(message_id=message_id, now=now_or(now)) == 1
 
 
 def outbox_release_held(*, dedup_key: str) -> None:
@@ -249,7 +268,7 @@ def _relay_staged(*, message_id: int, job: str, kwargs: dict[str, Any]) -> None:
         )
         _record_failure(message_id, 0, exc, now_or(None))
         return
-    _waiting(message_id).update(relayed_at=now_or(None), attempts=F("attempts") + 1)
+    _MARK_RELAYED.run(message_id=message_id, now=now_or(None))
 
 
 def outbox_relay_due(

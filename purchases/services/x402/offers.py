@@ -17,12 +17,13 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Exists, OuterRef, Subquery
 
 from core.actors import Actor
 from core.canonical import canonical_json, sha256_hex
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
+from core.prepared import PreparedQuery
 from fulfillment.models import Upstream
 from payments.rails.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
 from payments.rails.x402.networks import UnknownNetwork, network_config, network_is_settled
@@ -89,20 +90,55 @@ class X402PaidRoute:
     payer_owner_id: int | None = None
 
 
-def _paid_offerings(slug: str, quote: str) -> QuerySet[Offering]:
-    """Every paid request reads its offering; the named quote's input hash comes in the same
-    statement (what a payment id binds to needs it before the id is claimed), and whether a
-    seller's upstream runs the work (purchases.services.fulfil.upstreams: no second read to
-    decide whether the request may run the work itself)."""
-    return Offering.objects.filter(slug=slug, is_active=True).annotate(
-        quote_input_hash=Subquery(
-            Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values("input_hash")[
-                :1
-            ]
-        ),
-        has_upstream=Exists(Upstream.objects.filter(offering_id=OuterRef("pk"))),
-    )
+# Every paid request reads its offering; the named quote's input hash comes in the same
+# statement (what a payment id binds to needs it before the id is claimed), and whether a
+# seller's upstream runs the work (purchases.services.fulfil.upstreams: no second read to decide
+# whether the request may run the work itself).
+_PAID_OFFERING = PreparedQuery(
+    lambda slug, quote: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            quote_input_hash=Subquery(
+                Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
+                    "input_hash"
+                )[:1]
+            ),
+            has_upstream=Exists(Upstream.objects.filter(offering_id=OuterRef("pk"))),
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
+    quote=str,
+)
 
+
+# The same for a payment of a quote whose terms it carries signed
+# (purchases.services.x402.quote_seal):
+# with the duplicate it would repeat and the paying wallet's owner, so the quote's
+# terms, duplicate and owner come in this one read (no quote row to read them with).
+_PAID_OFFERING_SEALED = PreparedQuery(
+    lambda slug, quote, payer, duplicate_key, now: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            quote_input_hash=Subquery(
+                Quote.objects.filter(public_id=quote, offering_id=OuterRef("pk")).values(
+                    "input_hash"
+                )[:1]
+            ),
+            has_upstream=Exists(Upstream.objects.filter(offering_id=OuterRef("pk"))),
+            duplicate_id=purchase_duplicate_of_offering(duplicate_key=duplicate_key, now=now),
+            payer_owner_id=Subquery(
+                BuyerWallet.objects.filter(address=payer).values("buyer_id")[:1]
+            ),
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
+    quote=str,
+    payer=str,
+    duplicate_key=str,
+    now=datetime,
+)
 
 _NOT_X402 = "This offering is not sold over x402."
 
@@ -117,7 +153,7 @@ def x402_route_paid(*, offering_slug: str, quote_id: str | None) -> X402PaidRout
 
     Raises DomainError: offering_not_found.
     """
-    offering = _paid_offerings(offering_slug, quote_id or "").first()
+    offering = _PAID_OFFERING.first(slug=offering_slug, quote=quote_id or "")
     if offering is None:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")
     if not network_is_settled(offering.network):
@@ -148,16 +184,8 @@ def x402_route_paid_sealed(
         input_hash=input_hash,
         copy_label=copy_label,
     )
-    # No quote row to read the terms, duplicate and owner with: they come in this one read.
-    offering = (
-        _paid_offerings(offering_slug, quote_id)
-        .annotate(
-            duplicate_id=purchase_duplicate_of_offering(duplicate_key=key, now=now),
-            payer_owner_id=Subquery(
-                BuyerWallet.objects.filter(address=payer.lower()).values("buyer_id")[:1]
-            ),
-        )
-        .first()
+    offering = _PAID_OFFERING_SEALED.first(
+        slug=offering_slug, quote=quote_id, payer=payer.lower(), duplicate_key=key, now=now
     )
     if offering is None:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, f"No offering named {offering_slug!r}.")

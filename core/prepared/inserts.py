@@ -1,8 +1,8 @@
-"""New rows' INSERT written by hand, for a statement of ours that carries it (an app's
-`sql.py`: the timeline's rows folded into another write, an INSERT ... ON CONFLICT).
+"""New rows written by hand, their INSERT's text written once per model and row count.
 
-`insert_statement_of` and its parts `insert_shape`, `insert_sql`, `insert_values`. Anything
-else that inserts goes through the ORM (save(), bulk_create).
+`insert_rows`, `insert_statement_of` and their parts `insert_shape`, `insert_sql`,
+`insert_values`: several rows in one statement, or inside a statement of ours (an app's
+`sql.py`). A save() of one new row goes through the ORM.
 
 Values are prepared as the ORM prepares them (`pre_save` for a new row, so `auto_now_add`
 and the like, then `get_db_prep_save`); returned columns are converted as it converts them.
@@ -64,9 +64,10 @@ def _insert_shape(model: type[models.Model], alias: str, vendor: str) -> InsertS
     )
 
 
+@functools.lru_cache(maxsize=64)  # row counts seen: a request's events, a bulk writer's chunks
 def insert_sql(model: type[models.Model], alias: str, vendor: str, rows: int = 1) -> str:
     """`INSERT INTO <table> (<InsertShape's columns>) VALUES (%s, ...), ...` for `rows`
-    rows, the form the ORM writes."""
+    rows, the form the ORM writes, once per model, database and row count."""
     shape = _insert_shape(model, alias, vendor)
     row = f"({', '.join(['%s'] * len(shape.fields))})"
     return (
@@ -87,11 +88,23 @@ def insert_values(objs: Sequence[models.Model]) -> list[Any]:
     return params
 
 
+def insert_rows(objs: Sequence[models.Model]) -> None:
+    """INSERT the new rows (one model's, none saved) in one statement, as bulk_create does
+    (same values, no signals) but with its text written once per row count; ids are not
+    read back. The ORM's bulk_create does what this cannot (an expression, a placeholder of
+    a field's own, a primary key set, more parameters than the database takes at once)."""
+    statement = _insert_statement(objs)
+    if statement is None:
+        type(objs[0])._default_manager.bulk_create(objs)
+        return
+    sql, params = statement
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 def insert_statement_of(objs: Sequence[models.Model]) -> tuple[str, list[Any]]:
-    """The INSERT of these new rows (one model's, none saved) and its parameters, as
-    bulk_create writes them (same values, no signals), for a statement of ours to carry.
-    Raises ValueError for rows only the ORM can write (an expression, a placeholder of a
-    field's own, a primary key set, more parameters than the database takes at once)."""
+    """insert_rows' statement and parameters, for a statement of ours to carry. Raises
+    ValueError for rows only the ORM can write."""
     statement = _insert_statement(objs)
     if statement is None:
         raise ValueError(f"{type(objs[0]).__name__}: these rows cannot be written by hand")
