@@ -76,6 +76,17 @@ A_co = TypeVar("A_co", covariant=True)
 
 
 @dataclass(frozen=True)
+class QuoteToPay:
+    """The quote a payment names, with what was read beside it: the purchase this payment
+    would repeat inside the offering's duplicate window, and the buyer the paying wallet is
+    registered to (spend caps bind it; None: no such buyer, or an API key pays)."""
+
+    quote: Quote
+    duplicate_id: int | None = None
+    payer_owner_id: int | None = None
+
+
+@dataclass(frozen=True)
 class PaymentRequest:
     """One presentation of payment, with who sent it and what for."""
 
@@ -92,9 +103,9 @@ class PaymentRequest:
     # The door it came in by, written on a purchase it creates (Purchase.Channel).
     channel: str = Purchase.Channel.HTTP
     # A quote not written yet (its terms came signed with the payment, checked by the door),
-    # written with the purchase; with `duplicate_id` and `payer_owner_id` annotated as
-    # _quote_named reads them. None: the quote the presentation names, read from the database.
-    quote: Quote | None = None
+    # written with the purchase, with what the door read beside it. None: the quote the
+    # presentation names, read from the database.
+    quote: QuoteToPay | None = None
     # Why the quote the payment carries cannot be paid (its signed terms are not ours),
     # answered under the payment's key where reading a quote would have refused it.
     quote_refusal: DomainError | None = None
@@ -147,6 +158,8 @@ class _Checkout(Generic[A]):
     rail: PaymentRail
     # What the rail's verify returned: handed back to it, never derived twice per request.
     context: Any = None
+    # The paying wallet's owner, read with the quote (QuoteToPay.payer_owner_id).
+    payer_owner_id: int | None = None
 
 
 def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
@@ -187,18 +200,18 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         return _record_and_answer(checkout, claim)
     if request.quote_refusal is not None:
         raise request.quote_refusal
-    quote = request.quote or _quote_named(request, with_duplicate=True)
-    terms = quote_terms(quote=quote)
+    to_pay = request.quote or _quote_named(request, with_duplicate=True)
+    quote, terms = to_pay.quote, quote_terms(quote=to_pay.quote)
     checkout = replace(
         checkout,
         context=rail.verify(presentation=request.presentation, terms=terms, now=request.now),
+        payer_owner_id=to_pay.payer_owner_id,
     )
     duplicate_key = _duplicate_key(request, quote)
     # A duplicate is answered before anything is asked of the chain (found with the quote).
-    duplicate_id = quote.duplicate_id  # type: ignore[attr-defined]  # annotated
     duplicate = (
-        Purchase.objects.select_related("offering", "quote").get(pk=duplicate_id)
-        if duplicate_id is not None
+        Purchase.objects.select_related("offering", "quote").get(pk=to_pay.duplicate_id)
+        if to_pay.duplicate_id is not None
         else None
     )
     if duplicate is not None:
@@ -227,13 +240,14 @@ def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
     records and settles the payment, and stores the answer."""
     request = checkout.request
     with transaction.atomic():
-        quote = _quote_named(request, lock=True)
-        terms = quote_terms(quote=quote)
+        to_pay = _quote_named(request, lock=True)
+        quote, terms = to_pay.quote, quote_terms(quote=to_pay.quote)
         checkout = replace(
             checkout,
             context=checkout.rail.verify(
                 presentation=request.presentation, terms=terms, now=request.now
             ),
+            payer_owner_id=to_pay.payer_owner_id,
         )
         try:
             _, _, stored = _record(
@@ -264,9 +278,9 @@ def _duplicate_key(request: PaymentRequest, quote: Quote) -> str:
 
 def _quote_named(
     request: PaymentRequest, *, lock: bool = False, with_duplicate: bool = False
-) -> Quote:
-    """The quote the payment names, if this payer may pay it. `with_duplicate`: with the id
-    of the purchase this payment would repeat (`duplicate_id`, None if none) in the read.
+) -> QuoteToPay:
+    """The quote the payment names, if this payer may pay it, with the paying wallet's owner
+    when no API key pays. `with_duplicate`: with the purchase this payment would repeat.
 
     A quote opened with an API key is its buyer's: paid with that key, or without a key from
     a wallet registered to that buyer. Anyone else's payment never touches it (nor learns it
@@ -294,7 +308,9 @@ def _quote_named(
     if quote is None or not _may_pay(quote, request):
         detail = "accepted.extra.quote names no quote of this offering." if request.offering else ""
         raise DomainError(ErrorCode.QUOTE_NOT_FOUND, detail)
-    return quote
+    # The annotations read with the quote (see _quote_query), taken off it.
+    extra = vars(quote)
+    return QuoteToPay(quote, extra.pop("duplicate_id", None), extra.pop("payer_owner_id", None))
 
 
 @dataclass(frozen=True)
@@ -433,7 +449,7 @@ def _record_once(
                 .select_related("offering")
                 .get(public_id=quote.public_id)
             )
-        purchase = _purchase_for_payment(request, quote, duplicate_key)
+        purchase = _purchase_for_payment(request, quote, duplicate_key, checkout.payer_owner_id)
         is_new = purchase.pk is None
         # The moves are made before the row is written (a new purchase is one INSERT) and
         # put on the timeline after the attempt they name.
@@ -498,15 +514,22 @@ _MOVED_FIELDS = [
 ]
 
 
-def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: str) -> Purchase:
+def _purchase_for_payment(
+    request: PaymentRequest, quote: Quote, duplicate_key: str, payer_owner_id: int | None
+) -> Purchase:
     """The purchase this payment goes to: the quote's (if its last payment failed) or a new
     one, not yet written (one per quote, by the database). Caller holds the quote's lock.
+    `payer_owner_id`: the paying wallet's owner, read with the quote.
 
     Raises DomainError: quote_already_paid, quote_expired, spend_cap_exceeded, sold_out.
     """
     presentation, now = request.presentation, request.now
     purchase = purchase_open_for_payment(quote=quote, now=now)
-    capped = request.buyer or quote.buyer or _wallet_owner(quote, presentation.payer)
+    capped = (
+        request.buyer
+        or quote.buyer
+        or (Buyer.objects.get(pk=payer_owner_id) if payer_owner_id is not None else None)
+    )
     if capped is not None:
         # Spend caps bind the paying wallet's owner whichever rail it pays on.
         buyer_spend_cap_check(
@@ -533,15 +556,6 @@ def _purchase_for_payment(request: PaymentRequest, quote: Quote, duplicate_key: 
     purchase.rail, purchase.payer = presentation.rail, presentation.payer
     purchase.duplicate_key = duplicate_key
     return purchase
-
-
-def _wallet_owner(quote: Quote, address: str) -> Buyer | None:
-    """The buyer the paying wallet is registered to, if any (as read with the quote)."""
-    if hasattr(quote, "payer_owner_id"):
-        owner_id = quote.payer_owner_id
-        return Buyer.objects.get(pk=owner_id) if owner_id is not None else None
-    wallet = BuyerWallet.objects.select_related("buyer").filter(address=address.lower()).first()
-    return wallet.buyer if wallet else None
 
 
 def purchase_open_for_payment(*, quote: Quote, now: datetime) -> Purchase | None:

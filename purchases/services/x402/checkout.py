@@ -25,8 +25,13 @@ from core.errors import DomainError, ErrorCode
 from core.handoff import Handoff
 from payments.rails import Presentation
 from payments.rails.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
-from purchases.models import Buyer, Offering, Purchase, Quote
-from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.models import Buyer, Offering, Purchase
+from purchases.services.checkout.checkout import (
+    CheckoutAnswers,
+    PaymentRequest,
+    QuoteToPay,
+    purchase_pay,
+)
 from purchases.services.checkout.duplicates import copy_label_validate
 from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.services.x402.offers import X402PaidRoute, x402_route_paid, x402_route_paid_sealed
@@ -82,7 +87,7 @@ def x402_pay(
     presentation = x402_presentation(header=payment_header)
     now = now_or(now)
     sealed = quote_seal_read(accepted=presentation.accepted)
-    unwritten: Quote | None = None
+    unwritten: QuoteToPay | None = None
     refusal: DomainError | None = None
     # The paid URL names the offering: only its quotes can be paid there.
     if sealed is None:
@@ -102,9 +107,11 @@ def x402_pay(
             # Not written yet (the usual case): written with the purchase, from the signed
             # terms and the input this request carries, which must be the quoted one.
             carried = raw_input if raw_input is not None else _carried(carried_input, route)
-            unwritten = quote_from_seal(sealed=sealed, offering=route.offering, raw_input=carried)
-            unwritten.duplicate_id = route.duplicate_id  # type: ignore[attr-defined]
-            unwritten.payer_owner_id = route.payer_owner_id  # type: ignore[attr-defined]
+            unwritten = QuoteToPay(
+                quote_from_seal(sealed=sealed, offering=route.offering, raw_input=carried),
+                route.duplicate_id,
+                route.payer_owner_id,
+            )
             route = replace(route, quote_input_hash=sealed.input_hash)
     offering = route.offering
     # One wait budget for the settlement and the work, from here (x402_wait_budget).
