@@ -8,7 +8,6 @@ so tools that only read offers can grade the URL, and nothing is written for it.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -20,7 +19,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Subquery
 
 from core.actors import Actor
-from core.canonical import canonical_json, sha256_hex
+from core.canonical import canonical_json
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
@@ -206,25 +205,11 @@ def _route(offering: Offering) -> X402Route:
         raise DomainError(ErrorCode.OFFERING_NOT_FOUND, _NOT_X402) from exc
 
 
-def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote:
-    """A fresh short-lived quote of an offering with stock: still written (docs/x402.md),
-    holding no stock: free 402s can never drain stock."""
-    canonical = quote_input_canonicalize(offering=offering, raw_input=raw_input)
+def _quote_anonymous_written(quote: Quote, offering: Offering) -> None:
+    """An anonymous quote of an offering with stock is still written (docs/x402.md), holding
+    no stock: free 402s can never drain stock."""
     with transaction.atomic():
-        quote = Quote.objects.create(
-            offering=offering,
-            buyer=None,
-            quote_key=sha256_hex(secrets.token_hex(16)),
-            canonical_input=canonical,
-            input_hash=sha256_hex(canonical_json(canonical)),
-            price=offering.price,
-            asset=offering.asset,
-            network=offering.network,
-            pay_to=offering.pay_to,
-            offering_version=offering.version,
-            holds_stock=False,
-            expires_at=now + timedelta(seconds=settings.X402_ANONYMOUS_QUOTE_TTL_SECONDS),
-        )
+        quote.save()
         event_record(
             subject="quote",
             quote=quote,
@@ -232,7 +217,6 @@ def _quote_anonymous(offering: Offering, raw_input: Any, now: datetime) -> Quote
             to_state=quote.state,
             evidence={"offering": offering.slug, "anonymous": True},
         )
-    return quote
 
 
 def x402_offer(
@@ -258,15 +242,16 @@ def x402_offer(
         quote = quote_create(
             buyer=buyer, offering_slug=offering_slug, raw_input=raw_input, now=now
         ).quote
-    elif route.offering.stock is None:
-        # Nothing written: the 402 carries the quote's terms signed, and the payment brings
-        # its input back (purchases.services.x402.quote_seal); the quote is written with the
-        # purchase.
+    else:
         canonical = quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
         quote = quote_unwritten(offering=route.offering, canonical_input=canonical, now=now)
-        signed_quote = quote_seal(quote=quote, offering=route.offering)
-    else:
-        quote = _quote_anonymous(route.offering, raw_input, now)
+        if route.offering.stock is None:
+            # Nothing written: the 402 carries the quote's terms signed, and the payment
+            # brings its input back (purchases.services.x402.quote_seal); the quote is
+            # written with the purchase.
+            signed_quote = quote_seal(quote=quote, offering=route.offering)
+        else:
+            _quote_anonymous_written(quote, route.offering)
     challenge = (
         x402_sign_in_declaration(
             offering=route.offering,
