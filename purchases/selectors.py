@@ -11,8 +11,18 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
-from django.db.models import Count, Q, Sum
+from django.db.models import (
+    Count,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+)
 from django.db.models.functions import Lower, TruncDate
+from django.db.models.lookups import GreaterThan
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
@@ -752,23 +762,43 @@ def refund_search_ids(*, term: str, kinds: Iterable[str] = REFUND_SEARCH_KINDS) 
 DUPLICATE_REPEATABLE_STATES = (PAY.PAYING, PAY.SETTLEMENT_PENDING, PAY.PAID)
 
 
+def purchases_repeated(
+    *, offering_id: Any, window: Any, duplicate_key: Any, now: datetime
+) -> QuerySet[Purchase]:
+    """The duplicate window's one rule: the purchases a new payment with `duplicate_key`
+    repeats, newest first: the offering's, with that key, recorded inside its window (a zero
+    window is off) and not failed. Each of `offering_id`, `window` and `duplicate_key` is a
+    value or an expression (an OuterRef), so the same rule also annotates the read of an
+    offering or a quote (purchases.services.checkout.duplicates)."""
+    if not hasattr(window, "resolve_expression"):
+        window = Value(window, output_field=DurationField())
+    since = ExpressionWrapper(
+        Value(now, output_field=DateTimeField()) - window, output_field=DateTimeField()
+    )
+    return Purchase.objects.filter(
+        # A zero window is off: `since` alone would still match a payment recorded after
+        # `now` (two payments of one quote racing).
+        GreaterThan(window, Value(timedelta(0))),
+        offering_id=offering_id,
+        duplicate_key=duplicate_key,
+        created_at__gt=since,
+        payment_state__in=DUPLICATE_REPEATABLE_STATES,
+    ).order_by("-pk")
+
+
 def purchase_duplicate_find(
     *, offering: Offering, duplicate_key: str, now: datetime
 ) -> Purchase | None:
     """The purchase a new payment with this key repeats, if one is inside the window."""
     if not offering.duplicate_window:
         return None
-    return (
-        Purchase.objects.select_related("offering", "quote")
-        .filter(
-            duplicate_key=duplicate_key,
-            offering=offering,
-            created_at__gt=now - offering.duplicate_window,
-            payment_state__in=DUPLICATE_REPEATABLE_STATES,
-        )
-        .order_by("-pk")
-        .first()
+    repeated = purchases_repeated(
+        offering_id=offering.pk,
+        window=offering.duplicate_window,
+        duplicate_key=duplicate_key,
+        now=now,
     )
+    return repeated.select_related("offering", "quote").first()
 
 
 def purchase_reload(*, purchase: Purchase) -> Purchase:

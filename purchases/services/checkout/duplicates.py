@@ -12,19 +12,18 @@ a retried copy is still deduplicated against itself.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db.models import CharField, DateTimeField, ExpressionWrapper, OuterRef, Subquery, Value
+from django.db.models import CharField, OuterRef, Subquery, Value
 from django.db.models.functions import SHA256, Concat
-from django.db.models.lookups import GreaterThan
 
 from core.actors import Actor
-from core.canonical import sha256_hex
 from core.errors import DomainError, ErrorCode
 from purchases.events import event_record
 from purchases.models import DuplicateGuard, Offering, Purchase, Quote
-from purchases.selectors import DUPLICATE_REPEATABLE_STATES
+from purchases.selectors import purchases_repeated
+from purchases.services.checkout.duplicate_reads import duplicate_key_for_slug
 from purchases.services.quote.quotes import quote_expire
 from purchases.sql import duplicate_guard_upsert
 
@@ -43,13 +42,18 @@ def copy_label_validate(*, label: str | None) -> str:
 def duplicate_key_for(
     *, payer: str, buyer_ref: str | None, offering: Offering, input_hash: str, copy_label: str
 ) -> str:
-    return sha256_hex(
-        "|".join([payer.lower(), buyer_ref or "", offering.slug, input_hash, copy_label])
+    return duplicate_key_for_slug(
+        payer=payer,
+        buyer_ref=buyer_ref,
+        offering_slug=offering.slug,
+        input_hash=input_hash,
+        copy_label=copy_label,
     )
 
 
 class _Sha256Hex(SHA256):
-    """Hex SHA-256 of a text, as core.canonical.sha256_hex computes it. On PostgreSQL with
+    """Hex SHA-256 of a text, as core.canonical.sha256_hex computes it (duplicate_key_for_slug's
+    key, computed by the database from the quote's own columns). On PostgreSQL with
     the built-in sha256() (Django's SHA256 there needs the pgcrypto extension)."""
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
@@ -83,19 +87,12 @@ def purchase_duplicate_of_quote(
             output_field=CharField(),
         )
     )
-    since = ExpressionWrapper(
-        Value(now, output_field=DateTimeField()) - OuterRef("offering__duplicate_window"),
-        output_field=DateTimeField(),
-    )
-    repeated = Purchase.objects.filter(
-        # A zero window is off, as in purchase_duplicate_find: `since` alone would still match
-        # a payment recorded after this request's `now` (two payments of one quote racing).
-        GreaterThan(OuterRef("offering__duplicate_window"), Value(timedelta(0))),
+    repeated = purchases_repeated(
         offering_id=OuterRef("offering_id"),
+        window=OuterRef("offering__duplicate_window"),
         duplicate_key=key,
-        created_at__gt=since,
-        payment_state__in=DUPLICATE_REPEATABLE_STATES,
-    ).order_by("-pk")
+        now=now,
+    )
     return Subquery(repeated.values("pk")[:1])
 
 
