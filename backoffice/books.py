@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import (
     BooleanField,
+    CharField,
     DecimalField,
     Exists,
     ExpressionWrapper,
@@ -176,10 +177,20 @@ _REFUND_FIELDS = (
 )  # fmt: skip
 
 
+class _Bytewise(Collate):
+    """Ordered by code point, as Python compares strings (the merge below needs both orders
+    to agree): PostgreSQL's "C" collation (the database's default may not be), SQLite's
+    BINARY (its bytes compare as UTF-8, so by code point; SQLite has no "C")."""
+
+    def __init__(self, expression: Any) -> None:
+        super().__init__(expression, "C")
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return super().as_sql(compiler, connection, collation="BINARY", **extra)
+
+
 def _bytewise(expression: Any) -> Collate:
-    # Python compares strings by code point; so does PostgreSQL's "C" collation (the
-    # database's default may not), and the merge below needs both orders to agree.
-    return Collate(expression, "C")
+    return _Bytewise(expression)
 
 
 def _in_file_order(rows: QuerySet[Any], tx_field: str) -> QuerySet[Any]:
@@ -461,7 +472,9 @@ def _payback_gas_per_day(paid: QuerySet[Refund], wallets: set[str]) -> list[tupl
     rows = (
         paid.filter(method=Refund.Method.PAY_BACK, payback_evidence__has_key="gas_used")
         .annotate(
-            tx_from=KeyTextTransform("tx_from", "payback_evidence"),
+            # Cast: a key's text compared as text, not as JSON (on SQLite `__in` on the key
+            # itself reads each listed address as a JSON document: "malformed JSON").
+            tx_from=Cast(KeyTextTransform("tx_from", "payback_evidence"), CharField()),
             wei=Cast(KeyTextTransform("gas_used", "payback_evidence"), wei)
             * Cast(KeyTextTransform("effective_gas_price", "payback_evidence"), wei),
             gas_carrier=_gas_carrier(),
