@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from django.conf import settings
+
 
 class Owner(StrEnum):
     BUYER = "buyer"
@@ -415,6 +417,9 @@ class DomainError(Exception):
         self.code = code
         self.detail = detail or CODE_SPECS[code].title
         self.purchase = purchase
+        if retry_after is None and CODE_SPECS[code].status == 503:
+            # An outage says when to come back, whoever raised it: never a bare 503.
+            retry_after = int(settings.TOLLBOOTH["UNAVAILABLE_RETRY_AFTER_SECONDS"])
         self.retry_after = retry_after
         self.extra = extra or {}
 

@@ -14,6 +14,7 @@ from fulfillment.models import Result
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase
 from purchases.services.fulfil.execution import purchase_execute
+from tests.fixtures.anvil import closed_port_url
 from tests.x402.e2e import NETWORK, PRICE, ask, sign_payment
 
 # Also run on the embedded SQLite default (`make test`'s second pass): `make demo` serves this.
@@ -177,6 +178,21 @@ def test_verification_failures_have_their_own_code_and_record_nothing(
     assert ask(
         client, x402_world, payment=sign_payment(header, x402_world.payers[0], PAY_ID, **tamper)
     ).status_code in (402, 409)
+
+
+def test_a_chain_that_cannot_be_read_at_verification_is_503_with_retry_after(
+    client, x402_world, settings
+):
+    """An outage degrades, it does not fail: the buyer is told when to come back, as for a
+    database outage, and nothing is recorded (issue 33: there was no Retry-After)."""
+    payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], None)
+    unreachable = {**settings.X402_NETWORKS[NETWORK], "rpc_url": closed_port_url()}
+    settings.X402_NETWORKS = {**settings.X402_NETWORKS, NETWORK: unreachable}
+    response = ask(client, x402_world, payment=payment)
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "verification_unavailable"
+    assert response["Retry-After"] == str(settings.TOLLBOOTH["UNAVAILABLE_RETRY_AFTER_SECONDS"])
+    assert not PaymentAttempt.objects.exists() and not Purchase.objects.exists()
 
 
 def test_insufficient_balance_and_used_nonce(client, x402_world):
