@@ -41,6 +41,7 @@ from payments.paybacks import RefundPaybackRefused
 from payments.rails.x402.payback import MESSAGES, PaybackCode
 from payments.services import (
     LedgerReferenceConflict,
+    ledger_balance,
     ledger_credit,
     refund_reference_problem,
 )
@@ -495,7 +496,10 @@ class TopUpForm(forms.Form):
     buyer = forms.ModelChoiceField(queryset=Buyer.objects.filter(is_active=True).order_by("name"))
     asset = forms.ChoiceField(choices=_asset_choices)
     amount = forms.DecimalField(
-        min_value=Decimal("0.000001"), help_text="In asset units, e.g. 12.50 USDC."
+        min_value=Decimal("0.000001"),
+        # Bounded before any arithmetic: "1e999999" is a valid Decimal.
+        max_digits=30,
+        help_text="In asset units, e.g. 12.50 USDC.",
     )
     reference = forms.CharField(
         max_length=100,
@@ -512,9 +516,17 @@ class TopUpForm(forms.Form):
             atomic = Decimal(data["amount"]).scaleb(decimals)
             if atomic != atomic.to_integral_value():
                 self.add_error("amount", f"This asset has {decimals} decimals.")
+            elif "buyer" in data and atomic > _BALANCE_MAX - ledger_balance(
+                buyer_id=data["buyer"].pk, asset=data["asset"]
+            ):
+                self.add_error("amount", "This would exceed the largest balance the ledger holds.")
             else:
                 data["amount_atomic"] = int(atomic)
         return data
+
+
+# A running balance is a 64-bit integer of atomic units (LedgerBalance.amount).
+_BALANCE_MAX = 2**63 - 1
 
 
 @admin.register(LedgerEntry)

@@ -547,6 +547,24 @@ def test_finance_tops_up_once_per_reference(world: World, finance: Client) -> No
     assert not LedgerEntry.objects.filter(reference="top_up:bank-78").exists()
 
 
+def test_a_top_up_too_large_for_the_ledger_is_refused_on_the_form(
+    world: World, finance: Client
+) -> None:
+    """Hostile or mistyped input gets a clear answer, never a 500 (issue 33: a top-up of
+    99999999999999999999 answered 500, "bigint out of range")."""
+    buyer = world.prepaid.buyer
+    assert buyer is not None
+    url = reverse("admin:payments_ledgerentry_top_up")
+    data = {"buyer": buyer.pk, "asset": USDC_LOCAL, "reference": "bank-huge"}
+    for amount in ("99999999999999999999", "9223372036854.775807", "1e40"):
+        page = finance.post(url, {**data, "amount": amount})
+        assert page.status_code == 200, amount
+        assert "the largest balance the ledger holds" in page.content.decode() or (
+            "Ensure that there are no more than" in page.content.decode()
+        ), amount
+    assert not LedgerEntry.objects.filter(reference="top_up:bank-huge").exists()
+
+
 def test_ledger_is_read_only_and_support_cannot_top_up(world: World, support: Client) -> None:
     entry = LedgerEntry.objects.order_by("pk").first()
     assert entry is not None
