@@ -195,6 +195,25 @@ def test_a_chain_that_cannot_be_read_at_verification_is_503_with_retry_after(
     assert not PaymentAttempt.objects.exists() and not Purchase.objects.exists()
 
 
+@pytest.mark.parametrize("payment_id", [None, "x402-payment-id-000042"])
+def test_a_refusal_at_another_offering_never_answers_this_one(client, x402_world, payment_id):
+    """Whoever sees a payment header must not be able to burn it: sent first to a paid URL
+    it does not pay for, it is refused there, and its own offering still takes it (issue 33:
+    the stored refusal answered there too, or a 409 conflict with a payment id)."""
+    dearer = Offering.objects.get(pk=x402_world.offering.pk)
+    dearer.pk, dearer.slug, dearer.price = None, "report-dearer", 2 * PRICE
+    dearer.save()
+    payment = sign_payment(required_header(client, x402_world), x402_world.payers[0], payment_id)
+    body = {"title": "Sales", "csv": "region,units\nnorth,3\n"}
+    wrong = client.post(f"/x402/{dearer.slug}", body, format="json", HTTP_PAYMENT_SIGNATURE=payment)
+    assert wrong.status_code in (400, 402, 409), wrong.content
+    assert not Purchase.objects.exists()
+    right = ask(client, x402_world, payment=payment)
+    assert right.status_code in (200, 202), right.content
+    assert Purchase.objects.get().payment_state == "paid"
+    assert x402_world.seller_balance() == PRICE
+
+
 def test_insufficient_balance_and_used_nonce(client, x402_world):
     broke = x402_world.node.accounts[8]
     header = required_header(client, x402_world)

@@ -210,7 +210,8 @@ def _refuse_if_another_request(record: IdempotencyRecord, request: KeyedRequest)
 
 
 def _conflict(record: IdempotencyRecord, request: KeyedRequest) -> DomainError:
-    payment_id_conflicts.labels(scope=request.scope).inc()
+    # By key family (x402, prepaid), not by each offering's key space.
+    payment_id_conflicts.labels(scope=request.scope.split(":")[0]).inc()
     logger.warning(
         "payment id conflict scope=%s record=%s principal_matches=%s",
         request.scope,

@@ -45,6 +45,13 @@ from purchases.services.x402.quote_seal import quote_from_seal, quote_seal_check
 A = TypeVar("A")
 
 X402_SCOPE = "x402"
+
+
+def x402_key_scope(*, offering: Offering) -> str:
+    """A paid URL's own key space: a payment id, or the (network, payer, nonce) key of a
+    payment sent without one, answers only at the offering it was used at, so whoever sees
+    a payment header cannot burn it by sending it first where it is refused."""
+    return f"{X402_SCOPE}:{offering.pk}"
 # Answered fresh every time; never stored as the payment id's answer.
 UNSTORED_CODES = frozenset(
     {
@@ -120,7 +127,7 @@ def x402_pay(
         _input_matches_quote(route, raw_input)
     request = PaymentRequest(
         presentation=presentation,
-        scope=X402_SCOPE,
+        scope=x402_key_scope(offering=offering),
         buyer=buyer,
         copy_label=label,
         offering=offering,
