@@ -88,6 +88,15 @@ RESOLUTION_CODES = {
     "no_action_needed": "No action needed (duplicate or already resolved)",
     "other": "Other (say what in the note)",
 }
+# Closed by the system only: never offered to a person, nor taken from one.
+AUTOMATIC_RESOLUTION_CODES = frozenset(
+    {"execution_completed_on_recheck", "execution_failed_on_recheck"}
+)
+# What a person may resolve with (the resolve forms, case_resolve).
+STAFF_RESOLUTION_CODES = {
+    code: label for code, label in RESOLUTION_CODES.items()
+    if code not in AUTOMATIC_RESOLUTION_CODES
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

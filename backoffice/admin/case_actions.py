@@ -19,7 +19,7 @@ from django.utils import timezone
 from backoffice.admin.case_file import money
 from core.clock import utc_seconds
 from payments.models import Refund
-from purchases.case_file import ACTION_LABELS, RESOLUTION_CODES, Action
+from purchases.case_file import ACTION_LABELS, STAFF_RESOLUTION_CODES, Action
 from purchases.models import Escalation, Purchase
 from purchases.services.remedy import case_actions
 
@@ -70,7 +70,7 @@ class ProposeRefundForm(CaseForm):
 
 class ResolveCaseForm(CaseForm):
     escalation = forms.TypedChoiceField(coerce=int)
-    code = forms.ChoiceField(label="Resolution", choices=list(RESOLUTION_CODES.items()))
+    code = forms.ChoiceField(label="Resolution", choices=list(STAFF_RESOLUTION_CODES.items()))
     note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 70}))
 
     def __init__(self, *args: Any, purchase: Purchase, **kwargs: Any) -> None:

@@ -42,7 +42,7 @@ from core.admin import (
 from core.clock import utc_seconds
 from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt, Refund
-from purchases.case_file import RESOLUTION_CODES
+from purchases.case_file import STAFF_RESOLUTION_CODES
 from purchases.models import (
     Escalation,
     Purchase,
@@ -348,7 +348,7 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
 
 # --- escalations: resolve with a written decision --------------------------------------
 class ResolveForm(forms.Form):
-    code = forms.ChoiceField(label="Resolution", choices=list(RESOLUTION_CODES.items()))
+    code = forms.ChoiceField(label="Resolution", choices=list(STAFF_RESOLUTION_CODES.items()))
     # CharField strips, so a resolution of only spaces is as empty as none.
     resolution = forms.CharField(
         label="How was it resolved?",

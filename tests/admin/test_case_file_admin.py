@@ -467,6 +467,15 @@ def test_resolve_with_a_reason_code_from_the_list(cases: Cases, support: Client)
     assert bad.status_code == 200  # the form says the choice is not valid
     escalation.refresh_from_db()
     assert escalation.state == "open"
+    # The system's own closing codes are neither offered to a person nor taken from one.
+    page = support.get(url).content.decode()
+    assert 'value="buyer_informed"' in page
+    for automatic in ("execution_completed_on_recheck", "execution_failed_on_recheck"):
+        assert f'value="{automatic}"' not in page
+        forged = support.post(url, {"escalation": escalation.pk, "code": automatic, "note": ""})
+        assert forged.status_code == 200
+        escalation.refresh_from_db()
+        assert escalation.state == "open"
     done = support.post(
         url, {"escalation": escalation.pk, "code": "buyer_informed", "note": "Told the agent."}
     )

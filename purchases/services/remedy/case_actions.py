@@ -20,7 +20,7 @@ from payments import services as payment_services
 from payments.models import PaymentAttempt, Refund
 from payments.rails.x402.attempts import x402_attempt_live
 from payments.rails.x402.networks import UnknownNetwork
-from purchases.case_file import RESOLUTION_CODES, Action, Case, purchase_case
+from purchases.case_file import STAFF_RESOLUTION_CODES, Action, Case, purchase_case
 from purchases.events import event_record, event_record_change
 from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_capability_url, purchase_case_facts
@@ -304,12 +304,13 @@ def case_resolve(
     """Resolve an open escalation with a reason code from the list and a note.
     Raises ActionNotSafe for an unknown code or an escalation already resolved."""
     now = now_or(now)
-    if code not in RESOLUTION_CODES:
-        raise ActionNotSafe(f"unknown resolution code {code!r}")
+    if code not in STAFF_RESOLUTION_CODES:
+        # Unknown, or one only the system closes with (the executor's own answer).
+        raise ActionNotSafe(f"not a resolution code a person may use: {code!r}")
     escalation = Escalation.objects.get(pk=escalation_id)
     if escalation.state != Escalation.State.OPEN:
         raise ActionNotSafe("already resolved")
-    text = note.strip() or RESOLUTION_CODES[code]
+    text = note.strip() or STAFF_RESOLUTION_CODES[code]
     return escalation_resolve(escalation=escalation, by=staff, resolution=text, now=now, code=code)
 
 

@@ -52,6 +52,8 @@ def x402_key_scope(*, offering: Offering) -> str:
     payment sent without one, answers only at the offering it was used at, so whoever sees
     a payment header cannot burn it by sending it first where it is refused."""
     return f"{X402_SCOPE}:{offering.pk}"
+
+
 # Answered fresh every time; never stored as the payment id's answer.
 UNSTORED_CODES = frozenset(
     {
