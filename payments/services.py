@@ -95,6 +95,30 @@ def ledger_credit(
 
     Raises LedgerReferenceConflict when the reference already holds a different entry.
     """
+    entry, _posted = ledger_credit_once(
+        buyer_id=buyer_id,
+        asset=asset,
+        amount=amount,
+        kind=kind,
+        reference=reference,
+        memo=memo,
+        purchase_id=purchase_id,
+    )
+    return entry
+
+
+def ledger_credit_once(
+    *,
+    buyer_id: int,
+    asset: str,
+    amount: int,
+    kind: str,
+    reference: str,
+    memo: str = "",
+    purchase_id: int | None = None,
+) -> tuple[LedgerEntry, bool]:
+    """ledger_credit, saying whether this call posted the entry (False: the reference already
+    had it, as a retried top-up finds it). Raises LedgerReferenceConflict as ledger_credit."""
     if amount <= 0:
         raise ValueError("credits are positive")
     with transaction.atomic():
@@ -116,7 +140,7 @@ def ledger_credit(
             _balance_add(buyer_id=buyer_id, asset=asset, amount=amount)
     if (entry.buyer_id, entry.asset, entry.amount, entry.kind) != (buyer_id, asset, amount, kind):
         raise LedgerReferenceConflict(f"reference {reference} already posted a different entry")
-    return entry
+    return entry, created
 
 
 def spend_in_window(*, buyer_id: int, since: datetime) -> int:

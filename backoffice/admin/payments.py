@@ -42,7 +42,7 @@ from payments.rails.x402.payback import MESSAGES, PaybackCode
 from payments.services import (
     LedgerReferenceConflict,
     ledger_balance,
-    ledger_credit,
+    ledger_credit_once,
     refund_reference_problem,
 )
 from purchases.models import Buyer, Offering
@@ -593,7 +593,7 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
         who = f"top-up by {request.user.get_username()}"
         memo = f"{who}: {data['memo']}" if data["memo"] else who
         try:
-            ledger_credit(
+            _, posted = ledger_credit_once(
                 buyer_id=data["buyer"].pk,
                 asset=data["asset"],
                 amount=data["amount_atomic"],
@@ -607,6 +607,15 @@ class LedgerEntryAdmin(ReadOnlyModelAdmin):
                 request,
                 f"Reference {reference} is already used by another entry; nothing was posted.",
                 messages.ERROR,
+            )
+            return
+        if not posted:
+            # A double submit or a retried posting: the first one credited, this one did not.
+            self.message_user(
+                request,
+                f"{reference} was already credited ({data['amount']} to {data['buyer']}); "
+                "nothing more was posted.",
+                messages.WARNING,
             )
             return
         self.message_user(

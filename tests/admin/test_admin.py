@@ -537,8 +537,14 @@ def test_finance_tops_up_once_per_reference(world: World, finance: Client) -> No
     url = reverse("admin:payments_ledgerentry_top_up")
     assert url in finance.get(_changelist(LedgerEntry)).content.decode()
     data = {"buyer": buyer.pk, "asset": USDC_LOCAL, "amount": "12.5", "reference": "bank-77"}
+    told = []
     for _ in range(2):  # a double submit
-        assert finance.post(url, data).status_code == 302
+        response = finance.post(url, data, follow=True)
+        assert response.redirect_chain[-1][1] == 302
+        told.append(" ".join(_messages(response)))
+    # What each submit says is what it did: the second credited nothing.
+    assert told[0].startswith("Credited 12.5") and "Credited" not in told[1]
+    assert "top_up:bank-77 was already credited" in told[1] and "nothing more" in told[1]
     entry = LedgerEntry.objects.get(reference="top_up:bank-77")
     assert (entry.buyer_id, entry.amount, entry.kind) == (buyer.pk, 12_500_000, "top_up")
     assert entry.memo == "top-up by fay-finance"
