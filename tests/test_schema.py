@@ -59,3 +59,22 @@ def test_unrouted_paths_answer_problem_json():
     assert response.status_code == 404
     assert response["Content-Type"] == "application/problem+json"
     assert response.json()["code"] == "not_found"
+
+
+def test_outages_throttles_and_the_duplicate_answer_are_declared():
+    """What a client generated from the schema must handle (issue 33): every operation may
+    answer 503 when a dependency is down, and that and a 429 say when to come back; paying
+    a quote may answer 200, a repeat of a purchase already paid."""
+    schema = Client().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    for path, methods in schema["paths"].items():
+        for method, operation in methods.items():
+            responses = operation["responses"]
+            if path.startswith(("/api/v1/", "/x402/")):  # they read the database
+                assert "503" in responses, (path, method)
+            for status in ("429", "503"):
+                if status in responses:
+                    assert "Retry-After" in responses[status]["headers"], (path, method, status)
+    pay = schema["paths"]["/api/v1/quotes/{public_id}/purchase"]["post"]["responses"]
+    assert {"200", "201"} <= set(pay)
+    assert "already paid" in pay["200"]["description"]
+    assert "Idempotent-Replayed" in pay["201"]["description"]

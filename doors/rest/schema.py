@@ -3,8 +3,9 @@
 Every error is RFC 9457 `application/problem+json` (doors/rest/problems.py). Rather
 than repeat the refusals every operation can give on each view, one post-processing hook
 declares them: 400 (malformed, too deep, NUL), 406, 413 and 415 (operations with a body),
-401 (keyed operations), 404 (operations with path parameters), 429 (throttled operations)
-and 500; and every 4xx/5xx body is described as problem+json.
+401 (keyed operations), 404 (operations with path parameters), 429 (throttled operations),
+500 and 503 (operations that read the database); 429 and 503 with their Retry-After; and
+every 4xx/5xx body is described as problem+json.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 THROTTLED_PATHS = ("/api/v1/quotes", "/x402/")
+# Paths whose answers come from the database (or the broker): 503 while one is down.
+DEPENDENT_PATHS = ("/api/v1/", "/x402/")
 _DESCRIPTIONS = {
     "400": "Malformed request (invalid_request, json_too_deep, invalid_text, ...).",
     "401": "No or unknown API key (not_authenticated).",
@@ -25,6 +28,15 @@ _DESCRIPTIONS = {
     "415": "Send application/json (unsupported_media_type).",
     "429": "Too many requests (throttled); see Retry-After.",
     "500": "Unexpected (internal_error).",
+    "503": "A dependency is down (service_unavailable, verification_unavailable); nothing "
+    "is lost: retry the same request, with the same key, after Retry-After.",
+}
+# Every 429 and 503 says when to come back.
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before the same request again.",
+        "schema": {"type": "integer", "minimum": 1},
+    }
 }
 
 
@@ -55,6 +67,8 @@ def _statuses_for(path: str, operation: dict[str, Any]) -> list[str]:
         statuses.append("404")
     if path.startswith(THROTTLED_PATHS) and operation.get("requestBody"):
         statuses.append("429")
+    if path.startswith(DEPENDENT_PATHS):
+        statuses.append("503")
     return statuses
 
 
@@ -70,4 +84,7 @@ def problem_responses_hook(
                     response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_REF}}
             for status in _statuses_for(path, operation):
                 responses.setdefault(status, _problem_response(_DESCRIPTIONS[status]))
+            for status in ("429", "503"):
+                if status in responses:
+                    responses[status].setdefault("headers", {}).update(_RETRY_AFTER)
     return result

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -128,7 +128,18 @@ class QuotePurchaseApi(APIView):
         request=PurchaseCreateInputSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses={
-            201: OpenApiTypes.OBJECT,
+            201: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="Paid: the purchase's status (Location names it). The same request "
+                "with the same Idempotency-Key answers the same bytes again, with "
+                "Idempotent-Replayed: true.",
+            ),
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="A repeat of a purchase already paid (same buyer, offering, "
+                "input and copy label inside the duplicate window): its status, "
+                "`duplicate_of` and Tollbooth-Duplicate-Of name it; nothing was charged.",
+            ),
             400: PROBLEM,
             402: PROBLEM,
             409: PROBLEM,
