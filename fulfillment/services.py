@@ -485,12 +485,24 @@ def execution_recheck_stop(*, purchase_id: int) -> int:
 
 
 def execution_recheck_unknown(
-    *, attempt: ExecutionAttempt, job_ref: str, reason_code: str, message: str, now: datetime
+    *,
+    attempt: ExecutionAttempt,
+    job_ref: str,
+    reason_code: str,
+    message: str,
+    now: datetime,
+    job_running: bool = False,
 ) -> Change:
     """Still unknown after this check: count it and schedule the next; a job ref learned by
-    this check (the job existed after all) is saved. Caller holds locks."""
+    this check (the job existed after all) is saved. `job_running`: the executor answered
+    that the job runs, so the next check polls it as a worker would (the execution poll
+    interval: the next sweep), not after the backoff an outage grew. Caller holds locks."""
     attempt.checks += 1
-    attempt.next_check_at = execution_next_check_at(checks=attempt.checks, now=now)
+    if job_running:
+        poll = float(settings.TOLLBOOTH["EXECUTION_POLL_INTERVAL"])
+        attempt.next_check_at = now + timedelta(seconds=poll)
+    else:
+        attempt.next_check_at = execution_next_check_at(checks=attempt.checks, now=now)
     attempt.job_ref = attempt.job_ref or job_ref
     attempt.save(update_fields=["checks", "next_check_at", "job_ref"])
     return _recheck_change(attempt, "still_unknown", reason_code, message=message[:500])

@@ -168,6 +168,34 @@ def test_down_before_the_job_existed_buyer_pending_then_completes_once(
         service.stop()
 
 
+def test_a_job_the_service_reports_running_is_polled_again_soon_not_at_the_backoff(
+    buyer, job_service
+):
+    """Once the service is back and says the job runs, the next check is a poll away, not
+    the backoff the outage grew (issue 33: a 200 ms job's result reached the buyer about
+    22 minutes after the service returned)."""
+    job_service.stop()
+    purchase = paid_purchase(buyer, duration_ms=3_000, key="unknown-recovery-key-09")
+    with pytest.raises(ExecutionRetryable):
+        purchase_execute(purchase_id=purchase.pk, worker="w")
+    assert purchase_execute(purchase_id=purchase.pk, worker="w") == ExecutionOutcome.ESCALATED
+    for _ in range(4):  # checks while the service is down: the backoff grows
+        assert purchase_execution_recheck(purchase_id=purchase.pk) == RecheckOutcome.STILL_UNKNOWN
+    attempt = ExecutionAttempt.objects.get(purchase=purchase)
+    assert attempt.next_check_at > timezone.now() + timedelta(minutes=15)
+    service = restart(job_service)
+    try:
+        # This check starts the job (the purchase's own key); the service says it runs.
+        assert purchase_execution_recheck(purchase_id=purchase.pk) == RecheckOutcome.STILL_UNKNOWN
+        attempt.refresh_from_db()
+        assert attempt.job_ref
+        assert attempt.next_check_at <= timezone.now() + timedelta(seconds=1)
+        due = timezone.now() + timedelta(seconds=1)
+        assert executions_recheck_due(now=due)["staged"] == 1  # the next sweep takes it
+    finally:
+        service.stop()
+
+
 def test_a_definitive_failure_on_recheck_is_failed_and_refunded(buyer, job_service):
     job_service.stop()
     offering = OfferingFactory.create(slug="word_stats", http_job=True)

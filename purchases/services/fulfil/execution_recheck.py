@@ -44,6 +44,8 @@ UNKNOWN_ESCALATION = "execution_outcome_unknown"
 # A staged check holds its row this long: the sweep does not stage it again while the check
 # waits in the queue; a check lost with its broker is staged again after it.
 RECHECK_HOLD = timedelta(minutes=5)
+# The executor answered: the job exists and runs (the service is up; only time is missing).
+JOB_RUNNING = "job_still_running"
 
 
 class RecheckOutcome(StrEnum):
@@ -105,7 +107,7 @@ def _ask(purchase: Purchase, attempt: ExecutionAttempt) -> _Answer:
             return _Answer(RecheckOutcome.SUCCEEDED, job_ref, executor.fetch(job_ref))
         if status == JobStatus.FAILED:
             return _Answer(RecheckOutcome.FAILED, job_ref, reason_code="job_failed")
-        reason = "job_still_running" if status == JobStatus.RUNNING else "job_status_unknown"
+        reason = JOB_RUNNING if status == JobStatus.RUNNING else "job_status_unknown"
         return _Answer(RecheckOutcome.STILL_UNKNOWN, job_ref, reason_code=reason)
     except ExecutorError as error:
         outcome = RecheckOutcome.FAILED if error.definitive else RecheckOutcome.STILL_UNKNOWN
@@ -132,6 +134,7 @@ def _record(
                 reason_code=answer.reason_code,
                 message=answer.message,
                 now=now,
+                job_running=answer.reason_code == JOB_RUNNING,
             )
             event_record_change(purchase=purchase, actor=actor, change=change)
             return RecheckOutcome.STILL_UNKNOWN
