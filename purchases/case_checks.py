@@ -143,11 +143,13 @@ def _settlement(facts: CaseFacts, now: datetime) -> Said:
     if facts.reason_code == "not_on_chain_yet" and (
         facts.pending_broadcast_at or facts.pending_tx_hash
     ):
+        # The look-up's reason says the nonce is unused, not whether the node still holds
+        # the transaction (pooled) or lost it (dropped): both are said, neither claimed.
         sentence = (
-            f"Broadcast (tx {facts.pending_tx_hash or 'not recorded'}), but the chain shows the "
-            "authorization's nonce unused and the node no longer knows the transaction "
-            "(dropped, or not seen yet): the same signed authorization is resubmitted until "
-            "its window closes; it is never re-signed."
+            f"Broadcast (tx {facts.pending_tx_hash or 'not recorded'}), not mined yet: the "
+            "chain shows the authorization's nonce unused. While the node holds the "
+            "transaction it is looked up again; if the node has dropped it, the same signed "
+            "authorization is resubmitted until its window closes. It is never re-signed."
         )
     check, gap = SETTLEMENT_LOOK_UP, facts.relayer_gap
     if gap is not None:

@@ -170,8 +170,9 @@ MOMENTS = [
     Moment("dropped-broadcast", "dropped from the pool, nonce unused",
            _pending(reason_code="not_on_chain_yet"),
            "reconciliation", NOW + 4 * MIN, Finality.OPEN, NOW + 10 * S,
-           says=(f"Broadcast (tx {TX})", "resubmitted"),
-           never_says=("no broadcast of it is known",)),
+           says=(f"Broadcast (tx {TX})", "resubmitted", "While the node holds the transaction"),
+           # The reason does not say the node lost it (issue 33: the timeline said tx_known).
+           never_says=("no broadcast of it is known", "no longer knows")),
     # The next buyer's settlement after a dropped broadcast: our relayer's earlier nonce is
     # a gap its transaction waits behind until the heal job fills it.
     Moment("authorization-expired", "next purchase behind the relayer gap",
