@@ -8,6 +8,12 @@ connection, a timeout or an HTTP error status raise `RpcTransportError` (an OSEr
 requests' own were), a body that is not the JSON-RPC reply to what was sent raises
 `RpcReplyInvalid`, and a node's JSON-RPC error object raises `RpcError` with its code and
 message. `TRANSPORT_FAULTS` names the first two kinds.
+
+Kept after a re-measure (house step 3, issue 32, 2026-12-07, `make bench BENCH_ARGS="--only
+bench.rpc_hot_path"`, 150 settlements a side, side by side): a direct settlement's chain CPU
+is 4.67 ms here against 26.61 ms through web3 (5.20x, 4.38 to 7.51), and 5.5 HTTP requests
+against 9.5. web3 in its place would add about 22 ms to a paid request's 24.7 ms of CPU
+(docs/benchmarks.md): far past the 5% a fast path must save to stay.
 """
 
 from __future__ import annotations
