@@ -388,7 +388,7 @@ def timeline_rows(
             ),
             "subject": event.subject,
             "at": utc_seconds(event.created_at),
-            "actor": f"{event.actor_type}: {event.actor}" if event.actor else event.actor_type,
+            "actor": _actor(event, shown),
             "move": f"{event.from_state} → {event.to_state}"
             if event.from_state and event.to_state and event.from_state != event.to_state
             else event.to_state,
@@ -403,6 +403,14 @@ def timeline_rows(
         }
         for event in purchase.events.order_by("created_at", "pk")
     ]
+
+
+def _actor(event: PurchaseEvent, shown: Callable[[str], bool]) -> str:
+    """Who acted: a system actor's name is a worker, a host or a job, shown to the roles
+    that see workers (the evidence key `worker`'s source); the others read "system"."""
+    if not event.actor or (event.actor_type == "system" and not shown("worker")):
+        return event.actor_type
+    return f"{event.actor_type}: {event.actor}"
 
 
 def prepaid_balance(purchase: Purchase) -> str | None:

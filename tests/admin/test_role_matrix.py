@@ -227,7 +227,9 @@ def _seed() -> dict[str, Model]:
     PurchaseEvent.objects.create(
         purchase=purchase,
         subject="purchase.payment",
-        actor_type="system",
+        # A person: every role reads who acted (a system actor's name is a worker's, shown
+        # only with the workers: test_the_timeline_names_a_worker_only_to_...).
+        actor_type="staff",
         actor=_v("purchases.purchaseevent", "actor"),
         evidence=_v("purchases.purchaseevent", "evidence"),
     )
@@ -860,3 +862,26 @@ def test_the_timeline_shows_evidence_only_to_its_roles(seen: Seen, role: str) ->
     assert match, "no timeline"
     for key, value, seen_by in CASE_TIMELINE + CASE_TIMELINE_NESTED + CASE_TIMELINE_GAP:
         assert (str(value) in match.group(0)) == (role in seen_by), (role, key)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("role", ROLES)
+def test_the_timeline_names_a_worker_only_to_the_roles_that_see_workers(
+    seen: Seen, role: str
+) -> None:
+    """A system actor's name is a worker or a host: finance reads "system" (issue 33: the
+    docs said finance never sees workers, the timeline's actor column showed them)."""
+    worker = "celery@mark-worker-host-7"
+    PurchaseEvent.objects.create(
+        purchase=seen.purchase,
+        subject="execution_attempt",
+        actor_type="system",
+        actor=worker,
+        from_state="running",
+        to_state="succeeded",
+    )
+    url = reverse("admin:purchases_purchase_change", args=[seen.purchase.pk])
+    page = seen.clients[role].get(url).content.decode()
+    match = re.search(r'id="case-timeline".*?</table>', page, flags=re.S)
+    assert match, "no timeline"
+    assert (worker in match.group(0)) == (role in SU), role
