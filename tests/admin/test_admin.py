@@ -16,7 +16,6 @@ from django.contrib.messages import get_messages
 from django.db import transaction
 from django.db.models import F
 from django.forms.models import model_to_dict
-from django.http import HttpResponse
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -166,7 +165,7 @@ def superuser() -> Client:
     return _staff("root", superuser=True)
 
 
-def _messages(response: HttpResponse) -> list[str]:
+def _messages(response: Any) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]  # type: ignore[attr-defined]
 
 
