@@ -353,13 +353,20 @@ def test_reconcile_unknown_work_inspects_the_saved_job(cases: Cases, support: Cl
     assert cases.unknown.fulfillment_state == "unknown"  # inspected, never guessed
 
 
-def test_redeliver_hands_staff_the_capability_link(cases: Cases, support: Client) -> None:
+def test_redeliver_hands_staff_the_capability_link(
+    cases: Cases, support: Client, settings: Any
+) -> None:
+    settings.TOLLBOOTH_PUBLIC_URL = "https://api.seller.example"
     done = support.post(_action_url(cases.done, "redeliver_result"))
     assert done.status_code == 302
     event = cases.done.events.get(subject="case.result_redelivered")
     assert event.actor == "sam-support"
-    assert event.evidence["url"].startswith(f"/x402/purchases/{cases.done.ref}/")
-    assert event.evidence["url"] in _messages(done)[0]  # type: ignore[arg-type]
+    # A link support can send as it is: with the host buyers reach (issue 33: none).
+    url = event.evidence["url"]
+    assert url.startswith(f"https://api.seller.example/x402/purchases/{cases.done.ref}/")
+    assert url in _messages(done)[0]
+    fetched = APIClient().get(url.removeprefix("https://api.seller.example"))
+    assert fetched.status_code == 200
 
 
 def test_actions_not_safe_now_are_refused(cases: Cases, support: Client) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from core.actors import Actor
@@ -182,7 +183,8 @@ def case_result_redeliver(
         "sha256": result.sha256,
         "size": result.size,
         "kept_until": result.expires_at.isoformat(),
-        "url": purchase_capability_url(purchase=purchase),
+        # Absolute: support sends it as it is, from wherever the admin is reached.
+        "url": settings.TOLLBOOTH_PUBLIC_URL + purchase_capability_url(purchase=purchase),
     }
     _record(purchase_id, subject=REDELIVERED, staff=staff, evidence=evidence)
     return ActionDone(f"Send the buyer this link: {evidence['url']}", evidence)
