@@ -84,14 +84,15 @@ lint: install
 typecheck: install
 	$(BIN)/mypy .
 
-# Twice: the whole suite (on PostgreSQL when DATABASE_URL says so), then the API flows and
-# races that must also hold on the embedded default, on a file SQLite database as `make demo`
-# uses (PostgreSQL-only SQL has crashed there before).
+# Twice: the whole suite (on PostgreSQL when DATABASE_URL says so), then every test that
+# does not need PostgreSQL or a worker in another process again, on a file SQLite database
+# as `make demo` uses: the embedded default runs everything (PostgreSQL-only SQL has crashed
+# there before). Each `postgres` mark says why the test needs PostgreSQL.
 SQLITE_TEST_URL := sqlite:///$(CURDIR)/var/concurrency.sqlite3
 pytest: install $(CHROMIUM) $(PGBOUNCER)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	mkdir -p var
-	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m "sqlite_concurrency or embedded" $(PYTEST_ARGS)
+	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m "not postgres and not worker" $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 

@@ -30,7 +30,7 @@ from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory, PaymentAttemptFactory, RefundFactory
 from tests.fixtures.anvil import closed_port_url
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db]
 
 NETWORK = "eip155:31337"
 RELAYER = "0x" + "1e" * 20

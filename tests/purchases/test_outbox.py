@@ -28,7 +28,7 @@ from purchases.services.shared import outbox
 from purchases.services.shared.outbox import outbox_prune, outbox_relay_due, outbox_stage
 from tests.conftest import CSV_INPUT
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 class Sent:

@@ -20,8 +20,6 @@ from payments.services import (
 )
 from tests.factories import PaymentAttemptFactory
 
-pytestmark = [pytest.mark.postgres]
-
 SETTLED = 1_000_000
 
 
@@ -88,6 +86,8 @@ def _waiting_on_locks() -> int:
         return int(cursor.fetchone()[0])
 
 
+# PostgreSQL only: two transactions racing on row locks, watched in pg_stat_activity.
+@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_proposals_racing_cannot_both_take_the_same_room() -> None:
     """Two staff propose 60% each at the same moment, from two connections: one is refused.

@@ -23,7 +23,9 @@ from purchases.services.shared.outbox import outbox_stage
 from tests.factories import PaymentAttemptFactory, PurchaseFactory
 from tests.fixtures.broker import BrokerQueue
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
+# PostgreSQL only: the waiter's LISTEN/NOTIFY wake-up (the embedded default's waiters poll).
+LISTEN_NOTIFY = pytest.mark.postgres
 RUN = Purchase.FulfillmentState
 # Longer than any join below: a waiter that returns did not wait for its fallback read.
 NEVER = 600.0
@@ -77,6 +79,7 @@ def _finish(purchase: Purchase, *, notify: bool) -> None:
             fulfillment_notify(purchase=purchase)
 
 
+@LISTEN_NOTIFY
 def test_the_waiter_is_woken_by_the_commit_that_stores_the_result() -> None:
     purchase = PurchaseFactory.create(paid=True, fulfillment_state=RUN.RUNNING)
     thread, returned = _wait_in_thread(purchase.pk, fallback=NEVER)
@@ -91,6 +94,7 @@ def test_the_waiter_is_woken_by_the_commit_that_stores_the_result() -> None:
     _until(lambda: result_wait._listener().notifications > before)
 
 
+@LISTEN_NOTIFY
 def test_a_rolled_back_change_wakes_nobody() -> None:
     purchase = PurchaseFactory.create(paid=True, fulfillment_state=RUN.RUNNING)
     thread, returned = _wait_in_thread(purchase.pk, fallback=NEVER)
@@ -105,6 +109,7 @@ def test_a_rolled_back_change_wakes_nobody() -> None:
     assert returned == [RUN.SUCCEEDED]
 
 
+@LISTEN_NOTIFY
 def test_a_lost_notification_costs_one_fallback_read_not_the_answer() -> None:
     purchase = PurchaseFactory.create(paid=True, fulfillment_state=RUN.RUNNING)
     thread, returned = _wait_in_thread(purchase.pk, fallback=0.05)

@@ -16,7 +16,7 @@ from purchases.models import Purchase, Quote
 from purchases.services.jobs import reconcile
 from tests.x402.e2e import PRICE
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
+pytestmark = [pytest.mark.django_db]
 BACKLOG = 10_000
 CHUNK = 500
 

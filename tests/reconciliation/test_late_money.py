@@ -15,8 +15,6 @@ from purchases.models import Offering, Purchase, Quote
 from purchases.services.jobs import housekeeping, reconcile
 from tests.x402.e2e import PRICE, ask, sign_payment
 
-pytestmark = [pytest.mark.postgres]
-
 
 def _failed(world, double, payment_id="late-money-id-00000001"):
     """The facilitator rejects the payment (proven, pre-broadcast): the purchase failed."""

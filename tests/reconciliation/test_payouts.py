@@ -37,8 +37,6 @@ from tests.fixtures.anvil import erc20_transfer
 from tests.reconciliation.payout_world import FINALITY_DEPTH, PayoutWorld, add_refund_wallet
 from tests.x402.e2e import PRICE, X402World
 
-pytestmark = [pytest.mark.postgres]
-
 FAY = Actor.staff("fay-finance")
 GUS = Actor.staff("gus-finance")
 

@@ -39,8 +39,6 @@ from tests.factories import PaymentAttemptFactory, PurchaseFactory, RefundFactor
 from tests.fixtures.anvil import erc20_transfer
 from tests.x402.e2e import NETWORK, PRICE, X402World
 
-pytestmark = [pytest.mark.postgres]
-
 FINANCE = Actor.staff("fay-finance")
 
 
