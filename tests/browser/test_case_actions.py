@@ -29,7 +29,7 @@ SAYS = {
     "recheck_settlement": r"^Settlement looked up: pending\.$",
     "reconcile_execution": r"^(Execution staged again; a worker resumes it from the saved "
     r"job\.|Job inspected: never_started\.)$",
-    "redeliver_result": r"^Send the buyer this link: /x402/purchases/pur_\w+/\w+",
+    "redeliver_result": r"^Send the buyer this link: https?://[^/ ]+/x402/purchases/pur_\w+/\w+",
     "assign": r"^Assigned to support until 2099-01-01 12:00:00 UTC\.$",
     "propose_refund": r"^Proposed refund of 250000; finance approves it\.$",
     "resolve": r"^Escalation resolved\.$",
