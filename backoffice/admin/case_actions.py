@@ -50,12 +50,16 @@ class AssignForm(CaseForm):
 
     def __init__(self, *args: Any, purchase: Purchase, **kwargs: Any) -> None:
         super().__init__(*args, purchase=purchase, **kwargs)
-        open_ones = purchase.escalations.filter(state="open").order_by("pk")
+        open_ones = list(purchase.escalations.filter(state="open").order_by("-pk"))
+        # The open one (the latest, if several) first and chosen: re-assigning as offered
+        # moves it, and a second escalation is a deliberate choice, never the default.
         self.set_choices(
             "escalation",
-            [("", "A new escalation")]
-            + [(e.pk, f"{e.reason_code} ({e.owner})") for e in open_ones],
+            [(e.pk, f"{e.reason_code} ({e.owner})") for e in open_ones]
+            + [("", "A new escalation")],
         )
+        if open_ones:
+            self.fields["escalation"].initial = open_ones[0].pk
 
 
 class ProposeRefundForm(CaseForm):

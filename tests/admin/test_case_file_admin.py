@@ -412,6 +412,26 @@ def test_assign_sets_owner_deadline_and_note(cases: Cases, support: Client) -> N
     assert event.actor == "sam-support" and event.evidence["owner"] == "finance"
     page = support.get(_change(cases.pending)).content.decode()
     assert _attr(page, "case-owner", "data-owner") == "finance"
+    # One is open now: the form offers it first and selected, so a person re-assigning as
+    # offered moves that one instead of opening a second (issue 33: a new one by default).
+    form = support.get(url).content.decode()
+    options = re.findall(
+        r'<option value="([^"]*)"( selected)?>', form.split('name="escalation"')[1]
+    )
+    assert options[0] == (str(escalation.pk), " selected")
+    assert ("", "") in options  # a new one stays on offer
+    later = deadline + timedelta(hours=1)
+    again = support.post(
+        url,
+        {
+            "owner": "support",
+            "deadline_at": later.strftime("%Y-%m-%d %H:%M:%S"),
+            "note": "Taken over.",
+            "escalation": options[0][0],
+        },
+    )
+    assert again.status_code == 302, again.content
+    assert cases.pending.escalations.get(state="open").deadline_at == later
 
 
 def test_assign_refuses_a_deadline_in_the_past(cases: Cases, support: Client) -> None:
