@@ -1,9 +1,9 @@
 """One MCP tool call, synchronously (the server runs it in a worker thread): who is
 calling, one domain call, its answer as a tool result.
 
-A call paid over x402 may hand its wait for the block to the server's event loop
-(core.handoff): then `tool_call` raises Handoff carrying what it would have done after the
-wait (the tool result, a refusal as a result), and the server finishes it (server.py).
+A call paid over x402 may leave its wait for the block to the server's event loop
+(doors.x402.waiting): then `tool_call` answers Waiting, with what it does after the wait
+(the tool result, a refusal as a result), and the server sleeps through it (server.py).
 
 - `_meta["x402/payment"]` present: x402_pay, exactly the x402 paid URL's flow (settle, then
   run; the same keys and duplicate window), with the MCP channel on the purchase.
@@ -18,13 +18,12 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import close_old_connections
 from mcp import types
 
 from core.errors import DomainError, ErrorCode
-from core.handoff import Handoff
 from doors.mcp.results import (
     answer_result,
     payment_required_result,
@@ -33,7 +32,9 @@ from doors.mcp.results import (
 )
 from doors.rest.prepaid_answers import PrepaidAnswers
 from doors.x402.answers import PAYMENT_RESPONSE, X402Answers, x402_answer
+from doors.x402.waiting import Waiting, returns_wait
 from purchases.models import Buyer, Purchase
+from purchases.services.checkout.flow import PaymentPending
 from purchases.services.shared.buyers import api_key_authenticate
 from purchases.services.x402.checkout import x402_pay
 from purchases.services.x402.offers import x402_offer
@@ -42,6 +43,7 @@ from purchases.services.x402.tool_offers import ToolOffer, mcp_tool_offers
 
 PAYMENT_META = "x402/payment"
 PAYMENT_ID_META = "tollbooth/payment-id"  # optional, prepaid: the REST API's Idempotency-Key
+T = TypeVar("T")
 COPY_META = "tollbooth/copy"  # optional: the Tollbooth-Copy label
 
 
@@ -72,24 +74,22 @@ def tools_list() -> list[ToolOffer]:
         close_old_connections()
 
 
-def tool_call(call: ToolCall) -> types.CallToolResult:
+def tool_call(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResult]:
     """Answer one tools/call. Never raises for an anticipated outcome: refusals are results.
 
-    Raises Handoff (only under core.handoff.waits_handed_off): the payment's wait for its
-    block, with the rest of this call (the result or the refusal) as its rest."""
+    Answers Waiting (only under doors.x402.waiting.waits_returned): the payment's wait for
+    its block, and the rest of this call (the result, or the refusal as a result)."""
     close_old_connections()
     try:
+        # Nothing is held across a wait: the connection is handed back below, and the
+        # rest runs with one of its own.
         return _refusals_as_results(lambda: _answer(call))
-    except Handoff as handoff:
-        # Nothing is held across the wait: the connection is handed back below, and the
-        # rest runs with one of its own; a refusal after the wait is a result, as here.
-        raise handoff.around(_refusals_as_results) from None
     finally:
         # Worker threads outlive the call: hand their connection back as a request would.
         close_old_connections()
 
 
-def _refusals_as_results(answer: Callable[[], types.CallToolResult]) -> types.CallToolResult:
+def _refusals_as_results(answer: Callable[[], T]) -> T | types.CallToolResult:
     try:
         return answer()
     except DomainError as error:
@@ -107,23 +107,28 @@ def _buyer(authorization: str | None) -> Buyer | None:
     return buyer
 
 
-def _answer(call: ToolCall) -> types.CallToolResult:
+def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResult]:
     buyer = _buyer(call.authorization)
     copy = call.meta.get(COPY_META)
     payment = call.meta.get(PAYMENT_META)
     if payment is not None:
-        try:
-            answer = x402_pay(
-                offering_slug=call.name,
-                payment_header=_as_header(payment),
-                buyer=buyer,
-                answers=X402Answers(),
-                copy_label=copy,
-                channel=Purchase.Channel.MCP,
-                raw_input=call.arguments,  # the purchase's input: the quote's, or refused
+        answer = x402_pay(
+            offering_slug=call.name,
+            payment_header=_as_header(payment),
+            buyer=buyer,
+            answers=X402Answers(),
+            copy_label=copy,
+            channel=Purchase.Channel.MCP,
+            raw_input=call.arguments,  # the purchase's input: the quote's, or refused
+            returns_wait=returns_wait(),
+        )
+        if isinstance(answer, PaymentPending):  # the server's event loop sleeps through it
+            return Waiting(
+                answer,
+                lambda resumed: _refusals_as_results(
+                    lambda: answer_result(resumed(), base_url=call.base_url)
+                ),
             )
-        except Handoff as handoff:  # the wait for the block went to the server's event loop
-            raise handoff.then(lambda paid: answer_result(paid, base_url=call.base_url)) from None
         return answer_result(answer, base_url=call.base_url)
     if buyer is not None:
         return _prepaid(call, buyer, copy)

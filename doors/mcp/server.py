@@ -22,7 +22,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from doors.mcp.calls import ToolCall, tool_call, tools_list
 from doors.mcp.sse_relay import SseRelay
-from doors.x402.paid_async import run_handing_off
+from doors.x402.paid_async import run_paid_call
+from doors.x402.waiting import Waiting
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -70,12 +71,19 @@ def _server(limiter: anyio.CapacityLimiter) -> Server[Any, Any]:
         if call.pays_over_x402:
             # An x402 payment, as the paid URL's (paid_async): its synchronous parts run in
             # the X402_THREADS pool, and its wait for the block sleeps on this loop.
-            return await run_handing_off(lambda: tool_call(call))
+            return await run_paid_call(lambda: tool_call(call))
         # Domain calls are synchronous (the ORM): each runs in a worker thread, at most
         # MCP_THREADS at once per process.
-        return await anyio.to_thread.run_sync(tool_call, call, limiter=limiter)
+        return await anyio.to_thread.run_sync(_unpaid_call, call, limiter=limiter)
 
     return server
+
+
+def _unpaid_call(call: ToolCall) -> types.CallToolResult:
+    answered = tool_call(call)
+    # Only an x402 payment's call, run with waits returned (run_paid_call), answers Waiting.
+    assert not isinstance(answered, Waiting)
+    return answered
 
 
 _INSTRUCTIONS = (

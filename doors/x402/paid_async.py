@@ -1,14 +1,15 @@
 """The x402 paid URL on an event loop: a payment waiting for its block holds no thread.
 
 The ASGI app (config/asgi.py, config/urls_asgi.py) routes `/x402/<offering>` here. The
-request runs the paid view (X402PaidApi, unchanged) in a thread with waits handed off
-(core.handoff): everything up to the broadcast runs as before; if the receipt is not there
-at the first look, the view returns `HandedOff` instead of sleeping. This coroutine then
-sleeps on the event loop until the chain's head moves (one watcher per loop and node looks
-at the head for every waiting payment, `core.handoff.Pacing`), looks for the receipt (a
-short hop to a thread, once per block) and runs the rest (record the outcome, run or await
-the work, answer) in a thread, exactly the code the blocking wait would have run next, so
-the answer is the one the WSGI view gives. Thousands of payments can wait on one loop; at
+request runs the paid view (X402PaidApi, unchanged) in a thread with waits returned
+(doors.x402.waiting): everything up to the broadcast runs as before; if the receipt is not
+there at the first look, the paid flow returns its wait as a value and the view answers
+`HandedOff` with it instead of sleeping. This coroutine then sleeps on the event loop until
+the chain's head moves (one watcher per loop and node looks at the head for every waiting
+payment, `core.waits.Pacing`), looks for the receipt (a short hop to a thread, once per
+block) and resumes the flow (record the outcome, run or await the work, answer) in a
+thread, exactly the code the blocking wait would have run next, so the answer is the one
+the WSGI view gives. Thousands of payments can wait on one loop; at
 most TOLLBOOTH_X402_THREADS threads per process run their synchronous parts, the head
 watcher's looks among them (`_look`).
 
@@ -29,7 +30,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -37,10 +38,12 @@ from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from core.handoff import Handoff, waits_handed_off
 from doors.x402.views import HandedOff, X402PaidApi
+from doors.x402.waiting import Waiting, waits_returned
+from purchases.services.checkout.flow import purchase_pay_resume
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 _PAID_VIEW = X402PaidApi.as_view()
 _ON_EVENT_LOOP: ContextVar[bool] = ContextVar("x402_paid_on_event_loop", default=False)
@@ -101,14 +104,13 @@ async def x402_paid(request: HttpRequest, offering: str) -> HttpResponseBase:
     """X402PaidApi, with its wait for the block on the event loop."""
 
     def first_part() -> HttpResponseBase:
-        with waits_handed_off():
+        with waits_returned():
             response: HttpResponseBase = _PAID_VIEW(request, offering=offering)
             return response
 
     response = await _run_sync(first_part)
     if isinstance(response, HandedOff):
-        finished: HttpResponseBase = await handoff_complete(response.handoff)
-        return finished
+        return await waited(response.waiting)
     return response
 
 
@@ -117,25 +119,32 @@ x402_paid.cls = X402PaidApi  # type: ignore[attr-defined]
 x402_paid.initkwargs = {}  # type: ignore[attr-defined]
 
 
-async def handoff_complete(handoff: Handoff) -> Any:
-    """A wait handed off (core.handoff), finished on this loop: looks as short hops to the
-    pool, then the rest in a pool thread; what the rest returns."""
+async def waited(waiting: Waiting[R]) -> R:
+    """A payment's wait slept through on this loop (looks as short hops to the pool), then
+    the flow resumed and the door's answer finished, in a pool thread."""
+    pending = waiting.pending
+
+    async def through() -> R:
+        outcome = await pending.receipt.ended(_look)
+        return await _run_sync(
+            lambda: waiting.finish(lambda: purchase_pay_resume(pending, outcome))
+        )
+
     # Shielded: a client gone mid-wait does not stop the settlement being recorded.
-    return await asyncio.shield(handoff.complete(look=_look, rest=_run_sync))
+    return await asyncio.shield(through())
 
 
-async def run_handing_off(work: Callable[[], T]) -> T:
+async def run_paid_call(work: Callable[[], R | Waiting[R]]) -> R:
     """`work` for a caller on an event loop that serves no Django request (the MCP server):
-    in the pool, with waits handed off; a Handoff it raises (every layer up to `work` passes
-    it on with its own rest) is completed here, as the paid URL's is."""
+    in the pool, with waits returned; a Waiting it answers is slept through here, as the
+    paid URL's is."""
 
-    def first_part() -> T:
-        with waits_handed_off():
+    def first_part() -> R | Waiting[R]:
+        with waits_returned():
             return work()
 
     with served_on_event_loop():
-        try:
-            return await _run_sync(first_part)
-        except Handoff as handoff:
-            finished: T = await handoff_complete(handoff)
-            return finished
+        answered = await _run_sync(first_part)
+        if isinstance(answered, Waiting):
+            return await waited(answered)
+        return answered

@@ -16,7 +16,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.handoff import Handoff
 from doors.rest.answers import COPY_HEADER
 from doors.rest.serializers import ProblemSerializer
 from doors.rest.throttles import PAID_THROTTLES
@@ -27,9 +26,11 @@ from doors.x402.answers import (
     x402_offer_answer,
     x402_sign_in_answer,
 )
+from doors.x402.waiting import Waiting, returns_wait
 from fulfillment.receipt_signing import receipt_keys_document
 from payments.rails.x402.sign_in import SIGN_IN_HEADER
 from purchases.models import Buyer, Offering
+from purchases.services.checkout.flow import PaymentPending
 from purchases.services.x402.checkout import x402_pay
 from purchases.services.x402.offers import (
     input_from_query,
@@ -99,12 +100,12 @@ def _render(answer: X402Answer) -> Response | HttpResponse:
 
 
 class HandedOff(HttpResponse):
-    """Not an answer: the payment's wait, for the event loop serving this request to finish
-    (core.handoff); never sent."""
+    """Not an answer: the payment's wait, for the event loop serving this request to sleep
+    through and then finish the answer (doors.x402.paid_async); never sent."""
 
-    def __init__(self, handoff: Handoff) -> None:
+    def __init__(self, waiting: Waiting[Response | HttpResponse]) -> None:
         super().__init__(status=500)
-        self.handoff = handoff
+        self.waiting = waiting
 
 
 def _buyer(request: Request) -> Buyer | None:
@@ -140,22 +141,26 @@ class X402PaidApi(APIView):
                 return input_from_query(sold, request.query_params.dict())
             return request.data
 
-        try:
-            answer = x402_pay(
-                offering_slug=offering,
-                payment_header=header,
-                buyer=_buyer(request),
-                answers=X402Answers(),
-                copy_label=request.headers.get(COPY_HEADER),
-                carried_input=carried,
-            )
-        except Handoff as handoff:
-            # Served on an event loop (doors.x402.paid_async): it waits for the block
-            # and then finishes this response as dispatch would have.
+        answer = x402_pay(
+            offering_slug=offering,
+            payment_header=header,
+            buyer=_buyer(request),
+            answers=X402Answers(),
+            copy_label=request.headers.get(COPY_HEADER),
+            carried_input=carried,
+            returns_wait=returns_wait(),
+        )
+        if isinstance(answer, PaymentPending):
+            # Served on an event loop (doors.x402.paid_async): it sleeps through the wait
+            # for the block and then finishes this response as dispatch would have.
             # dispatch's finalize_response consumes the headers: these are the handler's.
             headers = dict(self.headers)
-            handoff.then(_render).around(lambda rest: self._finish(request, headers, rest))
-            return HandedOff(handoff)
+            return HandedOff(
+                Waiting(
+                    answer,
+                    lambda resumed: self._finish(request, headers, lambda: _render(resumed())),
+                )
+            )
         return _render(answer)
 
     def _finish(

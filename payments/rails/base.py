@@ -26,6 +26,7 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 
 from core.changes import Change
+from core.waits import Awaiting
 
 if TYPE_CHECKING:
     from payments.models import PaymentAttempt, Refund
@@ -52,6 +53,12 @@ class SettlementOutcome:
     reason_code: str = ""
     block_number: int | None = None
     evidence: dict[str, Any] = field(default_factory=dict)
+
+
+# What sending a payment gives: its outcome, or, when the money was not proven at the first
+# look, the wait for it (core.waits) for the caller to sleep through, on its thread or on an
+# event loop. Every value the wait gives is an outcome as the first look's is.
+Settling = SettlementOutcome | Awaiting[SettlementOutcome]
 
 
 # Evidence keys the caller takes off an outcome for the timeline: True on the outcome of the
@@ -168,9 +175,10 @@ class PaymentRail(Protocol):
         terms: QuoteTerms,
         now: datetime,
         wait_until: float | None = None,
-    ) -> SettlementOutcome:
+    ) -> Settling:
         """The first broadcast of a recorded attempt (or, if another caller made it, a
-        look-up). Never raises for network faults: unknown is PENDING.
+        look-up). Never raises for network faults: unknown is PENDING. A wait for the money
+        comes back as a value (`Settling`): the caller sleeps through it.
 
         `wait_until`: a time.monotonic() value the wait for the money must end by (the
         paying request's budget: what it has not proven by then is PENDING); never past the

@@ -13,6 +13,7 @@ from django.utils import timezone
 from hexbytes import HexBytes
 from web3.exceptions import TransactionNotFound
 
+from core.waits import waited_out
 from devtools.test_token import send_transfer_with_authorization
 from payments.chain.token import authorization_state
 from payments.models import RelayerAccount
@@ -32,10 +33,11 @@ def settler() -> DirectSettler:
 
 
 def broadcast(env: ChainEnv, auth: Authorization, prepared: PreparedBroadcast) -> SettlementOutcome:
-    return settler().broadcast(
+    # Slept through on this thread, as a resubmission does (core.waits).
+    return waited_out(settler().broadcast(
         authorization=auth, requirements=env.requirements(amount=auth.value), network=env.network,
         prepared=prepared,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def settle(env: ChainEnv, auth: Authorization) -> tuple[PreparedBroadcast, SettlementOutcome]:
@@ -195,6 +197,7 @@ def test_rpc_down_answers_pending_rpc_error_and_sends_nothing(
         authorization=auth, requirements=env.requirements(), network=down, prepared=prepared
     )
 
+    assert isinstance(outcome, SettlementOutcome)  # refused at once: no wait to sleep through
     assert outcome.status == PENDING
     assert outcome.reason_code == "rpc_error"
     assert outcome.tx_hash == prepared.tx_hash

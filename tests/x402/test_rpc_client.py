@@ -20,6 +20,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 
 from bench.web3_settlement import web3_sign, web3_unsigned_transfer
+from core.waits import waited_out
 from payments.chain.token import (
     TWA_BYTES,
     TWA_VRS,
@@ -67,8 +68,9 @@ def prepare(env: ChainEnv, auth: Authorization) -> PreparedBroadcast:
 
 
 def broadcast(env: ChainEnv, auth: Authorization, prepared: PreparedBroadcast) -> Any:
-    return settler().broadcast(authorization=auth, requirements=env.requirements(),
-                               network=env.network, prepared=prepared)  # fmt: skip
+    # Slept through on this thread, as a blocking caller does (core.waits).
+    return waited_out(settler().broadcast(authorization=auth, requirements=env.requirements(),
+                                          network=env.network, prepared=prepared))  # fmt: skip
 
 
 def web3_prepared(env: ChainEnv, auth: Authorization, nonce: int) -> PreparedBroadcast:

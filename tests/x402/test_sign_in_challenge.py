@@ -16,6 +16,7 @@ from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired
 
 from doors.mcp.calls import ToolCall, tool_call
+from doors.x402.waiting import Waiting
 from purchases.models import PurchaseEvent, WalletSignIn
 from purchases.services.jobs.housekeeping import purge_expired_quotes
 from tests.factories import PurchaseFactory
@@ -185,6 +186,7 @@ def test_the_mcp_door_offers_no_sign_in_it_cannot_take(x402_live_world):
         )
     )
 
+    assert not isinstance(result, Waiting)  # an offer: nothing to wait for
     assert result.isError and result.structuredContent is not None
     extensions = result.structuredContent["extensions"]
     assert "payment-identifier" in extensions and "sign-in-with-x" not in extensions

@@ -82,3 +82,49 @@ def test_more_payments_wait_for_their_block_at_once_than_threads(
     )
     # One broadcast each, recorded as the blocking wait records it.
     assert PaymentAttempt.objects.filter(state="succeeded").count() == len(payers)
+
+
+def test_the_payment_id_stays_claimed_while_its_payment_waits_on_the_loop(
+    make_x402_world, settings, start_asgi_server
+):
+    """The flow returns the wait for the block as a value with the key still claimed
+    (purchases.services.checkout.flow.PaymentPending): the same payment sent again meanwhile
+    is told 409 payment_in_flight, not taken over and settled a second time; once the block
+    comes, the first request answers and the resent one gets that stored answer."""
+    world = make_x402_world(no_mining=True, offering={"expected_run_time": timedelta(seconds=60)})
+    settings.X402_NETWORKS[NETWORK]["confirmation_timeout"] = 60.0
+    settings.X402_RESULT_WAIT_SECONDS = 60
+    settings.TOLLBOOTH = {**settings.TOLLBOOTH, "X402_THREADS": 1}
+    settings.ALLOWED_HOSTS = ["127.0.0.1"]
+    url = f"{start_asgi_server()}{world.paid_url}"
+    required = requests.post(url, json=INPUT, timeout=30)
+    payment = sign_payment(
+        required.headers["PAYMENT-REQUIRED"], world.payers[0], "x402-async-held-0001-id"
+    )
+    answers: list[requests.Response | None] = [None]
+
+    def pay() -> None:
+        answers[0] = requests.post(
+            url, json=INPUT, headers={"PAYMENT-SIGNATURE": payment}, timeout=60
+        )
+
+    first = threading.Thread(target=pay, daemon=True)
+    first.start()
+    deadline = time.monotonic() + 30
+    while world.relayer_sent() < 1:
+        assert time.monotonic() < deadline, answers
+        time.sleep(0.05)
+
+    resent = requests.post(url, json=INPUT, headers={"PAYMENT-SIGNATURE": payment}, timeout=30)
+
+    assert resent.status_code == 409, resent.text
+    assert resent.json()["code"] == "payment_in_flight"
+    assert world.relayer_sent() == 1  # the waiting payment was not taken over
+    world.node.mine()
+    first.join(timeout=60)
+    answer = answers[0]
+    assert answer is not None and answer.status_code == 200, answer and answer.text
+    again = requests.post(url, json=INPUT, headers={"PAYMENT-SIGNATURE": payment}, timeout=30)
+    assert (again.status_code, again.content) == (200, answer.content)
+    assert world.seller_balance() == PRICE
+    assert PaymentAttempt.objects.get().state == "succeeded"

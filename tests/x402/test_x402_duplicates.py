@@ -18,6 +18,7 @@ from doors.x402.answers import X402Answers
 from payments.chain.token import authorization_state
 from payments.models import PaymentAttempt
 from purchases.models import IdempotencyRecord, Offering, Purchase, PurchaseEvent
+from purchases.services.checkout.flow import PaymentPending
 from purchases.services.fulfil.execution import purchase_execute
 from purchases.services.x402.checkout import x402_pay
 from tests.integration.helpers import race
@@ -197,6 +198,7 @@ def test_window_zero_never_repeats_a_purchase_recorded_while_the_request_ran(cli
         answers=X402Answers(),
         now=began_at,
     )
+    assert not isinstance(answer, PaymentPending)  # nothing settles: no wait comes back
     assert answer.status == 402, answer
     refusal = json.loads(answer.body)
     assert refusal["code"] == "quote_already_paid"

@@ -1,4 +1,4 @@
-"""Payments waiting on the event loop look for their receipts once per block (core.handoff
+"""Payments waiting on the event loop look for their receipts once per block (core.waits
 Pacing, payments/rails/x402/receipts.py `chain_head_pacing`), not each on its own timer.
 
 The paid URL is served by the ASGI app (config/asgi.py) on a chain that mines only when told,
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from core.handoff import pacing_watched
+from core.waits import pacing_watched
 from purchases.models import Purchase
 from tests.integration.helpers import wait_for
 from tests.x402.e2e import NETWORK, PRICE, X402World, sign_payment
@@ -157,7 +157,7 @@ def test_a_head_look_that_fails_wakes_no_wait_and_fails_none(paced_world, caplog
     wait_for(lambda: head_looks(proxy) >= heads + QUIET_HEAD_LOOKS, message="failed head looks")
     assert receipt_looks(proxy) == dict.fromkeys(receipt_looks(proxy), 1)
     assert paying.answered() == []
-    warnings = [r for r in caplog.records if r.name == "core.handoff"]
+    warnings = [r for r in caplog.records if r.name == "core.waits"]
     assert len(warnings) == 1, warnings  # once while it fails, not once per look
     assert "header not found" in warnings[0].getMessage()
 

@@ -25,9 +25,9 @@ from eth_keys.datatypes import PrivateKey
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
-from core.handoff import Handoff, PollingWait, polling_wait
+from core.waits import Awaiting, PollingWait, look_once
 from payments.chain.token import transfer_with_authorization_calldata
-from payments.rails.base import SettlementOutcome, SettlementStatus
+from payments.rails.base import SettlementOutcome, SettlementStatus, Settling
 from payments.rails.x402.chain import AUTHORIZATION_STATE_SELECTOR, is_hash32
 from payments.rails.x402.receipts import chain_head_pacing, receipt_poll_delays
 from payments.rails.x402.relayer import (
@@ -146,12 +146,12 @@ class DirectSettler:
         network: NetworkConfig,
         prepared: PreparedBroadcast,
         wait_until: float | None = None,
-    ) -> SettlementOutcome:
+    ) -> Settling:
         """Send the prepared bytes and wait up to `network.confirmation_timeout` for them to
         be mined `network.confirmations` deep, and never past `wait_until` (the paying
         request's budget). The bytes are sent whatever is left of it: a wait that ends first
         is PENDING with the hash, for the status URL and reconciliation. Never raises for
-        network faults."""
+        network faults. The wait is returned (core.waits) when the first look is not final."""
         tx_hash, raw = _checked_prepared(prepared, authorization)
         rpc = self._rpc(network)
         refused = _send(rpc, raw)
@@ -178,12 +178,10 @@ class DirectSettler:
             deadline=wait_deadline(network.confirmation_timeout, wait_until),
             pacing=chain_head_pacing(rpc),  # handed off: one look per block (receipts.py)
         )
-        try:
-            # Blocks, unless the caller is an event loop that takes the wait (core.handoff).
-            outcome = polling_wait(wait)
-        except Handoff as handoff:
-            raise handoff.then(lambda outcome: _with_gap(outcome, prepared)) from None
-        return _with_gap(outcome, prepared)
+        sent = look_once(wait)
+        if isinstance(sent, Awaiting):  # the caller sleeps through it (core.waits)
+            return sent.map(lambda outcome: _with_gap(outcome, prepared))
+        return _with_gap(sent, prepared)
 
     def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.

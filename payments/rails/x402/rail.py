@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from itertools import groupby
@@ -22,8 +22,8 @@ from django.conf import settings
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
 from core.errors import DomainError, ErrorCode
-from core.handoff import Handoff
 from core.refs import PAYMENT_ID_PATTERN
+from core.waits import Awaiting, waited_out
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from payments.rails.base import (
     FIRST_BROADCAST,
@@ -35,6 +35,7 @@ from payments.rails.base import (
     RowGuard,
     SettlementOutcome,
     SettlementStatus,
+    Settling,
 )
 from payments.rails.x402.attempts import (
     x402_attempt_authorization,
@@ -244,19 +245,16 @@ class X402Rail:
         terms: QuoteTerms,
         now: datetime,
         wait_until: float | None = None,
-    ) -> SettlementOutcome:
+    ) -> Settling:
         """Exactly one caller ever performs an attempt's first broadcast; others look it up.
         The broadcast's wait ends at the network's confirmation timeout or `wait_until`,
-        whichever comes first (the settler's `broadcast`)."""
+        whichever comes first (the settler's `broadcast`), and comes back as a value."""
         if not x402_attempt_claim_first_broadcast(attempt=attempt, now=now):
             return self.look_up(attempt=attempt, now=now)
-        try:
-            outcome = _prepare_and_broadcast(
-                attempt, terms, now, try_claimed=False, wait_until=wait_until
-            )
-        except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
-            raise handoff.then(_first_broadcast) from None
-        return _first_broadcast(outcome)
+        return _outcomes_marked(
+            _prepare_and_broadcast(attempt, terms, now, try_claimed=False, wait_until=wait_until),
+            _first_broadcast,
+        )
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         context = x402_context(attempt=attempt)
@@ -304,10 +302,11 @@ class X402Rail:
         """The very same signed relayer transaction again (direct), or the same payload to
         /settle (facilitator: nothing is ever signed on our side); a fresh relayer
         transaction only if none was ever signed. Never a new buyer signature."""
+        # A resubmission sleeps through its wait on its own thread (a job, a command).
         if attempt.raw_transaction:
             prepared = x402_attempt_prepared(attempt=attempt)
-            return _broadcast(attempt, terms, prepared, now, try_claimed=True)
-        return _prepare_and_broadcast(attempt, terms, now, try_claimed=True)
+            return waited_out(_broadcast(attempt, terms, prepared, now, try_claimed=True))
+        return waited_out(_prepare_and_broadcast(attempt, terms, now, try_claimed=True))
 
     def never_reached(
         self, *, attempt: PaymentAttempt, outcome: SettlementOutcome, now: datetime
@@ -451,6 +450,13 @@ def _first_broadcast(outcome: SettlementOutcome) -> SettlementOutcome:
     return replace(outcome, evidence={**outcome.evidence, FIRST_BROADCAST: True})
 
 
+def _outcomes_marked(
+    sent: Settling, mark: Callable[[SettlementOutcome], SettlementOutcome]
+) -> Settling:
+    """`mark` on the outcome, or on every outcome its wait gives."""
+    return sent.map(mark) if isinstance(sent, Awaiting) else mark(sent)
+
+
 def _prepare_and_broadcast(
     attempt: PaymentAttempt,
     terms: QuoteTerms,
@@ -458,7 +464,7 @@ def _prepare_and_broadcast(
     *,
     try_claimed: bool,
     wait_until: float | None = None,
-) -> SettlementOutcome:
+) -> Settling:
     context = x402_context(attempt=attempt)
     try:
         prepared = context.settler.prepare(
@@ -481,13 +487,13 @@ def _broadcast(
     *,
     try_claimed: bool,
     wait_until: float | None = None,
-) -> SettlementOutcome:
+) -> Settling:
     """Send `prepared`; if another transaction took its relayer nonce meanwhile, the same
     authorization once more on a fresh nonce (`_on_a_fresh_nonce`). `try_claimed`: the
     caller counted this send as a resubmission already (`resubmit`)."""
     outcome = _send(attempt, terms, prepared, wait_until)
-    if outcome.reason_code != RELAYER_NONCE_TAKEN:
-        return outcome
+    if isinstance(outcome, Awaiting) or outcome.reason_code != RELAYER_NONCE_TAKEN:
+        return outcome  # a wait is a send that was taken
     return _on_a_fresh_nonce(
         attempt, terms, prepared, outcome, now, try_claimed=try_claimed, wait_until=wait_until
     )
@@ -498,7 +504,7 @@ def _send(
     terms: QuoteTerms,
     prepared: PreparedBroadcast,
     wait_until: float | None,
-) -> SettlementOutcome:
+) -> Settling:
     context = x402_context(attempt=attempt)
     return context.settler.broadcast(
         authorization=context.authorization,
@@ -518,7 +524,7 @@ def _on_a_fresh_nonce(
     *,
     try_claimed: bool,
     wait_until: float | None = None,
-) -> SettlementOutcome:
+) -> Settling:
     """Our signed relayer transaction was refused because another one took its nonce: a
     holder slow past its nonce's lease, whose gap the next broadcaster closed. It can never
     be mined, and the buyer's authorization was never broadcast. While that authorization
@@ -568,11 +574,7 @@ def _on_a_fresh_nonce(
     def told(outcome: SettlementOutcome) -> SettlementOutcome:
         return replace(outcome, evidence={**outcome.evidence, REPLACED_SUBMISSION: replaced})
 
-    try:
-        outcome = _send(attempt, terms, fresh, wait_until)
-    except Handoff as handoff:  # the receipt's wait, taken by the caller's event loop
-        raise handoff.then(told) from None
-    return told(outcome)
+    return _outcomes_marked(_send(attempt, terms, fresh, wait_until), told)
 
 
 def _check_accepted(accepted: dict[str, Any], requirements: Requirements) -> None:

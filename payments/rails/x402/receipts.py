@@ -7,7 +7,7 @@ to the settler's interval, so a slow chain costs a handful of extra cheap reads 
 settlement, never a faster steady rate.
 
 On the ASGI role's event loop a waiting payment does not keep that schedule: it looks once
-per block, right after it (`chain_head_pacing`, core.handoff). One watcher per event loop and
+per block, right after it (`chain_head_pacing`, core.waits). One watcher per event loop and
 node asks for the head (eth_blockNumber) every HEAD_LOOK_SECONDS while any payment waits and
 wakes them all when it moves. At 2-second blocks a paid call made 2.1 to 3 receipt looks
 instead of 5.6 to 12.3 (32 to 1 agents, the tests' anvil behind a counting proxy), and a payment
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from core.handoff import Pacing
+from core.waits import Pacing
 from payments.rails.x402.rpc import JsonRpcClient, quantity
 
 FIRST_LOOK_SECONDS = 0.005

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from payments.rails.base import SettlementOutcome
+from payments.rails.base import Settling
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,10 @@ class Settler(Protocol):
         network: NetworkConfig,
         prepared: PreparedBroadcast,
         wait_until: float | None = None,
-    ) -> SettlementOutcome:
-        """Put `prepared` on chain and wait for it, up to `network.confirmation_timeout`
-        and never past `wait_until` (a time.monotonic() value; None: no earlier end)."""
+    ) -> Settling:
+        """Put `prepared` on chain and look for it; a wait for it, up to
+        `network.confirmation_timeout` and never past `wait_until` (a time.monotonic()
+        value; None: no earlier end), comes back as a value for the caller to sleep through."""
         ...
 
 

@@ -1,9 +1,9 @@
-"""Paying for a quote, on any rail: key, verify, deduplicate, record, commit, settle, answer.
+"""Recording a payment for a quote, on any rail: verify, deduplicate, record, commit.
 
-Every payment runs under a payment id (`idempotent_request`): the same request resent gets
-the stored (or live) answer; in flight it gets 409; a request that died resumes from the
-key's recovery point. The rail (payments.rails) is never named here: it says how the payer
-is verified, how the attempt is recorded and how its money moves.
+The paid request's first phase (its loop over the recovery points is
+purchases.services.checkout.flow, which keys it, settles and answers). The rail
+(payments.rails) is never named here: it says how the payer is verified, how the attempt
+is recorded and how its money moves.
 
 A new payment for what the same payer already paid or is paying (same offering, canonical
 input, API key and copy label, inside the offering's duplicate window) is answered with
@@ -19,6 +19,8 @@ again.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -31,11 +33,9 @@ from django_fsm import ConcurrentTransition
 from core.actors import Actor
 from core.bulk import insert_unless_conflict
 from core.errors import DomainError, ErrorCode
-from core.handoff import Handoff
 from core.prepared import PreparedQuery
 from payments.models import PaymentAttempt
-from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms, rail_for
-from payments.selectors import payment_attempt_for_key
+from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms
 from purchases import event_subjects as subjects
 from purchases.events import (
     event_note,
@@ -46,7 +46,7 @@ from purchases.events import (
     purchase_move_record,
 )
 from purchases.models import Buyer, BuyerWallet, IdempotencyRecord, Offering, Purchase, Quote
-from purchases.selectors import purchase_capability_url, purchase_duplicate_find, purchase_reload
+from purchases.selectors import purchase_capability_url, purchase_duplicate_find
 from purchases.services.checkout.duplicates import (
     duplicate_guard_lock,
     duplicate_key_for,
@@ -56,19 +56,13 @@ from purchases.services.checkout.duplicates import (
 )
 from purchases.services.checkout.idempotency import (
     KeyClaim,
-    KeyedRequest,
     StoredAnswer,
-    idempotent_request,
     payment_id_mark_recorded,
     payment_id_store_answer,
 )
 from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
-from purchases.services.settle.settlement import (
-    Settled,
-    purchase_settle_attempt,
-    quote_terms,
-)
+from purchases.services.quote.quotes import quote_terms
 from purchases.services.shared.buyers import buyer_spend_cap_check
 
 A = TypeVar("A")
@@ -112,6 +106,9 @@ class PaymentRequest:
     # When this request's wait for its settlement ends (a time.monotonic() value): the
     # door's wait budget (purchases.services.x402.outcomes). None: the rail's own limit.
     settle_wait_until: float | None = None
+    # What the request's work runs inside, entered again after a returned wait (the x402
+    # door's scope: its budget, and whether it runs the fulfilment itself).
+    runs_in: Callable[[], AbstractContextManager[None]] = nullcontext
 
     @property
     def actor(self) -> Actor:
@@ -152,7 +149,9 @@ class _Duplicate(Exception):
 
 
 @dataclass(frozen=True)
-class _Checkout(Generic[A]):
+class Checkout(Generic[A]):
+    """One payment on its way through the flow, with what its rail said of it."""
+
     request: PaymentRequest
     answers: CheckoutAnswers[A]
     rail: PaymentRail
@@ -160,41 +159,26 @@ class _Checkout(Generic[A]):
     context: Any = None
     # The paying wallet's owner, read with the quote (QuoteToPay.payer_owner_id).
     payer_owner_id: int | None = None
+    # The door sleeps through a wait for the money itself (flow.PaymentPending).
+    returns_wait: bool = False
 
 
-def purchase_pay(*, request: PaymentRequest, answers: CheckoutAnswers[A]) -> A:
-    """Take one payment under the payment-id rules and move its money at most once.
+@dataclass(frozen=True)
+class Recorded:
+    """A payment recorded, committed with the key's recovery point: what its settlement
+    starts from, as this request wrote it (nothing to read back)."""
 
-    Raises DomainError for the codes in `request.unstored`; every other outcome is stored as
-    the key's answer (or live) and returned rendered.
-    """
-    checkout = _Checkout(request, answers, rail_for(request.presentation.rail))
-    presentation = request.presentation
-    return idempotent_request(
-        request=KeyedRequest(
-            scope=request.scope,
-            key=presentation.key,
-            principal=presentation.payer,
-            fingerprint=request.fingerprint or presentation.fingerprint,
-            fingerprint_alias=presentation.fingerprint,
-            now=request.now,
-            unstored=request.unstored,
-        ),
-        work=lambda claim: _pay_claimed(checkout, claim),
-        refused=answers.refused,
-        render=answers.render,
-    )
+    purchase: Purchase
+    attempt: PaymentAttempt
+    terms: QuoteTerms
 
 
-def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
+def payment_record(checkout: Checkout[A], claim: KeyClaim) -> Recorded | A:
+    """The first phase, from the `started` recovery point: verify the presentation, answer a
+    repeat with what it repeats, else record the payment (one transaction). Returns what
+    was recorded for the settlement, or the answer when nothing is left to settle (a
+    repeat; a rail that settles when recorded). Raises DomainError with the payer's fix."""
     request, rail = checkout.request, checkout.rail
-    if claim.recovery_point != IdempotencyRecord.RecoveryPoint.STARTED:
-        # A request holding this id died after recording the payment: resume there (with
-        # the recorded authorization, whatever this retry carries: a re-signed one is never
-        # recorded beside it).
-        recorded = payment_attempt_for_key(idempotency_record_id=claim.record_id)
-        if recorded is not None:
-            return _settle_and_answer(checkout, recorded.purchase, recorded.pk, claim, fresh=False)
     if rail.settles_when_recorded:
         # Nothing to ask anyone outside the database: everything happens under the locks.
         return _record_and_answer(checkout, claim)
@@ -230,12 +214,10 @@ def _pay_claimed(checkout: _Checkout[A], claim: KeyClaim) -> A:
         )
     except _Duplicate as found:
         return _answer_duplicate(checkout, found.purchase, quote, claim)
-    return _settle_and_answer(
-        checkout, purchase, attempt.pk, claim, fresh=True, recorded=(purchase, attempt, terms)
-    )
+    return Recorded(purchase, attempt, terms)
 
 
-def _record_and_answer(checkout: _Checkout[A], claim: KeyClaim) -> A:
+def _record_and_answer(checkout: Checkout[A], claim: KeyClaim) -> A:
     """A rail that settles when recorded: one transaction reads the quote under its lock,
     records and settles the payment, and stores the answer."""
     request = checkout.request
@@ -370,7 +352,7 @@ def _may_pay(quote: Quote, request: PaymentRequest) -> bool:
 
 def _record(
     *,
-    checkout: _Checkout[A],
+    checkout: Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
     duplicate_key: str,
@@ -415,7 +397,7 @@ def _record(
 
 def _record_once(
     *,
-    checkout: _Checkout[A],
+    checkout: Checkout[A],
     quote: Quote,
     terms: QuoteTerms,
     duplicate_key: str,
@@ -607,7 +589,7 @@ def _quote_write(quote: Quote) -> str:
 
 
 def _answer_duplicate(
-    checkout: _Checkout[A], purchase: Purchase, quote: Quote, claim: KeyClaim
+    checkout: Checkout[A], purchase: Purchase, quote: Quote, claim: KeyClaim
 ) -> A:
     """Answer a repeat with the purchase it repeats; nothing is charged or broadcast.
 
@@ -658,37 +640,3 @@ def _payment_in_flight(purchase: Purchase, now: datetime) -> bool:
             purchase=purchase, state=IdempotencyRecord.State.IN_FLIGHT, locked_until__gt=now
         ).exists()
     )
-
-
-def _settle_and_answer(
-    checkout: _Checkout[A],
-    purchase: Purchase,
-    attempt_id: int,
-    claim: KeyClaim,
-    *,
-    fresh: bool,
-    recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
-) -> A:
-    """After commit: settle over the rail, then answer from what the purchase is now."""
-    now = checkout.request.now
-
-    def answer(settled: Settled | None) -> A:
-        if settled is not None:
-            answered, attempt = settled.purchase, settled.attempt
-        else:
-            answered, attempt = purchase_reload(purchase=purchase), None
-        stored, sent = checkout.answers.settled(purchase=answered, attempt=attempt, fresh=fresh)
-        payment_id_store_answer(claim=claim, answer=stored, purchase=answered, now=now)
-        return sent
-
-    try:
-        settled = purchase_settle_attempt(
-            attempt_id=attempt_id,
-            now=now,
-            recorded=recorded,
-            hand_off=True,
-            wait_until=checkout.request.settle_wait_until,
-        )
-    except Handoff as handoff:  # the settlement's wait went to the caller's event loop
-        raise handoff.then(answer) from None
-    return answer(settled)

@@ -25,7 +25,6 @@ from prometheus_client import Counter
 
 from core.actors import Actor
 from core.errors import DomainError, ErrorCode
-from core.handoff import Handoff
 from core.refs import PAYMENT_ID_PATTERN, payment_id_hash
 from fulfillment import selectors as fulfillment_selectors
 from purchases import event_subjects as subjects
@@ -363,40 +362,34 @@ def ref_if_exists(ref: str | None) -> str | None:
     return ref if ref and Purchase.objects.filter(ref=ref).exists() else None
 
 
-def idempotent_request(
+class ClaimHeld:
+    """A result of work under a key that keeps the key claimed, its lease held: the work
+    goes on after a wait, under the key again (purchases.services.checkout.flow)."""
+
+
+def payment_id_work(
     *,
-    request: KeyedRequest,
-    work: Callable[[KeyClaim], T],
-    refused: Callable[[DomainError], StoredAnswer],
-    render: Callable[[StoredAnswer, bool], T],
-) -> T:
-    """The one wrapper: claim the key, replay its answer, or do the work under it.
-
-    `work` stores its own answer in the transaction of what it did. A DomainError it raises
-    becomes the key's stored answer (as `refused(error)` answers it), except the codes about
-    the key itself (request.unstored), which give the key back and propagate; anything
-    unanticipated gives the key back and propagates (a 500, or a 503 when the database or
-    broker is unreachable; then the key is given back as soon as the database answers), so
-    the next retry starts afresh from the recovery point.
-    `render(answer, is_replay)` turns a stored answer into what the caller returns.
-    """
-    claim = payment_id_claim(request=request)
-    if claim.replay is not None:
-        return render(claim.replay, True)
-    return _under_claim(request, claim, lambda: work(claim), refused, render)
-
-
-def _under_claim(
     request: KeyedRequest,
     claim: KeyClaim,
     run: Callable[[], T],
     refused: Callable[[DomainError], StoredAnswer],
     render: Callable[[StoredAnswer, bool], T],
 ) -> T:
-    handed_off = False
+    """Run work under a claimed key, by the key's rules.
+
+    `run` stores its own answer in the transaction of what it did. A DomainError it raises
+    becomes the key's stored answer (as `refused(error)` answers it), except the codes about
+    the key itself (request.unstored), which give the key back and propagate; anything
+    unanticipated gives the key back and propagates (a 500, or a 503 when the database or
+    broker is unreachable; then the key is given back as soon as the database answers), so
+    the next retry starts afresh from the recovery point. A result that is ClaimHeld keeps
+    the key claimed for the work that follows it, run here again.
+    `render(answer, is_replay)` turns a stored answer into what the caller returns.
+    """
+    held = False
     try:
         try:
-            return run()
+            result = run()
         except DomainError as error:
             if error.code in request.unstored:
                 raise
@@ -404,17 +397,12 @@ def _under_claim(
             answer = refused(error)
             payment_id_store_answer(claim=claim, answer=answer, purchase=None, now=request.now)
             return render(answer, False)
-    except Handoff as handoff:
-        # The work waits on the caller's event loop (core.handoff): the key stays claimed
-        # and its lease renewed until what follows the wait ends, under the same rules.
-        handed_off = True
-        raise handoff.around(
-            lambda rest: _under_claim(request, claim, rest, refused, render)
-        ) from None
+        held = isinstance(result, ClaimHeld)
+        return result
     except Exception:
         # Unanswered (a code about the key, a bug, the database gone): give the key back.
         payment_id_release(claim=claim)
         raise
     finally:
-        if not handed_off:
+        if not held:
             lease_done(token=claim.lease_token)

@@ -12,8 +12,9 @@ from core.errors import ErrorCode
 from payments.models import Rail
 from payments.rails import Presentation
 from purchases.models import Buyer, Purchase
-from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest, purchase_pay
+from purchases.services.checkout.checkout import CheckoutAnswers, PaymentRequest
 from purchases.services.checkout.duplicates import copy_label_validate
+from purchases.services.checkout.flow import purchase_pay
 from purchases.services.checkout.idempotency import payment_id_validate
 from purchases.services.quote.quotes import quote_create
 

@@ -23,7 +23,7 @@ from core.bulk import bulk_update_columns
 from core.changes import Change
 from core.clock import now_or
 from core.errors import ErrorCode
-from core.handoff import Handoff, handoff_allowed
+from core.waits import Awaiting
 from payments.models import PaymentAttempt
 from payments.rails import QuoteTerms, SettlementOutcome, SettlementStatus, rail_for
 from payments.services import OUTCOME_FIELDS, payment_attempt_apply_outcome
@@ -61,24 +61,51 @@ class Settled:
     attempt: PaymentAttempt
 
 
+@dataclass(frozen=True)
+class SettlementUnderWay:
+    """A first broadcast whose money was not proven at the first look: the wait for it, and
+    what its outcome is recorded with (`settlement_finish`), read once, before the send."""
+
+    receipt: Awaiting[SettlementOutcome]
+    attempt: PaymentAttempt
+    terms: QuoteTerms
+    known: tuple[Purchase, PaymentAttempt] | None
+    now: datetime
+
+
 def purchase_settle_attempt(
     *,
     attempt_id: int,
     now: datetime | None = None,
     recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
-    hand_off: bool = False,
     wait_until: float | None = None,
 ) -> Settled | None:
     """Send a recorded attempt, or resume one whose sending may have happened, and record
-    the outcome. Returns None when the attempt was already settled or failed.
+    the outcome, sleeping through any wait for the money on this thread. Returns None when
+    the attempt was already settled or failed.
 
     `recorded`: the purchase and attempt as this request just wrote them, with the quote's
-    terms (nothing to read back, before or after). `hand_off`: the caller passes a Handoff
-    on (core.handoff): the wait for the broadcast's receipt may go to its event loop, and
-    this raises Handoff with the recording as its rest. `wait_until`: the paying request's
+    terms (nothing to read back, before or after). `wait_until`: the paying request's
     budget (a time.monotonic() value) the first broadcast's wait ends by, pending if not
     proven then; None (reconciliation, resubmission): the network's own timeout.
     """
+    sent = purchase_settle_attempt_or_wait(
+        attempt_id=attempt_id, now=now, recorded=recorded, wait_until=wait_until
+    )
+    if isinstance(sent, SettlementUnderWay):
+        return settlement_finish(under_way=sent, outcome=sent.receipt.blocking())
+    return sent
+
+
+def purchase_settle_attempt_or_wait(
+    *,
+    attempt_id: int,
+    now: datetime | None = None,
+    recorded: tuple[Purchase, PaymentAttempt, QuoteTerms] | None = None,
+    wait_until: float | None = None,
+) -> Settled | SettlementUnderWay | None:
+    """`purchase_settle_attempt`, but a wait for the money is returned, not slept through:
+    the caller sleeps as it can (an event loop) and records with `settlement_finish`."""
     now = now_or(now)
     known: tuple[Purchase, PaymentAttempt] | None = None
     if recorded is not None:
@@ -91,28 +118,40 @@ def purchase_settle_attempt(
         if attempt.state in TERMINAL_ATTEMPT_STATES:
             return None
         terms = quote_terms(quote=attempt.purchase.quote)
+    sent = rail_for(attempt.rail).settle(
+        attempt=attempt, terms=terms, now=now, wait_until=wait_until
+    )
+    if isinstance(sent, Awaiting):
+        return SettlementUnderWay(sent, attempt, terms, known, now)
+    return _settlement_record(attempt, terms, known, now, sent)
 
-    def record(outcome: SettlementOutcome) -> Settled:
-        # Outside handoff_allowed: a resubmission's wait blocks (no layer passes it on).
-        outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
-        purchase, recorded_attempt = settlement_record_outcome(
-            attempt_id=attempt.pk,
-            purchase_id=attempt.purchase_id,
-            outcome=outcome,
-            now=now,
-            known=known,
-        )
-        relayer_gap_notes_record(purchase=purchase, outcome=outcome)
-        return Settled(outcome, purchase, recorded_attempt)
 
-    try:
-        with handoff_allowed(hand_off):
-            outcome = rail_for(attempt.rail).settle(
-                attempt=attempt, terms=terms, now=now, wait_until=wait_until
-            )
-    except Handoff as handoff:  # the caller's event loop waits; the recording follows
-        raise handoff.then(record) from None
-    return record(outcome)
+def settlement_finish(*, under_way: SettlementUnderWay, outcome: SettlementOutcome) -> Settled:
+    """Record the outcome a settlement's wait ended on (after `purchase_settle_attempt`
+    returned it): what the blocking wait would have recorded."""
+    return _settlement_record(
+        under_way.attempt, under_way.terms, under_way.known, under_way.now, outcome
+    )
+
+
+def _settlement_record(
+    attempt: PaymentAttempt,
+    terms: QuoteTerms,
+    known: tuple[Purchase, PaymentAttempt] | None,
+    now: datetime,
+    outcome: SettlementOutcome,
+) -> Settled:
+    # A follow-up (a resubmission) sleeps through its own waits on this thread.
+    outcome = settlement_follow_up(attempt=attempt, terms=terms, outcome=outcome, now=now)
+    purchase, recorded_attempt = settlement_record_outcome(
+        attempt_id=attempt.pk,
+        purchase_id=attempt.purchase_id,
+        outcome=outcome,
+        now=now,
+        known=known,
+    )
+    relayer_gap_notes_record(purchase=purchase, outcome=outcome)
+    return Settled(outcome, purchase, recorded_attempt)
 
 
 def settlement_follow_up(

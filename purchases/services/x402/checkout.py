@@ -22,7 +22,6 @@ from typing import Any, TypeVar
 from core.canonical import canonical_json, fingerprint, sha256_hex, strip_volatile
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
-from core.handoff import Handoff
 from payments.rails import Presentation
 from payments.rails.x402.rail import AUTHORIZATION_KEY_PREFIX, x402_paid_terms, x402_presentation
 from purchases.models import Buyer, Offering, Purchase
@@ -30,9 +29,9 @@ from purchases.services.checkout.checkout import (
     CheckoutAnswers,
     PaymentRequest,
     QuoteToPay,
-    purchase_pay,
 )
 from purchases.services.checkout.duplicates import copy_label_validate
+from purchases.services.checkout.flow import PaymentPending, purchase_pay
 from purchases.services.quote.quotes import quote_input_canonicalize
 from purchases.services.x402.offers import X402PaidRoute, x402_route_paid, x402_route_paid_sealed
 from purchases.services.x402.outcomes import (
@@ -76,7 +75,8 @@ def x402_pay(
     raw_input: Any = None,
     carried_input: Callable[[Offering], Any] | None = None,
     now: datetime | None = None,
-) -> A:
+    returns_wait: bool = False,
+) -> A | PaymentPending[A]:
     """Take a PAYMENT-SIGNATURE under the payment-id rules and settle it at most once.
 
     `raw_input`: the input a door carries beside the payment (an MCP call's arguments); it
@@ -90,7 +90,8 @@ def x402_pay(
     invalid_input, input_too_large, input_mismatch,
     payment_in_flight, payment_identifier_conflict, verification_unavailable,
     authorization_in_use. Every other outcome is returned as `answers` render it, and stored
-    or live.
+    or live. `returns_wait`: the door sleeps through a wait for the money itself
+    (PaymentPending, purchases.services.checkout.flow).
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
@@ -140,22 +141,12 @@ def x402_pay(
         quote=unwritten,
         quote_refusal=refusal,
         settle_wait_until=x402_settlement_wait_until(wait_until=wait_until),
+        # The paying request runs fast work itself: its execution job goes to a worker
+        # only if the request leaves it to one. Entered again, with the same budget, after
+        # a wait the door slept through (the work waits for what the settlement left).
+        runs_in=lambda: x402_request_scope(offering=offering, wait_until=wait_until),
     )
-    # The paying request runs fast work itself: its execution job goes to a worker only if
-    # the request leaves it to one.
-    try:
-        with x402_request_scope(offering=offering, wait_until=wait_until):
-            return purchase_pay(request=request, answers=answers)
-    except Handoff as handoff:
-        # The settlement's wait went to the caller's event loop: what follows it (the
-        # recording, the work, the answer) runs in the same scope, entered again with the
-        # same budget (the work waits for what the settlement left of it).
-        raise handoff.around(lambda rest: _in_scope(offering, wait_until, rest)) from None
-
-
-def _in_scope(offering: Offering, wait_until: float, rest: Callable[[], A]) -> A:
-    with x402_request_scope(offering=offering, wait_until=wait_until):
-        return rest()
+    return purchase_pay(request=request, answers=answers, returns_wait=returns_wait)
 
 
 def _carried(carried_input: Callable[[Offering], Any] | None, route: X402PaidRoute) -> Any:

@@ -1,4 +1,4 @@
-"""core.handoff's paced waits on an event loop: one watcher per loop and key wakes the waits
+"""core.waits's paced waits on an event loop: one watcher per loop and key wakes the waits
 when the paced value changes (the chain-backed version: tests/x402/test_x402_head_watch.py).
 
 The looks are plain functions over a value the test moves (a head), run in real threads as
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.handoff import Pacing, PollingWait, pacing_watched
+from core.waits import Pacing, PollingWait, pacing_watched
 
 
 async def in_thread(work: Callable[[], Any]) -> Any:

@@ -1,16 +1,14 @@
-"""A wait handed to the caller's event loop instead of holding a thread (docs/deployment.md).
+"""Waits for something outside the database (a receipt, a block), as values.
 
 A paid request that waits for its block spends almost all its time asleep between cheap
-looks at the chain. Synchronous code (the ORM, the settlement, the answer) cannot sleep
-without its thread; so a polling wait does its first look, then raises `Handoff` instead of
-sleeping, when two things hold: the caller is an event loop that completes handoffs
-(`waits_handed_off`, the outermost frame), and the wait runs inside `handoff_allowed` (the
-one call whose every layer, up to that caller, is wired for it). Every such layer that has
-work left after the wait adds that work to the handoff (`then`, or `around` for a layer
-that wraps it: a try/except, a scope) and re-raises. The caller sleeps with asyncio between
-looks (each look a short hop to a thread) and then runs `resume` in a thread: the same code
-the blocking wait would have run next, with the value the wait ended on. Anywhere else (a
-resubmission, a reconciliation, a synchronous server) the wait blocks, as it always did.
+looks at the chain. Synchronous code cannot sleep without its thread; so the code that
+starts such a wait looks once and, if the wait is not over, returns it as a value
+(`Awaiting`: the wait, its first look, when that look began) instead of sleeping. Whoever
+holds the value decides how to sleep: `blocking()` on its own thread (a resubmission, a
+reconciliation, a synchronous server), or `ended(run_sync)` on an event loop, each look a
+short hop to a thread (doors.x402.paid_async), and then carries on with the value the wait
+ended on. Nothing is raised and nothing is held across the wait: no transaction is open
+around a network wait (the settlement's rule), and the caller re-enters what it needs.
 
 On the event loop a wait may be paced by something cheaper than its own look (`Pacing`: a
 chain's head). Then it does not sleep on its own timer: one watcher per event loop and
@@ -20,9 +18,6 @@ their receipts once each, right after it, instead of each on its own schedule. T
 ends when nothing waits on it; a look of its that fails wakes nobody; a wait still looks at
 least every `ceiling` seconds (a watcher that cannot see) and never sleeps past its
 deadline. The blocking wait keeps its timed sleeps.
-
-Layers that unwind must hold nothing across the wait: no transaction is open around a
-network wait (the settlement's rule), and a scope is re-entered by its `around`.
 """
 
 from __future__ import annotations
@@ -32,16 +27,13 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Hashable, Iterator
-from contextlib import asynccontextmanager, contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-_CALLER_COMPLETES: ContextVar[bool] = ContextVar("waits_handed_off", default=False)
-_ALLOWED: ContextVar[bool] = ContextVar("handoff_allowed", default=False)
 logger = logging.getLogger(__name__)
 
 
@@ -222,73 +214,40 @@ def pacing_watched() -> list[Hashable]:
     return [key for _loop, key in list(_WATCHERS)]
 
 
-class Handoff(Exception):
-    """A wait handed to the caller, with what is left to do once it ends (`resume`)."""
+@dataclass(frozen=True)
+class Awaiting(Generic[T]):
+    """A wait that was not over at its first look, handed back as a value: sleep through
+    it with `blocking()` or, on an event loop, `await ended(run_sync)`; either gives the
+    value it ended on (done, or the last look's at the deadline)."""
 
-    def __init__(self, wait: PollingWait[Any], first: Any, *, looked_at: float = -math.inf) -> None:
-        super().__init__("wait handed to the caller")
-        self.wait = wait
-        self.first = first
-        self.looked_at = looked_at  # when the look that gave `first` began
-        self.resume: Callable[[Any], Any] = lambda value: value
+    wait: PollingWait[T]
+    first: T
+    looked_at: float  # when the look that gave `first` began (time.monotonic())
 
-    def then(self, after: Callable[[Any], Any]) -> Handoff:
-        """`after(result)` runs on what the work left so far returns."""
-        inner = self.resume
-        self.resume = lambda value: after(inner(value))
-        return self
+    def blocking(self) -> T:
+        return self.wait.blocking(self.first)
 
-    def around(self, wrapper: Callable[[Callable[[], Any]], Any]) -> Handoff:
-        """`wrapper(run)` runs the work left so far as `run()`: a try/except or a scope
-        that wrapped the wait wraps what follows it the same way."""
-        inner = self.resume
-        self.resume = lambda value: wrapper(lambda: inner(value))
-        return self
+    async def ended(self, run_sync: Callable[[Callable[[], Any]], Awaitable[Any]]) -> T:
+        return await self.wait.asleep(self.first, run_sync, looked_at=self.looked_at)
 
-    async def complete(
-        self,
-        *,
-        look: Callable[[Callable[[], Any]], Awaitable[Any]],
-        rest: Callable[[Callable[[], Any]], Awaitable[Any]],
-    ) -> Any:
-        """Wait on the event loop (each look run by `look`), then run what is left (by
-        `rest`: in a thread) and return what it returns."""
-        value = await self.wait.asleep(self.first, look, looked_at=self.looked_at)
-        resume = self.resume
-        return await rest(lambda: resume(value))
+    def map(self, then: Callable[[T], T]) -> Awaiting[T]:
+        """The same wait, every value it gives passed through `then` (evidence added to
+        each look, say): `then` must not change whether a value is done."""
+        wait = self.wait
+        mapped = replace(wait, look=lambda: then(wait.look()))
+        return Awaiting(mapped, then(self.first), self.looked_at)
 
 
-def polling_wait(wait: PollingWait[T]) -> T:
-    """Look once; if not done, hand the wait to the caller when it asked, else block."""
+def look_once(wait: PollingWait[T]) -> T | Awaiting[T]:
+    """Look once: the value if the wait is over (done, or its deadline passed), else the
+    wait as a value for the caller to sleep through."""
     looked_at = time.monotonic()
     first = wait.look()
-    if (
-        _CALLER_COMPLETES.get()
-        and _ALLOWED.get()
-        and not wait.is_done(first)
-        and wait.deadline > time.monotonic()
-    ):
-        raise Handoff(wait, first, looked_at=looked_at)
-    return wait.blocking(first)
+    if wait.is_done(first) or wait.deadline <= time.monotonic():
+        return first
+    return Awaiting(wait, first, looked_at)
 
 
-@contextmanager
-def waits_handed_off() -> Generator[None]:
-    """Inside: the caller is an event loop that completes a Handoff raised to it."""
-    token = _CALLER_COMPLETES.set(True)
-    try:
-        yield
-    finally:
-        _CALLER_COMPLETES.reset(token)
-
-
-@contextmanager
-def handoff_allowed(allowed: bool = True) -> Generator[None]:
-    """Inside: a polling wait may be handed off (if the caller completes handoffs); every
-    layer from here to that caller must pass a Handoff on with its own rest added.
-    `allowed=False`: no wait inside is handed off (work after a handed-off wait's point)."""
-    token = _ALLOWED.set(allowed)
-    try:
-        yield
-    finally:
-        _ALLOWED.reset(token)
+def waited_out(value: T | Awaiting[T]) -> T:
+    """The value, sleeping on this thread through a wait if it is one."""
+    return value.blocking() if isinstance(value, Awaiting) else value
