@@ -19,8 +19,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from core.actors import Actor
+from core.clock import utc_seconds
 from payments.models import LedgerBalance, PaymentAttempt, Refund
-from purchases.events import purchase_transition
+from purchases import event_subjects
+from purchases.events import event_note, purchase_transition
 from purchases.models import (
     Escalation,
     IdempotencyRecord,
@@ -162,6 +164,57 @@ def test_now_box_strip_and_timeline_in_each_state(cases: Cases, support: Client)
         rows = re.findall(r'data-testid="case-event"', page)
         assert len(rows) == purchase.events.count(), name
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), name
+
+
+def _replay(client: APIClient, purchase: Purchase) -> None:
+    """The waiting buyer's poll: the same payment id and request again."""
+    again = client.post(
+        f"/api/v1/quotes/{purchase.quote.public_id}/purchase",
+        {"rail": "prepaid"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="pay-admin-0001-aaaa",  # _paid_prepaid_purchase's
+    )
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_a_polling_buyers_replays_fold_into_one_row_with_a_count_and_first_last_time(
+    client_for_buyer: APIClient,
+    offering: Offering,
+    support: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    purchase = _paid_prepaid_purchase(client_for_buyer, offering)
+    start = timezone.now().replace(microsecond=0) + timedelta(minutes=1)
+    clock = [start]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])  # a buyer polling every 10 s
+    for _ in range(5):
+        _replay(client_for_buyer, purchase)
+        clock[0] += timedelta(seconds=10)
+    event_note(
+        subject=event_subjects.RESULT_REACCESSED,
+        purchase=purchase,
+        actor=Actor.agent("buyer"),
+        evidence={"channel": "api"},
+    )
+    for _ in range(2):
+        _replay(client_for_buyer, purchase)
+        clock[0] += timedelta(seconds=10)
+
+    page = support.get(_change(purchase)).content.decode()
+
+    rows = re.findall(r'<tr id="case-event-\d+"[^>]*>.*?</tr>', page, re.S)
+    folded = [r for r in rows if 'data-subject="payment_id.replayed"' in r]
+    assert len(folded) == 2  # the event between them ends the first run
+    assert len(rows) == purchase.events.count() - (5 - 1) - (2 - 1)
+    first, second = folded
+    assert 'data-count="5"' in first and 'data-count="2"' in second
+    assert "(5 times)" in first and "(2 times)" in second
+
+    def at(seconds: int) -> str:
+        return utc_seconds(start + timedelta(seconds=seconds))
+
+    assert at(0) in first and at(40) in first  # first and last time
+    assert at(50) in second and at(60) in second
 
 
 def _page_queries(client: Client, purchase: Purchase) -> int:
