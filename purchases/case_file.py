@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from core.errors import ErrorCode, Owner
-from purchases.case_checks import case_said
+from purchases.case_checks import case_said, refund_risk
 from purchases.case_facts import CaseFacts
 
 ANY = "*"
@@ -380,6 +380,8 @@ class Case:
     next_check_at: datetime | None = None
     next_check: str = ""
     links: tuple[str, ...] = ()  # records to open (an owed refund), by kind: "refund:<pk>"
+    # What refunding now risks (the work's outcome unknown), said on the refund forms.
+    refund_warning: str = ""
 
     @property
     def is_final(self) -> bool:
@@ -633,6 +635,7 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         next_check_at=said.next_check_at,
         next_check=said.next_check if said.next_check_at else "",
         links=owed,
+        refund_warning=refund_risk(facts),
     )
 
 

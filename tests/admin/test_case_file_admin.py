@@ -5,6 +5,7 @@ support filters; the dashboard."""
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -657,6 +658,31 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     assert sentence and "nonce unused" in sentence.group(1)
     assert f"Broadcast (tx {TX})" in sentence.group(1)
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
+
+
+def _warning(page: str) -> str:
+    match = re.search(r'data-testid="case-action-warning">(.*?)</p>', page, re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1))) if match else ""
+
+
+def test_refunding_an_unknown_outcome_is_offered_with_a_warning_that_names_the_risk(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    purchase = cases.unknown
+    PaymentAttemptFactory.create(purchase=purchase, succeeded=True, amount=purchase.amount)
+    propose = _action_url(purchase, "propose_refund")
+    warning = _warning(support.get(propose).content.decode())
+    # What is awaited, and what refunding now risks.
+    assert "outcome is still unknown (job_status_unknown)" in warning
+    assert "awaiting the executor's answer" in warning
+    assert "result is delivered to the buyer and this refund stands" in warning
+    assert "never paid twice" in warning and "docs/runbook.md" in warning
+    # Still offered: support proposes, finance decides, and reads the same warning first.
+    assert support.post(propose, {"kind": "refund", "note": "Buyer gave up."}).status_code == 302
+    approve = finance.get(_action_url(purchase, "approve_refund")).content.decode()
+    assert _warning(approve) == warning
+    # Where the outcome is known, nothing to warn of.
+    assert _warning(support.get(_action_url(cases.done, "propose_refund")).content.decode()) == ""
 
 
 def test_a_declined_proposal_moves_nothing_and_partial_ones_never_exceed_the_payment(
