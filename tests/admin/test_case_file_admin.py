@@ -488,6 +488,52 @@ def test_assign_sets_owner_deadline_and_note(cases: Cases, support: Client) -> N
     assert cases.pending.escalations.get(state="open").deadline_at == later
 
 
+def test_assigning_to_support_while_a_refund_is_owed_keeps_the_refund_finances(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    purchase = cases.late  # a late transfer: a refund owed, finance's move
+    refund = purchase.refunds.get()
+    assert _attr(finance.get(_change(purchase)).content.decode(), "case-owner", "data-owner") == (
+        "finance"
+    )
+    deadline = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    done = support.post(
+        _action_url(purchase, "assign"),
+        {
+            "owner": "support",
+            "deadline_at": deadline.strftime("%Y-%m-%d %H:%M:%S"),
+            "note": "Buyer asks about it; support answers them.",
+            "escalation": "",
+        },
+    )
+    assert done.status_code == 302, done.content
+    assert purchase.escalations.get(state="open").owner == "support"
+    # Finance's lists still hold the refund owed.
+    owed = finance.get(reverse("admin:payments_refund_changelist"), {"state": "owed"})
+    assert refund in owed.context["cl"].result_list
+    listed = finance.get(_changelist(Purchase), {"refund_owed": "yes"})
+    assert purchase in listed.context["cl"].result_list
+    # The Now box names both moves: support's escalation with its deadline, and finance's
+    # refund owed (it said "support" alone), with the link finance pays it back from.
+    for client in (support, finance):
+        page = client.get(_change(purchase)).content.decode()
+        assert _attr(page, "case-owner", "data-owner") == "support"
+        assert _attr(page, "case-deadline", "data-deadline-source") == "escalation"
+        assert _attr(page, "case-refund-owner", "data-owner") == "finance"
+        assert "finance: refund owed, to pay back" in page
+    assert f"Pay back refund {refund.pk} (owed)" in page  # finance's page
+    # Resolved, the escalation leaves the refund finance's alone again.
+    escalation = purchase.escalations.get(state="open")
+    resolved = support.post(
+        _action_url(purchase, "resolve"),
+        {"escalation": escalation.pk, "code": "buyer_informed", "note": "Told them."},
+    )
+    assert resolved.status_code == 302, resolved.content
+    page = finance.get(_change(purchase)).content.decode()
+    assert _attr(page, "case-owner", "data-owner") == "finance"
+    assert 'data-testid="case-refund-owner"' not in page
+
+
 def test_assign_refuses_a_deadline_in_the_past(cases: Cases, support: Client) -> None:
     past = (timezone.now() - timedelta(hours=1)).strftime("%Y-%m-%d %H:%M:%S")
     answer = support.post(
