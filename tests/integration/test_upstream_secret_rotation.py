@@ -5,6 +5,7 @@ own step. Every call is accepted at its first try, one effect per purchase."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from django.db import connection
 from core.actors import Actor
 from doors.rest.prepaid_answers import PrepaidAnswers
 from fulfillment.models import Result, Upstream
-from purchases.models import Buyer, Offering, Purchase
+from purchases.models import Buyer, Offering, Purchase, PurchaseEvent
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from purchases.services.fulfil.upstreams import offering_upstream_save
@@ -146,6 +147,19 @@ def test_a_secret_rotated_while_purchases_run_fails_none(
         # Every call was accepted at its first try: no refusal, no retry, one effect each.
         stats = upstream.stats()
         assert stats == {"effects": len(refs), "calls": len(refs), "replayed": 0, "refused": 0}
+        # Each Tollbooth step is on the offering's record, naming variables, never secrets.
+        changes = [
+            e.evidence["changed"]
+            for e in PurchaseEvent.objects.filter(
+                subject="offering.upstream_changed", evidence__offering=offering.slug
+            ).order_by("pk")
+        ]
+        assert [sorted(c) for c in changes] == [
+            ["key_id", "previous_key_id", "previous_secret_env", "secret_env"],
+            ["previous_key_id", "previous_secret_env"],
+        ]
+        assert changes[0]["secret_env"] == ["UP_SECRET_1", "UP_SECRET_2"]
+        assert OLD not in json.dumps(changes) and NEW not in json.dumps(changes)
         final = Upstream.objects.get(offering=offering)
         assert (final.secret_env, final.key_id, final.previous_secret_env) == (
             "UP_SECRET_2",
