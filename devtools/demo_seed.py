@@ -96,7 +96,9 @@ def _offering_ensure(spec: dict[str, Any], *, asset: str, network: str, pay_to: 
     if existing is None:
         Offering.objects.create(**spec, **chain_facts, result_retention=timedelta(days=7))
     else:
-        offering_update(offering_id=existing.pk, changes=chain_facts)
+        offering_update(
+            offering_id=existing.pk, changes=chain_facts, actor=Actor.system("seed_demo")
+        )
 
 
 def _upstream_ensure(url: str, *, asset: str, network: str, pay_to: str) -> None:

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 
+from core.actors import Actor
 from devtools.demo_seed import demo_seed
 from purchases.models import Offering
 from purchases.services.quote.offerings import offering_update
@@ -23,6 +24,7 @@ def test_a_second_seed_keeps_admin_edits_and_moves_only_the_token(settings, tmp_
         offering_id=report.pk,
         changes={"price": 300_000, "title": "Renamed by support", "stock": 7,
                  "result_retention": timedelta(hours=1)},
+        actor=Actor.staff("support"),
     )  # fmt: skip
 
     demo_seed(asset=SECOND_TOKEN)
