@@ -86,12 +86,15 @@ class Offering(models.Model):
     # Offerings as code (docs/offerings-as-code.md): the catalog file that last applied this
     # offering. Its next apply puts the file's values back over any edit made in the admin.
     catalog_file = models.CharField(
-        max_length=200, blank=True, help_text="Catalog file that owns it; empty: the admin."
+        max_length=200,
+        blank=True,
+        editable=False,
+        help_text="Catalog file that owns it; empty: the admin.",
     )
-    catalog_sha256 = models.CharField(max_length=64, blank=True)
+    catalog_sha256 = models.CharField(max_length=64, blank=True, editable=False)
     # The stock the file said when last applied: sales take stock down, so a file's stock is
     # written again only when the file's own number changes (a restock), never on each apply.
-    catalog_stock = models.PositiveIntegerField(null=True, blank=True)
+    catalog_stock = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     def __str__(self) -> str:
         return self.slug
