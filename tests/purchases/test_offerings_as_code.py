@@ -350,3 +350,156 @@ def test_export_refuses_an_upstream_url_that_carries_credentials() -> None:
     )
     with pytest.raises(CommandError, match=r"offerings\.leaky\.upstream\.url: carries credentials"):
         _export()
+
+
+# --- import-openapi: a draft from the seller's OpenAPI 3 document, never applied ---------
+HTTP_JOB_OPENAPI = Path(__file__).resolve().parents[2] / "docs/upstreams-http-job.openapi.yaml"
+
+
+def _draft(spec: Path, tmp_path: Path, *args: str) -> Path:
+    target = tmp_path / "draft.yaml"
+    call_command(
+        "offerings", "import-openapi", str(spec), "--base-url", "https://api.seller.example/v1",
+        "-o", str(target), *args, stdout=StringIO(), stderr=StringIO(),
+    )  # fmt: skip
+    return target
+
+
+def test_import_openapi_drafts_one_offering_per_operation_for_review(tmp_path: Path) -> None:
+    draft = _draft(HTTP_JOB_OPENAPI, tmp_path)
+
+    assert not Offering.objects.exists()  # drafted, never applied
+    text = draft.read_text()
+    document = yaml.safe_load(text)
+    offerings = document["offerings"]
+    assert list(offerings) == ["find-job-by-key", "create-job", "get-job", "get-job-result"]
+    create = offerings["create-job"]
+    assert create["input_schema"]["required"] == ["operation", "input"]  # from the JSON body
+    assert create["upstream"] == {
+        "kind": "http",
+        "url": "https://api.seller.example/v1/jobs",
+        "method": "POST",
+        "input_mode": "json",
+        "secret_env": "TOLLBOOTH_UPSTREAM_SECRET",
+        "timeout_seconds": 10,
+    }
+    find = offerings["find-job-by-key"]
+    assert find["input_schema"] == {
+        "type": "object",
+        "properties": {"idempotency_key": {"type": "string"}},
+        "required": ["idempotency_key"],
+    }
+    assert (find["upstream"]["method"], find["upstream"]["input_mode"]) == ("GET", "query")
+    assert offerings["get-job"]["is_active"] is False  # a path parameter: not one fixed URL
+    assert "# REVIEW: header parameter 'Idempotency-Key' left out" in text
+    assert {o["price"] for o in offerings.values()} == {"0.01 USDC"}
+
+    with pytest.raises(CommandError, match=r"line 9: defaults\.pay_to: not an EVM address"):
+        _apply(draft)  # not until a person writes the wallet in
+    draft.write_text(text.replace("REVIEW: your wallet address (0x...)", SELLER))
+    out = _apply(draft)
+    assert "4 created" in out
+    upstream = Upstream.objects.get(offering__slug="create-job")
+    assert (upstream.url, upstream.method) == ("https://api.seller.example/v1/jobs", "POST")
+
+
+OPENAPI_30 = """\
+openapi: 3.0.3
+info: {title: Seller API, version: "1"}
+paths:
+  /reports:
+    post:
+      summary: Build a report
+      requestBody:
+        required: true
+        content:
+          application/json:
+            schema: {$ref: "#/components/schemas/ReportRequest"}
+  /upload:
+    put:
+      operationId: uploadFile
+      requestBody:
+        content:
+          application/octet-stream: {schema: {type: string, format: binary}}
+components:
+  schemas:
+    ReportRequest:
+      type: object
+      required: [topic]
+      properties:
+        topic: {type: string}
+        note: {type: string, nullable: true}
+        options: {$ref: "#/components/schemas/Options"}
+    Options:
+      type: object
+      properties:
+        depth: {type: integer}
+"""
+
+
+def test_import_openapi_inlines_references_and_makes_3_0_schemas_json_schema(
+    tmp_path: Path,
+) -> None:
+    spec = _file(tmp_path, OPENAPI_30, "seller.yaml")
+    text = _draft(
+        spec, tmp_path, "--price", "0.5 USDC", "--secret-env", "SELLER_SECRET"
+    ).read_text()
+
+    offerings = yaml.safe_load(text)["offerings"]
+    report = offerings["post-reports"]
+    assert report["title"] == "Build a report"
+    assert report["price"] == "0.5 USDC"
+    assert report["input_schema"] == {
+        "type": "object",
+        "properties": {
+            "topic": {"type": "string"},
+            "note": {"type": ["string", "null"]},
+            "options": {"type": "object", "properties": {"depth": {"type": "integer"}}},
+        },
+        "required": ["topic"],
+    }
+    assert report["upstream"]["secret_env"] == "SELLER_SECRET"
+    assert offerings["upload-file"]["input_schema"] == {"type": "object", "properties": {}}
+    assert "# REVIEW: request body ['application/octet-stream'] is not JSON: left out" in text
+
+
+@pytest.mark.parametrize(
+    ("spec", "base_url", "expected"),
+    [
+        ("swagger: '2.0'\npaths: {}\n", "https://a.example", "not an OpenAPI 3 document"),
+        (OPENAPI_30.replace("#/components/schemas/Options", "#/components/schemas/Nope"),
+         "https://a.example", "#/components/schemas/Nope points at nothing"),
+        ("openapi: 3.1.0\npaths: {}\n", "https://a.example", "no operations under `paths`"),
+        (OPENAPI_30, "ftp://a.example", "--base-url must be an http(s) URL"),
+        ("openapi: [3\n", "https://a.example", "not YAML"),
+    ],
+)  # fmt: skip
+def test_import_openapi_refuses_what_it_cannot_draft(
+    tmp_path: Path, spec: str, base_url: str, expected: str
+) -> None:
+    with pytest.raises(CommandError, match="catalog_invalid") as refused:
+        call_command(
+            "offerings", "import-openapi", str(_file(tmp_path, spec, "spec.yaml")),
+            "--base-url", base_url, stdout=StringIO(),
+        )  # fmt: skip
+    assert expected in str(refused.value)
+
+
+def test_apply_holds_the_admins_rule_that_x402_pays_in_the_networks_token(
+    tmp_path: Path, settings: Any
+) -> None:
+    token = "0x" + "7c" * 20
+    network = dict(settings.X402_NETWORKS["eip155:31337"], token_address=token)
+    settings.X402_NETWORKS = {**settings.X402_NETWORKS, "eip155:31337": network}
+
+    with pytest.raises(CommandError) as refused:
+        _apply(_file(tmp_path, CATALOG))
+
+    assert (
+        f"line 4: defaults.asset: On eip155:31337 x402 payments are in the network's token {token}"
+        in str(refused.value)
+    )
+    assert "1 problem(s)" in str(refused.value)  # once, where it is written
+    assert not Offering.objects.exists()
+    _apply(_file(tmp_path, CATALOG.replace(USDC_LOCAL, token)))
+    assert Offering.objects.filter(asset=token).count() == 2

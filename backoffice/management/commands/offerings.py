@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from core.actors import Actor
 from purchases.services.catalog import CatalogInvalid, catalog_apply, catalog_parse
 from purchases.services.catalog.export import catalog_export
+from purchases.services.catalog.openapi import catalog_draft_from_openapi
 
 
 def _login() -> str:
@@ -46,6 +47,18 @@ class Command(BaseCommand):
         draft.add_argument("spec", help="The OpenAPI 3 document (YAML or JSON).")
         draft.add_argument("--base-url", required=True, help="Where the API is served.")
         draft.add_argument("--output", "-o", default="-", help="Where to write the draft.")
+        draft.add_argument("--network", default="eip155:8453", help="CAIP-2 network (Base).")
+        draft.add_argument(
+            "--asset",
+            default="0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
+            help="The network's token (Base USDC).",
+        )
+        draft.add_argument("--price", default="0.01 USDC", help="Placeholder price of each.")
+        draft.add_argument(
+            "--secret-env",
+            default="TOLLBOOTH_UPSTREAM_SECRET",
+            help="NAME of the variable holding the upstream's signing secret.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -97,9 +110,13 @@ class Command(BaseCommand):
         self.stdout.write(summary)
 
     def _draft(self, options: dict[str, Any]) -> None:
-        from purchases.services.catalog.openapi import catalog_draft_from_openapi
-
         text = catalog_draft_from_openapi(
-            self._read(options["spec"]), base_url=options["base_url"], name=options["spec"]
+            self._read(options["spec"]),
+            base_url=options["base_url"],
+            name=Path(options["spec"]).name,
+            network=options["network"],
+            asset=options["asset"],
+            price=options["price"],
+            secret_env=options["secret_env"],
         )
         self._write(options["output"], text)

@@ -5,6 +5,7 @@ problem is collected with its line; one problem refuses the whole file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ from purchases.services.catalog.values import decimal_parse, duration_parse, mon
 from purchases.services.quote.offerings import offering_asset_problem
 
 REQUIRED = ("title", "price", "asset", "network", "pay_to")
+# Money sent to anything else is lost: on an EVM network the recipient is an address.
+EVM_ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,14 @@ class _Reader:
 
     def __init__(self) -> None:
         self.problems: list[Problem] = []
+        self.defaults = LinedMap()
+
+    def at(self, data: LinedMap, key: str, where: str) -> tuple[int, str]:
+        """Where a value was written: the entry, else `defaults` (one problem there, not
+        one per offering that inherits it)."""
+        if key not in data and key in self.defaults:
+            return self.defaults.line_of(key), f"defaults.{key}"
+        return data.line_of(key), f"{where}.{key}"
 
     def problem(self, line: int, where: str, message: str) -> None:
         self.problems.append(Problem(line, where, message))
@@ -168,10 +179,9 @@ class _Reader:
     def model_errors(self, error: ValidationError, data: LinedMap, where: str, line: int) -> None:
         for field, messages in error.message_dict.items():
             key = "" if field == "__all__" else field
+            at, place = self.at(data, key, where) if key else (line, where)
             for message in messages:
-                self.problem(
-                    data.line_of(key) if key else line, f"{where}.{key}" if key else where, message
-                )
+                self.problem(at, place, message)
 
     def upstream(self, data: Any, where: str) -> dict[str, Any] | None:
         if data is None:
@@ -255,11 +265,14 @@ class _Reader:
             )
         except ValidationError as exc:
             self.model_errors(exc, data, where, line)
+        pay_to = str(values.get("pay_to") or "")
+        if str(values.get("network")).startswith("eip155:") and not EVM_ADDRESS.fullmatch(pay_to):
+            self.problem(*self.at(data, "pay_to", where), f"not an EVM address: {pay_to!r}")
         problem = offering_asset_problem(
             network=str(values.get("network") or ""), asset=str(values.get("asset") or "")
         )
         if problem:
-            self.problem(data.line_of("asset"), f"{where}.asset", problem)
+            self.problem(*self.at(data, "asset", where), problem)
         try:
             jsonschema.Draft202012Validator.check_schema(values.get("input_schema") or {})
         except jsonschema.SchemaError as exc:
@@ -304,6 +317,7 @@ def catalog_parse(
     if problems:
         raise CatalogInvalid(reader.problems)
     raw_defaults, offerings = _top(reader, data)
+    reader.defaults = raw_defaults
     defaults = reader.fields(raw_defaults, OFFERING_FIELDS, "defaults", ())
     defaults.update(defaults_override or {})
     entries = {

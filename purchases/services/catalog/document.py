@@ -33,10 +33,10 @@ class CatalogInvalid(DomainError):
     """The file is refused as a whole (ErrorCode.CATALOG_INVALID); `problems` names each."""
 
     def __init__(self, problems: list[Problem]) -> None:
-        self.problems = sorted(problems, key=lambda p: (p.line, p.where))
+        self.problems = sorted(set(problems), key=lambda p: (p.line, p.where, p.message))
         super().__init__(
             ErrorCode.CATALOG_INVALID,
-            f"{len(problems)} problem(s); nothing was applied",
+            f"{len(self.problems)} problem(s); nothing was applied",
             extra={"problems": [str(p) for p in self.problems]},
         )
 
