@@ -22,7 +22,8 @@ from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
-from purchases.services.catalog import catalog_apply, catalog_parse
+from purchases.services.catalog.apply import catalog_apply
+from purchases.services.catalog.checks import catalog_parse
 from purchases.services.fulfil.upstreams import offering_upstream_save
 from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import api_key_issue, buyer_create

@@ -12,7 +12,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.actors import Actor
-from purchases.services.catalog import CatalogInvalid, catalog_apply, catalog_parse
+from purchases.services.catalog.apply import catalog_apply
+from purchases.services.catalog.checks import catalog_parse
+from purchases.services.catalog.document import CatalogInvalid
 from purchases.services.catalog.export import catalog_export
 from purchases.services.catalog.openapi import catalog_draft_from_openapi
 

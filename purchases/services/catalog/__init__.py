@@ -4,17 +4,3 @@
 would, `apply` makes the catalog equal to it through the admin's services, `export` writes
 the catalog as such a file and `openapi` drafts one from a seller's OpenAPI 3 document.
 """
-
-from purchases.services.catalog.apply import CatalogApplied, catalog_apply
-from purchases.services.catalog.checks import Catalog, CatalogEntry, catalog_parse
-from purchases.services.catalog.document import CatalogInvalid, Problem
-
-__all__ = [
-    "Catalog",
-    "CatalogApplied",
-    "CatalogEntry",
-    "CatalogInvalid",
-    "Problem",
-    "catalog_apply",
-    "catalog_parse",
-]
