@@ -200,6 +200,8 @@ def test_one_bad_entry_refuses_the_whole_file_and_names_each_problem_with_its_li
         ("    executor: report\n", "", "line 7: offerings.lookup.executor: one of http, http_job"),
         ("defaults:\n", "defaults:\n  currency: USD\n", "line 3: defaults.currency: unknown key"),
         ("    title: Company lookup\n", "", "line 7: offerings.lookup.title: is required"),
+        ("  lookup:", "  Look Up:", "line 7: offerings.Look Up: Enter a valid “slug”"),
+        ("price: 50_000", "price: -1", "line 16: offerings.echo.price: must not be negative"),
     ],
 )
 def test_bad_input_is_refused_with_a_clear_error(

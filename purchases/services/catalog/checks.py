@@ -179,7 +179,8 @@ class _Reader:
     def model_errors(self, error: ValidationError, data: LinedMap, where: str, line: int) -> None:
         for field, messages in error.message_dict.items():
             key = "" if field == "__all__" else field
-            at, place = self.at(data, key, where) if key else (line, where)
+            # The slug is the entry's own key: its line is the entry's.
+            at, place = self.at(data, key, where) if key not in ("", "slug") else (line, where)
             for message in messages:
                 self.problem(at, place, message)
 
