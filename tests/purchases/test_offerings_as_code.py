@@ -236,6 +236,19 @@ def test_dry_run_prints_the_diff_and_writes_nothing(tmp_path: Path) -> None:
     assert not PurchaseEvent.objects.exists()
 
 
+def test_check_fails_while_the_catalog_differs_from_the_file_and_passes_once_applied(
+    tmp_path: Path,
+) -> None:
+    path = _file(tmp_path, CATALOG)
+    with pytest.raises(CommandError, match=r"the catalog differs from offerings\.yaml: apply it"):
+        _apply(path, "--check")
+    assert not Offering.objects.exists()  # a check writes nothing
+
+    _apply(path)
+
+    assert "nothing to change" in _apply(path, "--check")
+
+
 def test_prune_deactivates_what_the_file_omits_and_without_it_they_are_only_named(
     tmp_path: Path,
 ) -> None:

@@ -37,6 +37,11 @@ class Command(BaseCommand):
         apply.add_argument("file", help="The catalog file (YAML).")
         apply.add_argument("--dry-run", action="store_true", help="Print the diff, write nothing.")
         apply.add_argument(
+            "--check",
+            action="store_true",
+            help="As --dry-run, and exit 1 when the catalog differs from FILE (for CI).",
+        )
+        apply.add_argument(
             "--prune", action="store_true", help="Deactivate active offerings the file omits."
         )
         apply.add_argument(
@@ -95,9 +100,8 @@ class Command(BaseCommand):
         path = options["file"]
         catalog = catalog_parse(self._read(path), name=Path(path).name)
         actor = Actor.staff(options["by"] or _login())
-        done = catalog_apply(
-            catalog=catalog, actor=actor, dry_run=options["dry_run"], prune=options["prune"]
-        )
+        dry_run = options["dry_run"] or options["check"]
+        done = catalog_apply(catalog=catalog, actor=actor, dry_run=dry_run, prune=options["prune"])
         self.stdout.write(f"{catalog.name} sha256 {catalog.sha256}, applied by {actor.name}")
         for line in done.lines:
             self.stdout.write(line)
@@ -110,6 +114,8 @@ class Command(BaseCommand):
         if done.dry_run:
             summary += " (dry run: nothing was written)"
         self.stdout.write(summary)
+        if options["check"] and done.changes:
+            raise CommandError(f"the catalog differs from {catalog.name}: apply it")
 
     def _draft(self, options: dict[str, Any]) -> None:
         text = catalog_draft_from_openapi(
