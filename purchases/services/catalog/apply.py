@@ -93,7 +93,7 @@ def _create(
     return lines
 
 
-def _changes(offering: Offering, entry: CatalogEntry, catalog: Catalog) -> dict[str, Any]:
+def _changes(offering: Offering, entry: CatalogEntry) -> dict[str, Any]:
     changes = {n: v for n, v in entry.fields.items() if getattr(offering, n) != v}
     if offering.catalog_sha256 and entry.fields["stock"] == offering.catalog_stock:
         changes.pop("stock", None)  # the file's number did not change: sales own the stock
@@ -107,7 +107,7 @@ def _update(
     actor: Actor,
     source: dict[str, Any],
 ) -> list[str] | None:
-    changes = _changes(offering, entry, catalog)
+    changes = _changes(offering, entry)
     upstream = _upstream_changes(offering, entry)
     owned = {
         "catalog_file": catalog.name,
