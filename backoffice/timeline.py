@@ -167,6 +167,14 @@ EVENT_LABELS: dict[str, Label] = {
     "result.reaccessed": Label("Result re-accessed by wallet sign-in"),
     "result.retention_expired": Label("Result asked for after its retention (410)"),
     "receipt.fetched": Label("Receipt fetched"),
+    "offering.created": Label("Offering created"),
+    "offering.changed": Label(
+        "Offering changed",
+        by_reason={
+            "terms_changed": "Offering's terms changed (new version)",
+            "offering_changed": "Offering changed (terms unchanged)",
+        },
+    ),
     "offering.upstream_changed": Label(
         "Upstream changed",
         by_reason={

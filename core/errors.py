@@ -89,6 +89,8 @@ class ErrorCode(StrEnum):
     PAYOUT_SECOND_APPROVER_REQUIRED = "payout_second_approver_required"
     PAYOUT_WALLET_UNCONFIGURED = "payout_wallet_unconfigured"
     PAYOUT_CHAIN_UNAVAILABLE = "payout_chain_unavailable"
+    # Offerings as code (manage.py offerings): a catalog file refused as a whole.
+    CATALOG_INVALID = "catalog_invalid"
     # A dependency (the database, the broker) cannot be reached right now.
     SERVICE_UNAVAILABLE = "service_unavailable"
     # Anything unanticipated.
@@ -383,6 +385,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "retry_later",
         True,
         "The chain could not be read to sign the payout; nothing was recorded.",
+    ),
+    ErrorCode.CATALOG_INVALID: CodeSpec(
+        422,
+        Owner.SUPPORT,
+        "fix_catalog_file",
+        False,
+        "The catalog file is refused as a whole: nothing was applied.",
     ),
     ErrorCode.SERVICE_UNAVAILABLE: CodeSpec(
         503,
