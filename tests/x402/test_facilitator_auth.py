@@ -38,7 +38,7 @@ from payments.rails.x402.facilitator_auth import (
     cdp_jwt,
     facilitator_auth,
 )
-from payments.rails.x402.networks import network_config
+from payments.rails.x402.networks import facilitator_credentials_check, network_config
 from payments.rails.x402.types import NetworkConfig
 from tests.x402.chain_env import USDC, FacilitatorChain
 
@@ -191,9 +191,15 @@ def test_a_network_with_its_own_facilitator_uses_only_its_own_credentials(settin
     settings.X402_FACILITATOR_URL = "https://global.example/x402"
     settings.X402_FACILITATOR_AUTH = {"bearer_token": "global-token"}
     settings.X402_NETWORKS = {
-        NET: {**settings.X402_NETWORKS[NET], "facilitator_url": "", "facilitator_auth": {}},
+        NET: {
+            **settings.X402_NETWORKS[NET],
+            "mode": "facilitator",
+            "facilitator_url": "",
+            "facilitator_auth": {},
+        },
         "eip155:8453": {
             **settings.X402_NETWORKS["eip155:8453"],
+            "mode": "facilitator",
             "facilitator_url": "https://own.example/x402",
             "facilitator_auth": {"api_key_header": "X-Api-Key", "api_key": "own-key"},
         },
@@ -421,3 +427,19 @@ def test_readiness_checks_each_facilitator_with_its_credentials(
     results = health._run({"facilitator": check})
     assert results["facilitator"]["error"] == "FacilitatorRefused"
     assert secret not in str(results)
+
+
+def test_unusable_credentials_fail_the_system_check_and_direct_mode_ignores_them(
+    settings: Any,
+) -> None:
+    settings.X402_FACILITATOR_URL = "https://global.example/x402"
+    settings.X402_FACILITATOR_AUTH = {"cdp_api_key_id": KEY_ID, "cdp_api_key_secret": "bm9wZQ=="}
+    settings.X402_NETWORKS = {NET: {**settings.X402_NETWORKS[NET], "mode": "facilitator"}}
+
+    errors = facilitator_credentials_check()
+
+    assert [e.id for e in errors] == ["payments.E001"]
+    assert "global facilitator" in errors[0].msg and "bm9wZQ" not in errors[0].msg
+    settings.X402_NETWORKS[NET]["mode"] = "direct"
+    assert facilitator_credentials_check() == []
+    assert network_config(NET).facilitator_auth is None  # direct mode calls no facilitator

@@ -97,20 +97,46 @@ def test_the_refusal_alert_names_the_facilitator_and_the_status(settings, caplog
     assert "api.cdp.example/platform/v2/x402" in record.alert_title and "403" in record.alert_title
 
 
-def test_a_key_refused_after_settle_was_sent_stays_pending_and_reconciles_on_chain(
+def test_a_key_refused_at_settle_leaves_the_purchase_pending_never_failed(
     make_facilitated_world, db, settings
 ):
-    """The double broadcasts, then the key is refused for the answer's poll: here, /settle
-    itself answers 401 after the money moved is simulated by revoking between the calls."""
+    """The key is refused between /verify (before recording) and /settle: the payment is
+    recorded, and stays unknown, reconciled on chain; fixed, the same authorization pays."""
+    world, double = make_facilitated_world(mode="settle_401")
+    authenticate(world, double, settings)
+    counted = refusals(NETWORK, "settle", 401)
+    client = APIClient()
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
+
+    pending = ask(client, world, payment=payment)
+
+    assert pending.status_code == 202, pending.content
+    assert pending.json()["status"] == "settlement_pending"
+    assert pending.json()["reason_code"] == "facilitator_refused_credentials"
+    assert Purchase.objects.get().payment_state == "settlement_pending"  # never failed
+    assert refusals(NETWORK, "settle", 401) == counted + 1
+    assert OutboxMessage.objects.get(job="facilitator_refused_alert").kwargs["endpoint"] == "settle"
+
+    double.mode = "ok"  # the key works again: the chain shows the nonce unused, resubmitted
+    ask(client, world, payment=payment)
+    assert Purchase.objects.get().payment_state == "paid"
+    assert double.broadcast_count == 1 and world.seller_balance() == PRICE
+
+
+def test_a_key_revoked_while_a_settlement_is_pending_does_not_stop_reconciliation(
+    make_facilitated_world, db, settings
+):
+    """Reconciliation reads the chain, not the facilitator: a revoked key cannot make a
+    pending payment that did land look unpaid."""
     world, double = make_facilitated_world(mode="settlement_pending")
     authenticate(world, double, settings)
     client = APIClient()
     payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
     pending = ask(client, world, payment=payment)
     assert pending.status_code == 202 and double.broadcast_count == 1
-    double.revoke(KEY_ID)  # revoked while the settlement is pending
+    double.revoke(KEY_ID)
 
-    again = ask(client, world, payment=payment)  # reconciled on chain, not through the key
+    again = ask(client, world, payment=payment)
 
     assert again.status_code == 202
     assert Purchase.objects.get().payment_state == "paid"

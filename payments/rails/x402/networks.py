@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured
 
 from payments.rails.x402.facilitator_auth import FacilitatorAuth, facilitator_auth
@@ -25,7 +26,11 @@ def network_config(caip2: str) -> NetworkConfig:
     raw = settings.X402_NETWORKS.get(caip2)
     if raw is None:
         raise UnknownNetwork(caip2)
-    facilitator_url, facilitator_auth = network_facilitator(caip2, raw)
+    if raw["mode"] == "facilitator":
+        facilitator_url, facilitator_auth = network_facilitator(caip2, raw)
+    else:  # our relayer settles: no facilitator is called, its credentials are not read
+        facilitator_url = raw.get("facilitator_url") or settings.X402_FACILITATOR_URL
+        facilitator_auth = None
     return NetworkConfig(
         caip2=caip2,
         chain_id=int(raw["chain_id"]),
@@ -47,6 +52,21 @@ def network_config(caip2: str) -> NetworkConfig:
         finality=_finality(caip2, raw),
         finality_depth=int(raw.get("finality_depth") or raw["confirmations"]),
     )
+
+
+def facilitator_credentials_check(**_: object) -> list[CheckMessage]:
+    """System check (`check`, `migrate`, `runserver`, `check --deploy`): every network
+    settled through a facilitator has usable credentials (or none), so a malformed key is
+    found at deploy time, not by a buyer's payment. Names the setting, never the value."""
+    problems: list[CheckMessage] = []
+    for caip2, raw in settings.X402_NETWORKS.items():
+        if raw.get("mode") != "facilitator":
+            continue
+        try:
+            network_facilitator(caip2, raw)
+        except ImproperlyConfigured as exc:
+            problems.append(Error(str(exc), id="payments.E001"))
+    return problems
 
 
 def network_facilitator(caip2: str, raw: dict) -> tuple[str, FacilitatorAuth | None]:
