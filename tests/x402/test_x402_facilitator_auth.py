@@ -12,7 +12,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from payments.models import PaymentAttempt
-from purchases.models import IdempotencyRecord, OutboxMessage, Purchase
+from purchases.models import IdempotencyRecord, OutboxMessage, Purchase, PurchaseEvent
 from purchases.services.shared.alerts import facilitator_refused_alert
 from tests.x402.e2e import NETWORK, PRICE, ask, sign_payment
 from tests.x402.test_facilitator_auth import KEY_ID, KEY_KINDS, refusals
@@ -164,6 +164,9 @@ def test_a_facilitators_payment_id_is_kept_beside_the_hash_and_reconciled(
     attempt.refresh_from_db()
     assert attempt.state == "succeeded" and attempt.tx_hash == double.broadcasts[0].lower()
     assert attempt.facilitator_payment_id == double.payment_ids[0]  # kept beside it
+    # The reconciliation that found it on chain names the facilitator's payment.
+    settled = PurchaseEvent.objects.get(subject="payment_attempt", to_state="succeeded")
+    assert settled.evidence["facilitator_payment_id"] == double.payment_ids[0]
     assert double.calls["settle"] == 1 and world.seller_balance() == PRICE
 
 

@@ -277,13 +277,16 @@ class X402Rail:
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         context = x402_context(attempt=attempt)
-        return settlement_lookup(
-            authorization=context.authorization,
-            network=context.network,
-            tx_hash=attempt.tx_hash,
-            reader=ChainReader(context.network),
-            now=int(now.timestamp()),
-            logs_from_block=attempt.search_from_block or 0,
+        return _naming_payment_id(
+            attempt,
+            settlement_lookup(
+                authorization=context.authorization,
+                network=context.network,
+                tx_hash=attempt.tx_hash,
+                reader=ChainReader(context.network),
+                now=int(now.timestamp()),
+                logs_from_block=attempt.search_from_block or 0,
+            ),
         )
 
     def lookup_many(
@@ -413,15 +416,28 @@ def _lookup_network(
         return
     for attempt, (authorization, tx_hash) in zip(readable, items, strict=True):
         with guard(attempt):
-            found.outcomes[attempt.pk] = settlement_lookup(
-                authorization=authorization,
-                network=network,
-                tx_hash=tx_hash,
-                reader=reader.reader_for(authorization, tx_hash),
-                now=int(now.timestamp()),
+            found.outcomes[attempt.pk] = _naming_payment_id(
+                attempt,
+                settlement_lookup(
+                    authorization=authorization,
+                    network=network,
+                    tx_hash=tx_hash,
+                    reader=reader.reader_for(authorization, tx_hash),
+                    now=int(now.timestamp()),
+                ),
             )
     found.round_trips += reader.round_trips
     reader.close()
+
+
+def _naming_payment_id(attempt: PaymentAttempt, outcome: SettlementOutcome) -> SettlementOutcome:
+    """A look-up of an attempt a facilitator took under its own payment id names that id, so
+    each reconciliation step on the timeline says which of the facilitator's payments it is
+    (the chain is asked by tx hash and (payer, nonce); the id is what its support knows)."""
+    if not attempt.facilitator_payment_id:
+        return outcome
+    evidence = {**outcome.evidence, FACILITATOR_PAYMENT_ID: attempt.facilitator_payment_id}
+    return replace(outcome, evidence=evidence)
 
 
 def _search_from(attempts: list[PaymentAttempt]) -> int:
