@@ -20,7 +20,18 @@ from tests.x402.test_facilitator_auth import KEY_ID, KEY_KINDS, refusals
 PAY_ID = "x402-facilitator-auth-0001"
 
 
-def authenticate(world: Any, double: Any, settings: Any, kind: str = "ed25519") -> None:
+def assert_no_credential_anywhere(secret: str, double: Any, *texts: str) -> None:
+    """Neither the key nor any token minted with it is on the timeline, in the outbox (the
+    alert), in the logs or in an answer."""
+    stored = [str(e.evidence) for e in PurchaseEvent.objects.all()]
+    stored += [str(m.kwargs) for m in OutboxMessage.objects.all()]
+    for text in [*stored, *texts]:
+        key_parts = [line[:24] for line in secret.splitlines() if "-----" not in line]
+        for needle in [*key_parts, *(t[-40:] for t in double.tokens)]:
+            assert needle not in text
+
+
+def authenticate(world: Any, double: Any, settings: Any, kind: str = "ed25519") -> str:
     """The network settles through the double under CDP's base path, with a CDP key (set as
     X402_LOCAL_FACILITATOR_URL / X402_LOCAL_CDP_API_KEY_ID / _SECRET would set it)."""
     make_key, _ = KEY_KINDS[kind]
@@ -31,37 +42,41 @@ def authenticate(world: Any, double: Any, settings: Any, kind: str = "ed25519") 
         "cdp_api_key_id": KEY_ID,
         "cdp_api_key_secret": secret,
     }
+    return secret
 
 
 @pytest.mark.parametrize("kind", KEY_KINDS)
 def test_a_purchase_settles_through_a_cdp_authenticated_facilitator(
-    make_facilitated_world, db, settings, kind
+    make_facilitated_world, db, settings, kind, caplog
 ):
     world, double = make_facilitated_world()
-    authenticate(world, double, settings, kind)
+    secret = authenticate(world, double, settings, kind)
     client = APIClient()
 
     payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
-    answer = ask(client, world, payment=payment)
+    with caplog.at_level("DEBUG"):
+        answer = ask(client, world, payment=payment)
 
     assert answer.status_code in (200, 202), answer.content
     assert Purchase.objects.get().payment_state == "paid"
     assert world.seller_balance() == PRICE
     assert (double.calls["verify"], double.calls["settle"]) == (1, 1)  # /verify asked once
     assert len(double.tokens) == 2 and not double.refusals
+    assert_no_credential_anywhere(secret, double, caplog.text, answer.content.decode())
 
 
 def test_a_revoked_key_answers_503_with_nothing_recorded_then_the_same_payment_pays(
-    make_facilitated_world, db, settings
+    make_facilitated_world, db, settings, caplog
 ):
     world, double = make_facilitated_world()
-    authenticate(world, double, settings)
+    secret = authenticate(world, double, settings)
     double.revoke(KEY_ID)
     counted = refusals(NETWORK, "verify", 401)
     client = APIClient()
     payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
 
-    refused = ask(client, world, payment=payment)
+    with caplog.at_level("DEBUG"):
+        refused = ask(client, world, payment=payment)
 
     assert refused.status_code == 503, refused.content
     assert refused.json()["code"] == "facilitator_credentials_refused"
@@ -76,7 +91,7 @@ def test_a_revoked_key_answers_503_with_nothing_recorded_then_the_same_payment_p
     assert alert.kwargs["facilitator"].endswith("/platform/v2/x402")
     assert ask(client, world, payment=payment).status_code == 503
     assert OutboxMessage.objects.filter(job="facilitator_refused_alert").count() == 1
-    assert "KEY" not in str(alert.kwargs) and "BEGIN" not in str(alert.kwargs)
+    assert_no_credential_anywhere(secret, double, caplog.text, refused.content.decode())
 
     double.revoked.clear()  # the seller fixes its key: the buyer's retry pays
     paid = ask(client, world, payment=payment)

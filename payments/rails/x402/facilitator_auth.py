@@ -65,13 +65,6 @@ class FacilitatorAuth:
             return {"Authorization": f"Bearer {self.secret}"}
         return {self.header_name: self.secret}
 
-    @property
-    def describe(self) -> str:
-        """What /readyz and the docs may show: the kind, and the CDP key id's last part."""
-        if self.kind == CDP:
-            return f"cdp key …{self.key_id.rsplit('/', 1)[-1][-6:]}"
-        return self.kind if self.kind == BEARER else f"header {self.header_name}"
-
 
 def facilitator_auth(raw: dict[str, Any] | None, *, where: str) -> FacilitatorAuth | None:
     """The credentials a settings block names (None: the facilitator takes calls without).
