@@ -82,7 +82,11 @@ def test_a_revoked_key_answers_503_with_nothing_recorded_then_the_same_payment_p
     assert refused.json()["code"] == "facilitator_credentials_refused"
     assert refused["Retry-After"] == str(settings.TOLLBOOTH["UNAVAILABLE_RETRY_AFTER_SECONDS"])
     assert not Purchase.objects.exists() and not PaymentAttempt.objects.exists()
-    assert not IdempotencyRecord.objects.filter(recovery_point__gt="started").exists()
+    # The payment id was given back, no answer stored under it: the retry starts afresh.
+    assert not IdempotencyRecord.objects.exclude(
+        recovery_point=IdempotencyRecord.RecoveryPoint.STARTED
+    ).exists()
+    assert not IdempotencyRecord.objects.exclude(response_status=None).exists()
     assert double.calls["settle"] == 0 and world.seller_balance() == 0
     assert refusals(NETWORK, "verify", 401) == counted + 1
     # An alert names the facilitator and the status (one per hour, however many refusals).
