@@ -29,10 +29,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from payments.models import PaymentAttempt, Refund
-from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
 
-# The conflicts and sign-in counters register themselves in the default registry when
-# imported.
+# The conflicts, sign-in and facilitator-refusal counters register themselves in the default
+# registry when imported.
+from payments.rails.x402 import facilitator  # noqa: F401
+from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
 from purchases.services.checkout import idempotency  # noqa: F401
 from purchases.services.x402 import sign_in  # noqa: F401
 

@@ -8,7 +8,8 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
 - `/healthz`: the process is up and serving. No I/O at all, so a slow database never gets a
   healthy process restarted.
 - `/readyz`: the database, the broker, each configured x402 network's RPC and, for a
-  network settled through a facilitator, that facilitator (`GET /supported`) answer, each
+  network settled through a facilitator, that facilitator (`GET /supported`, called with the
+  network's facilitator credentials, so a refused key shows here) answer, each
   within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
   that long. 200 when every check passes, 503 otherwise; except the broker, whose failure
   is reported (`"status": "degraded"`, still 200): the API serves without it (the outbox
@@ -35,6 +36,12 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse
 
 from core.middleware import BothModesMiddleware
+from payments.rails.x402.facilitator import (
+    REFUSAL_STATUSES,
+    FacilitatorRefused,
+    facilitator_name,
+)
+from payments.rails.x402.networks import network_facilitator
 
 CHECK_TIMEOUT_SECONDS = 2.0
 LIVENESS_PATH = "/healthz"
@@ -84,20 +91,33 @@ class WrongChain(Exception):
     pass
 
 
-def _facilitator_check(facilitator_url: str) -> Callable[[], None]:
-    """A facilitator that settles for us answers its discovery endpoint (`GET /supported`)."""
+def _facilitator_check(caip2: str, raw: dict[str, Any]) -> Callable[[], None]:
+    """A facilitator that settles for us answers its discovery endpoint (`GET /supported`)
+    with our credentials (a fresh JWT for a CDP key): a revoked key fails here, naming
+    `FacilitatorRefused`, before a buyer's payment meets it."""
 
     def check() -> None:
+        url, auth = network_facilitator(caip2, raw)  # unusable credentials: not ready
+        supported = f"{url.rstrip('/')}/supported"
+        headers = auth.headers("GET", supported) if auth is not None else {}
         answer = requests.get(
-            f"{facilitator_url.rstrip('/')}/supported", timeout=CHECK_TIMEOUT_SECONDS
+            supported, headers=headers, timeout=CHECK_TIMEOUT_SECONDS, allow_redirects=False
         )
+        if answer.status_code in REFUSAL_STATUSES:
+            raise FacilitatorRefused(
+                network=caip2,
+                facilitator=facilitator_name(url),
+                endpoint="supported",
+                status=answer.status_code,
+            )
         answer.raise_for_status()
 
     return check
 
 
 def _configured_networks() -> dict[str, dict[str, Any]]:
-    """Networks we can settle on: a token and a way to settle (relayer key or facilitator)."""
+    """Networks we can settle on: a token and a way to settle (relayer key or facilitator:
+    the network's own, or the global one)."""
     facilitator = bool(settings.X402_FACILITATOR_URL)
     return {
         caip2: raw
@@ -119,8 +139,7 @@ def readiness_checks() -> dict[str, Callable[[], None]]:
     for caip2, raw in _configured_networks().items():
         checks[f"rpc:{caip2}"] = _rpc_check(raw["rpc_url"], int(raw["chain_id"]))
         if raw.get("mode") != "direct":
-            url = raw.get("facilitator_url") or settings.X402_FACILITATOR_URL
-            checks[f"facilitator:{caip2}"] = _facilitator_check(url)
+            checks[f"facilitator:{caip2}"] = _facilitator_check(caip2, raw)
     return checks
 
 

@@ -72,6 +72,7 @@ class ErrorCode(StrEnum):
     INSUFFICIENT_BALANCE = "insufficient_balance"
     AUTHORIZATION_IN_USE = "authorization_in_use"
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
+    FACILITATOR_CREDENTIALS_REFUSED = "facilitator_credentials_refused"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
     PAYMENT_REVERSED = "payment_reversed"
@@ -301,6 +302,14 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "retry_same_payment_id_later",
         True,
         "The chain could not be read to verify the payment; nothing was recorded.",
+    ),
+    ErrorCode.FACILITATOR_CREDENTIALS_REFUSED: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_payment_id_later",
+        True,
+        "The facilitator that settles this network refused the seller's credentials; "
+        "nothing was recorded.",
     ),
     ErrorCode.PAYMENT_FAILED: CodeSpec(
         402,

@@ -55,6 +55,10 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
         null=True, blank=True, help_text="The signed authorization, as received."
     )
     tx_hash = models.CharField(max_length=80, null=True, blank=True)
+    # Facilitator mode: the facilitator's own id for the settlement when it names one
+    # (Circle's `paymentId`, answered before any hash is known); "" otherwise.
+    # A database default too: rows written by hand (the scale bench's seed) name none.
+    facilitator_payment_id = models.CharField(max_length=128, blank=True, default="", db_default="")
     # EIP-3009 evidence for reconciling "by (payer, nonce)" without parsing JSON.
     authorization_nonce = models.CharField(max_length=66, blank=True)
     valid_before_at = models.DateTimeField(null=True, blank=True)

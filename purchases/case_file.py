@@ -155,6 +155,10 @@ CASE_TABLE: tuple[Row, ...] = (
     R("settlement_pending", ANY, "facilitator_still_settling", PENDING_SAY + "The paying "
       "request's wait budget ended before the facilitator answered /settle; it may still "
       "broadcast, so the chain is asked instead.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_refused_credentials", PENDING_SAY + "The "
+      "facilitator refused the seller's credentials (HTTP 401/403): the seller's outage, not "
+      "the buyer's. Operations were alerted to fix the key; the chain is asked instead.",
+      RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
     R("settlement_pending", ANY, "facilitator_bad_response", PENDING_SAY + "The facilitator's "
       "answer was unreadable; the chain is asked instead.", RECON, Deadline.NEXT_CHECK,
       PAY_ACTIONS),

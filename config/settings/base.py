@@ -399,13 +399,41 @@ TOLLBOOTH = {
 
 # --- x402 on EVM ------------------------------------------------------------------
 # One entry per network, by CAIP-2 id. `mode` is "direct" (our relayer key broadcasts)
-# or "facilitator" (X402_FACILITATOR_URL settles). Keys only ever come from the environment.
+# or "facilitator" (X402_<NET>_FACILITATOR_URL, else X402_FACILITATOR_URL, settles, with the
+# credentials of the same level). Keys only ever come from the environment.
 # `confirmations` is the depth at which a payment counts as settled (the work may run);
 # `finality` says when no reorg can undo it any more, and until then it stays watched:
 # "depth" (its block `finality_depth` deep; anvil has no meaningful finalized tag) or
 # "finalized" (at or below the node's `finalized` block, as Base's L1-backed nodes report).
 X402_FACILITATOR_URL = env.str("X402_FACILITATOR_URL", default="")
-X402_DEFAULT_MODE = "facilitator" if X402_FACILITATOR_URL else "direct"
+
+
+def _facilitator_auth_env(prefix: str) -> dict[str, str]:
+    """One facilitator's credentials (payments/rails/x402/facilitator_auth.py), at most one
+    kind: a CDP Secret API key (id and secret), a bearer token, or a named API-key header and
+    its value; "" when unset. Global (prefix ""): `CDP_API_KEY_ID` / `CDP_API_KEY_SECRET`,
+    the names CDP's SDKs read, and `X402_FACILITATOR_...`; per network (prefix
+    "X402_<NET>_"): `X402_<NET>_CDP_API_KEY_ID`, `X402_<NET>_FACILITATOR_BEARER_TOKEN`, ..."""
+    facilitator = prefix or "X402_"
+    return {
+        "cdp_api_key_id": env.str(f"{prefix}CDP_API_KEY_ID", default=""),
+        "cdp_api_key_secret": env.str(f"{prefix}CDP_API_KEY_SECRET", default=""),
+        "bearer_token": env.str(f"{facilitator}FACILITATOR_BEARER_TOKEN", default=""),
+        "api_key_header": env.str(f"{facilitator}FACILITATOR_API_KEY_HEADER", default=""),
+        "api_key": env.str(f"{facilitator}FACILITATOR_API_KEY", default=""),
+    }
+
+
+def _default_mode(net: str) -> str:
+    """`facilitator` when a facilitator settles this network (its own URL or the global one)."""
+    own = env.str(f"X402_{net}_FACILITATOR_URL", default="")
+    return "facilitator" if own or X402_FACILITATOR_URL else "direct"
+
+
+# The global facilitator's credentials; a network with its own X402_<NET>_FACILITATOR_URL
+# uses only its own X402_<NET>_... credentials (a token never goes to a facilitator it was
+# not issued for).
+X402_FACILITATOR_AUTH = _facilitator_auth_env("")
 X402_NETWORKS = {
     "eip155:31337": {  # local anvil: the demo and the tests
         "chain_id": 31337,
@@ -417,7 +445,9 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_LOCAL_CONFIRMATION_TIMEOUT", default=5.0),
         "finality": env.str("X402_LOCAL_FINALITY", default="depth"),
         "finality_depth": env.int("X402_LOCAL_FINALITY_DEPTH", default=3),
-        "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_LOCAL_MODE", default=_default_mode("LOCAL")),
+        "facilitator_url": env.str("X402_LOCAL_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_LOCAL_"),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
         "refund_wallet_key": env.str("X402_LOCAL_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
@@ -434,7 +464,9 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_SEPOLIA_CONFIRMATION_TIMEOUT", default=30.0),
         "finality": env.str("X402_BASE_SEPOLIA_FINALITY", default="finalized"),
         "finality_depth": env.int("X402_BASE_SEPOLIA_FINALITY_DEPTH", default=64),
-        "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_BASE_SEPOLIA_MODE", default=_default_mode("BASE_SEPOLIA")),
+        "facilitator_url": env.str("X402_BASE_SEPOLIA_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_BASE_SEPOLIA_"),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
         "refund_wallet_key": env.str("X402_BASE_SEPOLIA_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
@@ -451,7 +483,9 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_CONFIRMATION_TIMEOUT", default=60.0),
         "finality": env.str("X402_BASE_FINALITY", default="finalized"),
         "finality_depth": env.int("X402_BASE_FINALITY_DEPTH", default=64),
-        "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_BASE_MODE", default=_default_mode("BASE")),
+        "facilitator_url": env.str("X402_BASE_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_BASE_"),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
         "refund_wallet_key": env.str("X402_BASE_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
@@ -541,6 +575,7 @@ OUTBOX_JOBS = {
     "refund_alert": "purchases.tasks.refund_alert_task",
     "payout_broadcast": "purchases.tasks.payout_broadcast_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
+    "facilitator_refused_alert": "purchases.tasks.facilitator_refused_alert_task",
 }
 
 CELERY_BEAT_SCHEDULE = {

@@ -66,6 +66,10 @@ Settling = SettlementOutcome | Awaiting[SettlementOutcome]
 # (a facilitator) answered on the way, one short summary per HTTP exchange.
 FIRST_BROADCAST = "first_broadcast"
 SETTLER_ANSWERS = "settler_answers"
+# A facilitator's own id for a settlement it took (Circle's `paymentId`): kept on the attempt
+# beside the tx hash (`PaymentAttempt.facilitator_payment_id`), so reconciliation and support
+# can name it to the facilitator while no hash is known.
+FACILITATOR_PAYMENT_ID = "facilitator_payment_id"
 # Set when the rail itself replaced a submission that could never land by a new one of the
 # same signed payment (x402 direct: another transaction took the relayer nonce): the try
 # number it was counted as, the replaced and the new references (tx hash, relayer nonce)

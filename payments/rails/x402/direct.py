@@ -108,6 +108,11 @@ class DirectSettler:
         self.poll_interval = poll_interval
         self.request_timeout = request_timeout
 
+    def verify_before_record(
+        self, *, authorization: Authorization, requirements: Requirements, network: NetworkConfig
+    ) -> None:
+        """Our own relayer settles: `verify_payment_funds` has asked the chain already."""
+
     def prepare(self, *, authorization: Authorization, network: NetworkConfig) -> PreparedBroadcast:
         """Sign (not send) the relayer transaction. Raises BroadcastNotPrepared on a network
         fault, ImproperlyConfigured for a missing relayer key or a node on another chain."""

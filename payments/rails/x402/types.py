@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from payments.rails.base import Settling
+
+if TYPE_CHECKING:
+    from payments.rails.x402.facilitator_auth import FacilitatorAuth
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class NetworkConfig:
     mode: str  # "direct" (our relayer broadcasts) or "facilitator"
     facilitator_url: str = ""
     facilitator_timeout: float = 10.0
+    # The facilitator's credentials (None: it takes calls without); never in a repr.
+    facilitator_auth: FacilitatorAuth | None = field(default=None, repr=False)
     relayer_private_key: str = field(default="", repr=False)
     max_timeout_seconds: int = 300  # advertised in PAYMENT-REQUIRED
     # Where a person looks a transaction up ("{tx_hash}" is replaced); "" for a local chain.
@@ -113,6 +118,13 @@ class Settler(Protocol):
     def prepare(
         self, *, authorization: Authorization, network: NetworkConfig
     ) -> PreparedBroadcast: ...
+
+    def verify_before_record(
+        self, *, authorization: Authorization, requirements: Requirements, network: NetworkConfig
+    ) -> None:
+        """Ask whoever settles (a facilitator) before anything is recorded; nothing to ask
+        for our own relayer. Raises FacilitatorRefused (our credentials refused)."""
+        ...
 
     def broadcast(
         self,

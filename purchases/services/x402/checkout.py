@@ -59,6 +59,8 @@ UNSTORED_CODES = frozenset(
         ErrorCode.PAYMENT_IN_FLIGHT,
         ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
         ErrorCode.VERIFICATION_UNAVAILABLE,
+        # The seller's facilitator key refused: fixed by the seller, then the retry pays.
+        ErrorCode.FACILITATOR_CREDENTIALS_REFUSED,
         ErrorCode.AUTHORIZATION_IN_USE,
     }
 )
