@@ -140,9 +140,13 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print(f"                 {upstream['stats_url']}")
     print(f"  Chain details for any x402 client: {CHAIN_FILE}")
     print(f"  Credentials are saved in {seed['credentials_file']}; logs in {VAR / 'logs'}/")
-    print(f"  Try it:  {PYTHON} scripts/demo_agent.py {base}          (prepaid)")
-    print(f"           {PYTHON} scripts/demo_agent.py --x402 {base}   (x402 on the local chain)")
-    print(f"           {PYTHON} scripts/demo_agent.py --mcp   (the x402 MCP client, MCP tool")
+    # The agent finds the demo's files where this run put them.
+    agent = f"{PYTHON} scripts/demo_agent.py"
+    if VAR.resolve() != (ROOT / "var").resolve():
+        agent = f"TOLLBOOTH_VAR_DIR={VAR} {agent}"
+    print(f"  Try it:  {agent} {base}          (prepaid)")
+    print(f"           {agent} --x402 {base}   (x402 on the local chain)")
+    print(f"           {agent} --mcp   (the x402 MCP client, MCP tool")
     print(f"                 {upstream['offering']!r} on the sample upstream)")
     print(f"  Alerts         mail to DJANGO_ADMINS, printed in {VAR / 'logs'}/worker.log (console")
     print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
@@ -189,6 +193,8 @@ def main() -> int:
     # Alerts need a person to reach: the demo's mail backend is the console, so refund-owed
     # and escalation alerts print to var/logs/worker.log (set DJANGO_ADMINS to change who).
     env.setdefault("DJANGO_ADMINS", DEMO_ALERTS_TO)
+    # Receipts and redelivery links name the address the banner prints (DEMO_HOST/DEMO_PORT).
+    env.setdefault("TOLLBOOTH_PUBLIC_URL", f"http://{HOST}:{PORT}")
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
     print("Starting the local chain and deploying the test USDC ...", flush=True)

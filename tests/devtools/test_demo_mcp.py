@@ -5,12 +5,14 @@ The upstream's own count shows one effect, and the agent's repeated call none mo
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +118,95 @@ def test_demo_agent_mcp_buys_from_the_demo_upstream_once(running_demo) -> None:
         "replayed": 0,
         "refused": 0,
     }
+
+
+class _OnceUnavailable(http.server.BaseHTTPRequestHandler):
+    """In front of the running demo: the first quote request is answered as an outage
+    answers it (503 + Retry-After, nothing done); everything else goes to the demo as sent."""
+
+    upstream = ""
+    refused: list[str] = []
+
+    def _relay(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/api/v1/quotes" and not self.refused:
+            self.refused.append(self.path)
+            payload = b'{"code": "service_unavailable", "detail": "try again"}'
+            self.send_response(503)
+            self.send_header("Retry-After", "1")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+        answer = requests.request(
+            self.command, self.upstream + self.path, data=body, headers=headers, timeout=60
+        )
+        self.send_response(answer.status_code)
+        for name, value in answer.headers.items():
+            if name.lower() not in ("transfer-encoding", "connection", "content-encoding"):
+                self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    do_GET = do_POST = _relay
+
+    def log_message(self, *args: object) -> None:  # quiet
+        pass
+
+
+def test_the_banners_agent_waits_out_an_outage_and_its_receipt_names_the_demos_address(
+    running_demo,
+) -> None:
+    """The banner's "Try it" line, as printed (with this run's TOLLBOOTH_VAR_DIR), buys once
+    through a 503 on its first step (waited out for its Retry-After, not a crash), and the
+    receipt names the paid URL at the address the demo serves (DEMO_PORT, not 8000)."""
+    env, banner = running_demo
+    var = env["TOLLBOOTH_VAR_DIR"]
+    assert f"Try it:  TOLLBOOTH_VAR_DIR={var} " in banner
+    base = f"http://127.0.0.1:{env['DEMO_PORT']}"
+    _OnceUnavailable.upstream, _OnceUnavailable.refused = base, []
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OnceUnavailable)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        done = subprocess.run(
+            [sys.executable, "scripts/demo_agent.py", f"http://127.0.0.1:{proxy.server_port}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        proxy.shutdown()
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "  503 service_unavailable: trying again in 1 s" in lines
+    assert _OnceUnavailable.refused == ["/api/v1/quotes"]
+    start = next(i for i, line in enumerate(lines) if line.startswith("receipt "))
+    receipt = json.loads("\n".join([lines[start][len("receipt ") :], *lines[start + 1 :]]))
+    # The signed receipt names the paid resource (docs/receipts.md `resourceUrl`).
+    assert receipt["signed"] is not None, receipt
+    named = json.dumps(receipt["signed"])
+    assert f'"resourceUrl": "http://127.0.0.1:{env["DEMO_PORT"]}/x402/' in named, named
+
+
+def test_the_agent_without_a_demo_says_where_it_looked(tmp_path: Path) -> None:
+    env = {**_demo_env(tmp_path), "TOLLBOOTH_VAR_DIR": str(tmp_path / "nothing-here")}
+    for mode in ([], ["--x402"]):
+        done = subprocess.run(
+            [sys.executable, "scripts/demo_agent.py", *mode, "http://127.0.0.1:9"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode != 0
+        assert "Traceback" not in done.stderr, done.stderr
+        assert str(tmp_path / "nothing-here") in done.stderr
+        assert "make demo" in done.stderr and "TOLLBOOTH_VAR_DIR" in done.stderr
