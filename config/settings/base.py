@@ -419,6 +419,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_LOCAL_FINALITY_DEPTH", default=3),
         "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_LOCAL_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_LOCAL_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
     },
@@ -436,6 +437,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_BASE_SEPOLIA_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_SEPOLIA_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_SEPOLIA_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
     },
@@ -453,6 +455,7 @@ X402_NETWORKS = {
         "finality_depth": env.int("X402_BASE_FINALITY_DEPTH", default=64),
         "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
@@ -460,6 +463,9 @@ X402_NETWORKS = {
 # How long a relayer nonce's holder has to record and send its transaction: once the node's
 # pending count has stood at a gap this long, the next broadcast or heal-relayers closes it.
 X402_RELAYER_NONCE_LEASE_SECONDS = env.float("X402_RELAYER_NONCE_LEASE_SECONDS", default=10.0)
+# How often beat reads each direct-mode relayer's gas balance (payments/rails/x402/gas.py).
+# A reading older than ten of these is unknown again (the beat stopped): it refuses nothing.
+X402_RELAYER_GAS_EVERY_SECONDS = env.float("X402_RELAYER_GAS_EVERY_SECONDS", default=30.0)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
@@ -610,6 +616,13 @@ CELERY_BEAT_SCHEDULE = {
     "heal-relayers": {
         "task": "purchases.tasks.heal_relayers_task",
         "schedule": env.float("TOLLBOOTH_HEAL_RELAYERS_EVERY_SECONDS", default=10.0),
+    },
+    # A relayer without gas cannot settle: read each direct-mode relayer's balance, alert
+    # below X402_<NET>_RELAYER_MIN_GAS, and let paid requests refuse (503) with too little
+    # to settle one payment, from this reading, never an RPC call per request.
+    "watch-relayer-gas": {
+        "task": "purchases.tasks.relayer_funds_watch_task",
+        "schedule": X402_RELAYER_GAS_EVERY_SECONDS,
     },
     # Chain paybacks named before they were final are closed once they are; transfers from
     # the seller's wallets that pay an owed refund back are offered to finance as matches.

@@ -40,6 +40,7 @@ from payments.rails.x402.relayer import (
 from payments.rails.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
+    RpcAnswer,
     RpcCall,
     RpcError,
     RpcReplyInvalid,
@@ -196,6 +197,12 @@ def wait_deadline(timeout: float, wait_until: float | None) -> float:
     return deadline if wait_until is None else min(deadline, wait_until)
 
 
+def relayer_address(network: NetworkConfig) -> str:
+    """Our relayer's address on `network` (checksummed). Raises ImproperlyConfigured when
+    no relayer is configured."""
+    return str(_relayer_account(network).address)
+
+
 def _relayer_account(network: NetworkConfig) -> LocalAccount:
     if not network.relayer_private_key:
         raise ImproperlyConfigured(f"no relayer key for {network.caip2} (direct mode)")
@@ -266,30 +273,41 @@ def _fees_and_pending_nonce(
     where the latest block has a base fee, else a legacy gasPrice. Both fee answers are
     asked for, and only the one the block calls for is used (a legacy node may refuse the
     other). The pending nonce is the freshest view of our in-flight count."""
-    calls = [
-        RpcCall("eth_getBlockByNumber", ("latest", False)),
-        RpcCall("eth_maxPriorityFeePerGas"),
-        RpcCall("eth_gasPrice"),
-        RpcCall("eth_getTransactionCount", (address, "pending")),
-    ]
+    calls = [*FEE_CALLS, RpcCall("eth_getTransactionCount", (address, "pending"))]
     verify_chain = (network.rpc_url, network.chain_id) not in _VERIFIED_CHAINS
     if verify_chain:
         calls.append(RpcCall("eth_chainId"))
     block, priority_fee, gas_price, pending, *chain_id = rpc.batch(calls)
     if verify_chain:
         _check_chain(quantity(chain_id[0].value()), network)
+    return fee_fields(rpc, block, priority_fee, gas_price), quantity(pending.value())
+
+
+# The answers `fee_fields` reads, asked in the caller's own batch.
+FEE_CALLS = (
+    RpcCall("eth_getBlockByNumber", ("latest", False)),
+    RpcCall("eth_maxPriorityFeePerGas"),
+    RpcCall("eth_gasPrice"),
+)
+
+
+def fee_fields(
+    rpc: JsonRpcClient, block: RpcAnswer, priority_fee: RpcAnswer, gas_price: RpcAnswer
+) -> dict[str, int]:
+    """The fee fields we sign a relayer transaction with, from the answers to FEE_CALLS:
+    EIP-1559 where the latest block has a base fee, else a legacy gasPrice. Both fee answers
+    are asked for, and only the one the block calls for is used (a legacy node may refuse
+    the other). Raises RpcError or a TRANSPORT_FAULTS exception."""
     header = block.value()
     if not isinstance(header, dict):
         raise RpcReplyInvalid(f"eth_getBlockByNumber: not a block: {str(header)[:200]}")
     if header.get("baseFeePerGas") is None:
-        fees = {"gasPrice": quantity(gas_price.value())}
-    else:
-        try:
-            tip = quantity(priority_fee.value())
-        except RpcError:
-            tip = _fee_history_priority_fee(rpc)
-        fees = dynamic_fee_fields(base_fee=quantity(header["baseFeePerGas"]), priority_fee=tip)
-    return fees, quantity(pending.value())
+        return {"gasPrice": quantity(gas_price.value())}
+    try:
+        tip = quantity(priority_fee.value())
+    except RpcError:
+        tip = _fee_history_priority_fee(rpc)
+    return dynamic_fee_fields(base_fee=quantity(header["baseFeePerGas"]), priority_fee=tip)
 
 
 def _check_chain(served: int, network: NetworkConfig) -> None:

@@ -30,6 +30,7 @@ from payments.rails.base import (
     REPLACED_SUBMISSION,
     BatchLookup,
     Charge,
+    FundsLow,
     Presentation,
     QuoteTerms,
     RowGuard,
@@ -51,6 +52,7 @@ from payments.rails.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.rails.x402.chain import ChainReader, ChainUnavailable
 from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
+from payments.rails.x402.gas import relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
 from payments.rails.x402.networks import network_config
 from payments.rails.x402.types import (
@@ -295,6 +297,13 @@ class X402Rail:
         """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
         process that died before sending) so later settlements are not stalled behind them."""
         _heal_relayers(now, stats)
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        """Read each direct-mode relayer's gas balance, keep it (payments.rails.x402.gas) and
+        alert the newly low ones."""
+        relayer_gas_watch(now=now, alert=alert, stats=stats)
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
