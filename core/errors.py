@@ -72,6 +72,8 @@ class ErrorCode(StrEnum):
     INSUFFICIENT_BALANCE = "insufficient_balance"
     AUTHORIZATION_IN_USE = "authorization_in_use"
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
+    # We cannot settle on the network now (our relayer cannot pay the gas): nothing recorded.
+    SETTLEMENT_UNAVAILABLE = "settlement_unavailable"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
     PAYMENT_REVERSED = "payment_reversed"
@@ -299,6 +301,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "retry_same_payment_id_later",
         True,
         "The chain could not be read to verify the payment; nothing was recorded.",
+    ),
+    ErrorCode.SETTLEMENT_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_payment_id_later",
+        True,
+        "The seller cannot settle payments on this network right now; nothing was recorded.",
     ),
     ErrorCode.PAYMENT_FAILED: CodeSpec(
         402,

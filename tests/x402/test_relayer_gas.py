@@ -8,19 +8,23 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db.models import Q
 from django.test import Client
 from django.utils import timezone
 from eth_account import Account
 from prometheus_client.parser import text_string_to_metric_families
+from rest_framework.test import APIClient
 
-from payments.models import RelayerGas
+from payments.models import PaymentAttempt, RelayerGas
 from payments.rails.x402.direct import TRANSFER_WITH_AUTHORIZATION_GAS
 from payments.rails.x402.gas import GAS_PER_SETTLEMENT, MIN_GAS_SETTLEMENTS
+from purchases.models import IdempotencyRecord, Purchase, Quote
 from purchases.notify import Alert
 from purchases.services.jobs.reconcile import relayer_funds_watch
 from tests.fixtures.anvil import closed_port_url
 from tests.x402.chain_env import ChainEnv
-from tests.x402.e2e import NETWORK, X402World
+from tests.x402.e2e import NETWORK, PRICE, X402World, ask, sign_payment
+from tests.x402.rpc_proxy import RpcProxy
 
 pytestmark = pytest.mark.django_db
 
@@ -194,3 +198,114 @@ def test_a_reading_past_ten_beat_periods_is_unknown_again(x402_world: X402World,
 
     assert relayer_gas_status(NETWORK, now=then + timedelta(seconds=300)) == "empty"
     assert relayer_gas_status(NETWORK, now=then + timedelta(seconds=301)) == "unknown"
+
+
+# --- with too little gas to settle, a paid request is refused before anything is recorded --
+
+
+@pytest.fixture
+def api() -> APIClient:
+    return APIClient()
+
+
+def required_header(client: Any, world: X402World) -> str:
+    response = ask(client, world)
+    assert response.status_code == 402
+    return str(response["PAYMENT-REQUIRED"])
+
+
+def nothing_recorded() -> None:
+    assert not Purchase.objects.exists()
+    assert not PaymentAttempt.objects.exists()
+    assert not Quote.objects.exists()  # the 402's quote travels signed: written with a purchase
+    stored = IdempotencyRecord.objects.filter(
+        Q(response_status__isnull=False) | Q(purchase__isnull=False)
+    )
+    assert not stored.exists()
+
+
+@pytest.mark.parametrize("payment_id", [None, "relayer-dry-payment-0001"])
+def test_a_dry_relayer_refuses_before_anything_is_recorded_and_the_same_payment_pays_once_funded(
+    api, x402_world: X402World, settings, payment_id
+):
+    settings.X402_RELAYER_GAS_EVERY_SECONDS = 30.0
+    proxy = RpcProxy(x402_world.node.rpc_url)
+    settings.X402_NETWORKS[NETWORK]["rpc_url"] = proxy.url
+    try:
+        payment = sign_payment(required_header(api, x402_world), x402_world.payers[0], payment_id)
+        set_balance(x402_world, 10**9)  # far below one settlement's gas at any fee
+        relayer_funds_watch()
+        before = len(proxy.requests)
+
+        refused = ask(api, x402_world, payment=payment)
+
+        assert refused.status_code == 503, refused.content
+        assert refused.json()["code"] == "settlement_unavailable"
+        assert refused["Retry-After"] == "30"
+        assert len(proxy.requests) == before  # judged from the reading: not one RPC call
+        nothing_recorded()
+        assert x402_world.relayer_sent() == 0
+        assert x402_world.seller_balance() == 0
+
+        again = ask(api, x402_world, payment=payment)  # not funded yet: refused again
+        assert again.status_code == 503
+        nothing_recorded()
+
+        set_balance(x402_world, 10**18)
+        relayer_funds_watch()
+        paid = ask(api, x402_world, payment=payment)
+    finally:
+        proxy.close()
+
+    assert paid.status_code in (200, 202), paid.content
+    assert Purchase.objects.get().payment_state == "paid"
+    assert PaymentAttempt.objects.count() == 1
+    assert x402_world.seller_balance() == PRICE
+
+
+def test_an_unknown_balance_refuses_nothing(api, x402_world: X402World, settings):
+    """Beat never ran, or its last reading is past ten periods: the payment is taken (a
+    broadcast the node refuses stays pending with its hash, never "failed")."""
+    settings.X402_RELAYER_GAS_EVERY_SECONDS = 30.0
+    payment = sign_payment(required_header(api, x402_world), x402_world.payers[0], None)
+    set_balance(x402_world, 1)
+    relayer_funds_watch(now=timezone.now() - timedelta(seconds=301))  # stale: unknown
+    set_balance(x402_world, 10**18)
+
+    paid = ask(api, x402_world, payment=payment)
+
+    assert paid.status_code in (200, 202), paid.content
+    assert Purchase.objects.get().payment_state == "paid"
+
+
+def test_a_low_but_able_relayer_still_settles(api, x402_world: X402World, settings, alerts):
+    """Below the alert threshold is a warning, not a refusal: only a relayer that cannot
+    pay one settlement refuses payments."""
+    settings.X402_NETWORKS[NETWORK]["relayer_min_gas"] = 10**21
+    set_balance(x402_world, 10**18)
+    relayer_funds_watch()
+    assert len(alerts) == 1
+
+    payment = sign_payment(required_header(api, x402_world), x402_world.payers[0], None)
+    paid = ask(api, x402_world, payment=payment)
+
+    assert paid.status_code in (200, 202), paid.content
+    assert x402_world.seller_balance() == PRICE
+
+
+def test_a_repeat_of_a_paid_payment_is_answered_even_when_the_relayer_is_dry(
+    api, x402_world: X402World
+):
+    """A replay needs no gas: it is answered from what was stored, never refused."""
+    payment = sign_payment(
+        required_header(api, x402_world), x402_world.payers[0], "relayer-dry-replay-0001"
+    )
+    first = ask(api, x402_world, payment=payment)
+    assert first.status_code in (200, 202), first.content
+    set_balance(x402_world, 1)
+    relayer_funds_watch()
+
+    replay = ask(api, x402_world, payment=payment)
+
+    assert replay.status_code == first.status_code
+    assert PaymentAttempt.objects.count() == 1

@@ -10,6 +10,7 @@ authorization: the identical relayer bytes, or the same payload to the facilitat
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from itertools import groupby
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.utils import timezone
 
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
@@ -52,7 +54,7 @@ from payments.rails.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.rails.x402.chain import ChainReader, ChainUnavailable
 from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
-from payments.rails.x402.gas import relayer_gas_watch
+from payments.rails.x402.gas import relayer_gas_known, relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
 from payments.rails.x402.networks import network_config
 from payments.rails.x402.types import (
@@ -211,9 +213,12 @@ class X402Rail:
         check: the transfer cannot land in an older block, so look-ups start there.
 
         Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
-        or authorization_in_use when the nonce was used by our own payment of it.
+        or authorization_in_use when the nonce was used by our own payment of it;
+        settlement_unavailable first, with no RPC call, when beat's last reading says our
+        relayer cannot pay one settlement's gas (payments.rails.x402.gas; unknown passes).
         """
         known: X402Context = context or _context_of_presentation(presentation, terms)
+        _refuse_without_gas(known.network)
         reader = ChainReader(known.network)
         try:
             return verify_payment_funds(authorization=known.authorization, reader=reader)
@@ -416,6 +421,24 @@ def _search_from(attempts: list[PaymentAttempt]) -> int:
     """One log query covers the group: from the oldest verification block among them."""
     blocks = [a.search_from_block for a in attempts]
     return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
+
+
+def _refuse_without_gas(network: NetworkConfig) -> None:
+    """Raises DomainError settlement_unavailable (Retry-After: until the next reading) when
+    a direct-mode relayer is known unable to pay one settlement: its broadcast could not be
+    mined, so the payment is not taken at all. Never an RPC call: one indexed query."""
+    if network.mode != "direct":
+        return
+    known = relayer_gas_known(network, now=timezone.now())
+    if known is not None and not known.can_settle:
+        logger.warning(
+            "refusing a payment on %s: relayer %s holds %s wei, one settlement needs %s",
+            network.caip2, known.address, known.balance, known.settle_cost,
+        )  # fmt: skip
+        raise DomainError(
+            ErrorCode.SETTLEMENT_UNAVAILABLE,
+            retry_after=max(1, math.ceil(settings.X402_RELAYER_GAS_EVERY_SECONDS)),
+        )
 
 
 def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
