@@ -136,13 +136,15 @@ def _facilitator_check(facilitator_url: str) -> Callable[[], None]:
 
 def _configured_networks() -> dict[str, dict[str, Any]]:
     """Networks we can settle on: a token and a way to settle (relayer key or facilitator)."""
+    from payments.signers import relayer_address
+
     facilitator = bool(settings.X402_FACILITATOR_URL)
     return {
         caip2: raw
         for caip2, raw in settings.X402_NETWORKS.items()
         if raw.get("token_address")
         and (
-            raw.get("relayer_private_key")
+            relayer_address(network=caip2) is not None
             if raw.get("mode") == "direct"
             else raw.get("facilitator_url") or facilitator
         )

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from django.conf import settings
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, NullIf
-from eth_account import Account
 
 from payments.models import (
     LIVE_ATTEMPT_STATES,
@@ -16,7 +13,7 @@ from payments.models import (
     Refund,
     RelayerAccount,
 )
-from payments.signers import refund_wallet_address
+from payments.signers import refund_wallet_address, relayer_address
 
 
 def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
@@ -72,9 +69,10 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
         relayers = relayers.filter(network=network)
     wallets |= {a.lower() for a in relayers.values_list("address", flat=True)}
     configs = settings.X402_NETWORKS
-    for raw in configs.values() if network is None else [configs.get(network, {})]:
-        if raw.get("relayer_private_key"):
-            wallets.add(relayer_key_address(raw["relayer_private_key"]))
+    for name in configs if network is None else [network]:
+        relayer = relayer_address(network=name)
+        if relayer:
+            wallets.add(relayer.lower())
     # The refund wallet (payouts), configured now and every one that ever signed a payout.
     payout_wallets = PayoutWallet.objects.all()
     if network is not None:
@@ -85,9 +83,3 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
         if refund_wallet:
             wallets.add(refund_wallet)
     return wallets
-
-
-@lru_cache(maxsize=16)
-def relayer_key_address(key: str) -> str:
-    """The address of a relayer's configured key, lower-case (derived once per process)."""
-    return str(Account.from_key(key).address).lower()

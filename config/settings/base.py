@@ -377,6 +377,12 @@ TOLLBOOTH = {
     # network, else this one); TOLLBOOTH_REFUND_SIGNER names another signer class (a KMS).
     "REFUND_WALLET_KEY": env.str("TOLLBOOTH_REFUND_WALLET_KEY", default=""),
     "REFUND_SIGNER": env.str("TOLLBOOTH_REFUND_SIGNER", default="payments.signers.EnvKeySigner"),
+    # Who signs the relayer's settlements (direct mode): the default reads
+    # X402_<NET>_RELAYER_KEY; another class (a KMS, a hardware signer) plugs in here
+    # (payments/signers.py, docs/deployment.md "Signers").
+    "RELAYER_SIGNER": env.str(
+        "TOLLBOOTH_RELAYER_SIGNER", default="payments.signers.EnvRelayerKeySigner"
+    ),
     # The most the refund wallet pays out per UTC day, per asset, in atomic units:
     # `<token address>=<units>` pairs, `*` for every other asset. An asset with no cap pays
     # nothing out (a forgotten setting must not mean "no limit").

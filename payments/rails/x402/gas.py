@@ -40,7 +40,7 @@ from payments.rails.x402.direct import (
     fee_fields,
     relayer_address,
 )
-from payments.rails.x402.networks import network_config
+from payments.rails.x402.networks import network_config, relayer_networks
 from payments.rails.x402.rpc import TRANSPORT_FAULTS, RpcCall, RpcError, quantity, rpc_client_for
 from payments.rails.x402.types import NetworkConfig
 
@@ -137,9 +137,7 @@ def relayer_gas_watch(
     spell was not alerted yet (marked alerted only when `alert` returns True, so a failed
     delivery is tried again at the next run). A node that does not answer leaves the last
     reading to age into unknown."""
-    for caip2, raw in settings.X402_NETWORKS.items():
-        if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
-            continue
+    for caip2 in relayer_networks():
         network = network_config(caip2)
         try:
             reading = relayer_gas_read(network, now=now)

@@ -56,7 +56,7 @@ from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
 from payments.rails.x402.gas import relayer_gas_known, relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
-from payments.rails.x402.networks import network_config
+from payments.rails.x402.networks import network_config, relayer_networks
 from payments.rails.x402.types import (
     Authorization,
     NetworkConfig,
@@ -442,16 +442,13 @@ def _refuse_without_gas(network: NetworkConfig) -> None:
 
 
 def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
-    from eth_account import Account
-
     from payments.rails.x402.chain import w3_for
+    from payments.rails.x402.direct import relayer_signer_for
     from payments.rails.x402.relayer import relayer_heal
 
-    for network_id, raw in settings.X402_NETWORKS.items():
-        if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
-            continue
+    for network_id in relayer_networks():
         network = network_config(network_id)
-        account = Account.from_key(network.relayer_private_key)
+        account = relayer_signer_for(network)
         known = list(
             PaymentAttempt.objects.filter(
                 network=network_id,
