@@ -7,7 +7,9 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
 
 - `/healthz`: the process is up and serving. No I/O at all, so a slow database never gets a
   healthy process restarted.
-- `/readyz`: the database, the broker, each configured x402 network's RPC and, for a
+- `/readyz`: the database, the broker, each configured x402 network's RPC (both URLs when
+  X402_<NET>_RPC_URL_FALLBACK is set: `rpc:<network>` and `rpc_fallback:<network>`; one
+  of the two failing is degraded, both failing is unavailable) and, for a
   network settled through a facilitator, that facilitator (`GET /supported`) answer, each
   within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
   that long. 200 when every check passes, 503 otherwise; except the broker, whose failure
@@ -158,6 +160,10 @@ def readiness_checks() -> dict[str, Callable[[], CheckResult | None]]:
     }
     for caip2, raw in _configured_networks().items():
         checks[f"rpc:{caip2}"] = _rpc_check(raw["rpc_url"], int(raw["chain_id"]))
+        if raw.get("rpc_url_fallback"):
+            checks[f"rpc_fallback:{caip2}"] = _rpc_check(
+                raw["rpc_url_fallback"], int(raw["chain_id"])
+            )
         if raw.get("mode") == "direct":
             checks[f"relayer_gas:{caip2}"] = _relayer_gas_check(caip2)
         else:
@@ -205,7 +211,7 @@ def readiness() -> tuple[int, dict[str, Any]]:
             return _cached[1], _cached[2]
         results = _run(readiness_checks())
         failed = {name for name, result in results.items() if not result["ok"]}
-        ready = all(_degrades_only(name) for name in failed)
+        ready = all(_degrades_only(name, failed, results) for name in failed)
         label = "unavailable" if not ready else "degraded" if failed else "ready"
         body = {"status": label, "checks": results}
         status = 200 if ready else 503
@@ -213,8 +219,16 @@ def readiness() -> tuple[int, dict[str, Any]]:
         return status, body
 
 
-def _degrades_only(check: str) -> bool:
-    return check in DEGRADING_CHECKS or check.startswith(DEGRADING_PREFIXES)
+def _degrades_only(check: str, failed: set[str], results: dict[str, CheckResult]) -> bool:
+    """Whether a failed check leaves the replica serving: the broker, a relayer low on gas,
+    or one of a network's two RPC URLs while the other answers (the client fails over)."""
+    if check in DEGRADING_CHECKS or check.startswith(DEGRADING_PREFIXES):
+        return True
+    for mine, other in (("rpc:", "rpc_fallback:"), ("rpc_fallback:", "rpc:")):
+        if check.startswith(mine):
+            twin = other + check.removeprefix(mine)
+            return twin in results and twin not in failed
+    return False
 
 
 def _answer(status: int, body: dict[str, Any], *, head: bool = False) -> HttpResponse:

@@ -416,6 +416,7 @@ X402_NETWORKS = {
     "eip155:31337": {  # local anvil: the demo and the tests
         "chain_id": 31337,
         "rpc_url": env.str("X402_LOCAL_RPC_URL", default="http://127.0.0.1:8545"),
+        "rpc_url_fallback": env.str("X402_LOCAL_RPC_URL_FALLBACK", default=""),
         "token_address": env.str("X402_LOCAL_TOKEN", default=""),
         "token_name": "USDC",
         "token_version": "2",
@@ -432,6 +433,7 @@ X402_NETWORKS = {
     "eip155:84532": {  # Base Sepolia
         "chain_id": 84532,
         "rpc_url": env.str("X402_BASE_SEPOLIA_RPC_URL", default="https://sepolia.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_SEPOLIA_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_SEPOLIA_TOKEN", default="0x036CbD53842c5426634e7929541eC2318f3dCF7e"
         ),
@@ -450,6 +452,7 @@ X402_NETWORKS = {
     "eip155:8453": {  # Base mainnet
         "chain_id": 8453,
         "rpc_url": env.str("X402_BASE_RPC_URL", default="https://mainnet.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_TOKEN", default="0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
         ),

@@ -186,7 +186,7 @@ class DirectSettler:
     def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
-        return rpc_client_for(network.rpc_url, timeout=timeout)
+        return rpc_client_for(network.rpc_url, timeout=timeout, fallback=network.rpc_url_fallback)
 
 
 def wait_deadline(timeout: float, wait_until: float | None) -> float:

@@ -94,7 +94,9 @@ def relayer_gas_read(network: NetworkConfig, *, now: datetime) -> RelayerGasRead
     """The relayer's balance and the fees now, in one round trip. Raises RpcError or a
     TRANSPORT_FAULTS exception; ImproperlyConfigured without a relayer."""
     address = relayer_address(network)
-    rpc = rpc_client_for(network.rpc_url, timeout=READ_TIMEOUT_SECONDS)
+    rpc = rpc_client_for(
+        network.rpc_url, timeout=READ_TIMEOUT_SECONDS, fallback=network.rpc_url_fallback
+    )
     block, tip, gas_price, balance = rpc.batch(
         [*FEE_CALLS, RpcCall("eth_getBalance", (address, "latest"))]
     )

@@ -40,6 +40,7 @@ def network_config(caip2: str) -> NetworkConfig:
         caip2=caip2,
         chain_id=int(raw["chain_id"]),
         rpc_url=raw["rpc_url"],
+        rpc_url_fallback=raw.get("rpc_url_fallback") or "",
         token_address=raw["token_address"],
         token_name=raw["token_name"],
         token_version=raw["token_version"],
