@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.conf import settings
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, NullIf
 
 from payments.models import (
     LIVE_ATTEMPT_STATES,
+    PENDING_ATTEMPT_STATES,
     PaymentAttempt,
     PayoutWallet,
     Refund,
@@ -83,3 +87,45 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
         if refund_wallet:
             wallets.add(refund_wallet)
     return wallets
+
+
+@dataclass(frozen=True)
+class RelayerRetirement:
+    """Whether a relayer address may be retired (its gas taken away, its key forgotten):
+    only once every authorization naming it has passed its deadline. `blocking`: the
+    attempts it signed whose money is not settled yet and whose authorization can still
+    land (deadline not passed) or whose outcome is not known (still pending)."""
+
+    network: str
+    address: str
+    blocking: list[PaymentAttempt]
+    deadline: datetime | None  # the latest validBefore among them
+    is_current: bool  # it is the relayer configured now
+
+    @property
+    def may_retire(self) -> bool:
+        return not self.blocking and not self.is_current
+
+
+def relayer_retirement(*, network: str, address: str, now: datetime) -> RelayerRetirement:
+    """What keeps the relayer `address` on `network` from being retired at `now`: an attempt
+    it signed that is still pending (recorded or settlement_pending, whatever its deadline:
+    its outcome is unknown), or one not succeeded whose authorization's validBefore has not
+    passed (its signed transaction may still land). A succeeded attempt's authorization is
+    used on chain and can never land again."""
+    named = PaymentAttempt.objects.filter(network=network, relayer_address__iexact=address)
+    blocking = list(
+        named.filter(
+            Q(state__in=PENDING_ATTEMPT_STATES)
+            | (~Q(state=PaymentAttempt.State.SUCCEEDED) & Q(valid_before_at__gt=now))
+        ).order_by("pk")
+    )
+    deadlines = [a.valid_before_at for a in blocking if a.valid_before_at is not None]
+    current = relayer_address(network=network)
+    return RelayerRetirement(
+        network=network,
+        address=address,
+        blocking=blocking,
+        deadline=max(deadlines) if deadlines else None,
+        is_current=current is not None and current.lower() == address.lower(),
+    )
