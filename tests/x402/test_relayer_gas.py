@@ -309,3 +309,24 @@ def test_a_repeat_of_a_paid_payment_is_answered_even_when_the_relayer_is_dry(
 
     assert replay.status_code == first.status_code
     assert PaymentAttempt.objects.count() == 1
+
+
+def test_the_paid_request_reads_the_cache_and_a_miss_is_unknown(api, x402_world: X402World):
+    """The paid request asks the shared cache, never the database (its SQL budget is a
+    ceiling): an entry gone (Redis restarted, evicted, or no Redis in the demo) is unknown,
+    and unknown refuses nothing, whatever the database row says."""
+    from django.core.cache import cache
+
+    from payments.rails.x402.gas import _cache_key
+
+    payment = sign_payment(required_header(api, x402_world), x402_world.payers[0], None)
+    set_balance(x402_world, 10**9)
+    relayer_funds_watch()
+    assert RelayerGas.objects.get(network=NETWORK).balance == 10**9
+    set_balance(x402_world, 10**18)  # funded since; the row still says it cannot pay
+    cache.delete(_cache_key(NETWORK, x402_world.relayer.address))
+
+    paid = ask(api, x402_world, payment=payment)
+
+    assert paid.status_code in (200, 202), paid.content
+    assert x402_world.seller_balance() == PRICE

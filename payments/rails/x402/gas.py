@@ -5,8 +5,10 @@ unmined, and payments would show up as pending for no fault of the buyer. So bea
 (`watch-relayer-gas`, every X402_RELAYER_GAS_EVERY_SECONDS) reads each direct-mode
 relayer's balance and fees in one JSON-RPC batch and writes them to `RelayerGas`, the one
 value every web process, worker, `/metrics` scrape and `/readyz` probe reads alike (the
-database, not Redis: the demo runs without Redis, where a cache is per process, and the
-metrics are all read from the database at scrape time).
+database: the metrics are all read from it at scrape time, the demo runs without Redis, and
+the alert's once-per-spell mark must survive a Redis restart). The paid request alone reads
+a mirror of it in the shared cache (Redis), one GET and no SQL: its SQL budget is a ceiling
+that only goes down (tests/x402/test_x402_sql_budget.py). A cache miss is unknown.
 
 - Below `minimum` (X402_<NET>_RELAYER_MIN_GAS wei, default: MIN_GAS_SETTLEMENTS settlements
   of GAS_PER_SETTLEMENT gas at the node's current gas price), the relayer is low: one alert
@@ -15,8 +17,9 @@ metrics are all read from the database at scrape time).
   cannot settle: a paid request is answered 503 with Retry-After before anything is recorded
   (payments.rails.x402.rail.X402Rail.verify_funds).
 - No reading, or one older than STALE_AFTER_RUNS runs (beat stopped, the node unreachable
-  since), is unknown: unknown refuses nothing. A payment is refused only on a reading that
-  says the relayer cannot pay.
+  since), or no cache entry (Redis restarted or down, or no Redis: a per-process cache the
+  beat's process alone writes) is unknown: unknown refuses nothing. A payment is refused
+  only on a reading that says the relayer cannot pay.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
+from django.core.cache import cache
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 
@@ -129,7 +133,28 @@ def relayer_gas_record(reading: RelayerGasReading) -> RelayerGas:
     row, _ = RelayerGas.objects.update_or_create(
         network=reading.network, address=reading.address, defaults=values
     )
+    _mirror(reading)
     return row
+
+
+def _cache_key(network: str, address: str) -> str:
+    return f"relayer-gas:{network}:{address.lower()}"
+
+
+def _mirror(reading: RelayerGasReading) -> None:
+    """The paid request reads the reading from the shared cache (Redis), not the database:
+    its SQL budget is a ceiling (tests/x402/test_x402_sql_budget.py). The entry expires with
+    the reading's freshness, so a stopped beat turns it unknown by itself."""
+    entry = {"balance": reading.balance, "settle_cost": reading.settle_cost,
+             "read_at": reading.read_at.timestamp()}  # fmt: skip
+    try:
+        cache.set(
+            _cache_key(reading.network, reading.address),
+            entry,
+            timeout=relayer_gas_stale_after().total_seconds(),
+        )
+    except Exception as exc:  # Redis down: the paid request sees unknown, which refuses nothing
+        logger.warning("relayer gas on %s not mirrored to the cache: %r", reading.network, exc)
 
 
 def relayer_gas_watch(
@@ -195,6 +220,31 @@ def relayer_gas_known(network: NetworkConfig, *, now: datetime) -> RelayerGasRea
         minimum=int(row.minimum),
         read_at=row.read_at,
     )
+
+
+def relayer_gas_unable(network: NetworkConfig, *, now: datetime) -> RelayerGasReading | None:
+    """The paid request's question, from the shared cache only (no SQL, no RPC): the last
+    reading when it is fresh and says the relayer cannot pay one settlement; None when it
+    can, or when unknown (no reading, a stale one, no relayer, the cache unreachable, or
+    without Redis a process-local cache the beat's process never wrote to)."""
+    try:
+        address = relayer_address(network)
+        entry = cache.get(_cache_key(network.caip2, address))
+    except ImproperlyConfigured:
+        return None
+    except Exception as exc:  # the cache unreachable: unknown
+        logger.warning("relayer gas on %s not read from the cache: %r", network.caip2, exc)
+        return None
+    if not isinstance(entry, dict):
+        return None
+    read_at = datetime.fromtimestamp(float(entry["read_at"]), tz=UTC)
+    balance, settle_cost = int(entry["balance"]), int(entry["settle_cost"])
+    if now - read_at > relayer_gas_stale_after() or balance >= settle_cost:
+        return None
+    return RelayerGasReading(
+        network=network.caip2, address=address, balance=balance, gas_price=0,
+        settle_cost=settle_cost, minimum=0, read_at=read_at,
+    )  # fmt: skip
 
 
 def relayer_gas_status(caip2: str, *, now: datetime) -> str:

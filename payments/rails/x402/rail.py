@@ -54,7 +54,7 @@ from payments.rails.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.rails.x402.chain import ChainReader, ChainUnavailable
 from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
-from payments.rails.x402.gas import relayer_gas_known, relayer_gas_watch
+from payments.rails.x402.gas import relayer_gas_unable, relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
 from payments.rails.x402.networks import network_config, relayer_networks
 from payments.rails.x402.types import (
@@ -214,8 +214,9 @@ class X402Rail:
 
         Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
         or authorization_in_use when the nonce was used by our own payment of it;
-        settlement_unavailable first, with no RPC call, when beat's last reading says our
-        relayer cannot pay one settlement's gas (payments.rails.x402.gas; unknown passes).
+        settlement_unavailable first, with no RPC call, when beat's last reading (read from
+        the shared cache) says our relayer cannot pay one settlement's gas
+        (payments.rails.x402.gas; unknown passes).
         """
         known: X402Context = context or _context_of_presentation(presentation, terms)
         _refuse_without_gas(known.network)
@@ -426,11 +427,11 @@ def _search_from(attempts: list[PaymentAttempt]) -> int:
 def _refuse_without_gas(network: NetworkConfig) -> None:
     """Raises DomainError settlement_unavailable (Retry-After: until the next reading) when
     a direct-mode relayer is known unable to pay one settlement: its broadcast could not be
-    mined, so the payment is not taken at all. Never an RPC call: one indexed query."""
+    mined, so the payment is not taken at all. Never an RPC call nor SQL: one cache read."""
     if network.mode != "direct":
         return
-    known = relayer_gas_known(network, now=timezone.now())
-    if known is not None and not known.can_settle:
+    known = relayer_gas_unable(network, now=timezone.now())
+    if known is not None:
         logger.warning(
             "refusing a payment on %s: relayer %s holds %s wei, one settlement needs %s",
             network.caip2, known.address, known.balance, known.settle_cost,
