@@ -73,6 +73,8 @@ class ErrorCode(StrEnum):
     AUTHORIZATION_IN_USE = "authorization_in_use"
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
     FACILITATOR_CREDENTIALS_REFUSED = "facilitator_credentials_refused"
+    # We cannot settle on the network now (our relayer cannot pay the gas): nothing recorded.
+    SETTLEMENT_UNAVAILABLE = "settlement_unavailable"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
     PAYMENT_REVERSED = "payment_reversed"
@@ -310,6 +312,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         True,
         "The facilitator that settles this network refused the seller's credentials; "
         "nothing was recorded.",
+    ),
+    ErrorCode.SETTLEMENT_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_payment_id_later",
+        True,
+        "The seller cannot settle payments on this network right now; nothing was recorded.",
     ),
     ErrorCode.PAYMENT_FAILED: CodeSpec(
         402,

@@ -131,6 +131,12 @@ def heal_relayers_task() -> dict[str, int]:
     return dict(reconcile.heal_relayers())
 
 
+# One bounded JSON-RPC batch per direct-mode network; a lost run is the next tick's work.
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+def relayer_funds_watch_task() -> dict[str, int]:
+    return dict(reconcile.relayer_funds_watch())
+
+
 # A run reads the chain with bounded RPC timeouts; a lost run is the next tick's work.
 @shared_task(acks_late=True, soft_time_limit=240, time_limit=270)
 def refund_paybacks_watch_task() -> dict[str, int]:

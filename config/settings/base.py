@@ -377,6 +377,12 @@ TOLLBOOTH = {
     # network, else this one); TOLLBOOTH_REFUND_SIGNER names another signer class (a KMS).
     "REFUND_WALLET_KEY": env.str("TOLLBOOTH_REFUND_WALLET_KEY", default=""),
     "REFUND_SIGNER": env.str("TOLLBOOTH_REFUND_SIGNER", default="payments.signers.EnvKeySigner"),
+    # Who signs the relayer's settlements (direct mode): the default reads
+    # X402_<NET>_RELAYER_KEY; another class (a KMS, a hardware signer) plugs in here
+    # (payments/signers.py, docs/deployment.md "Signers").
+    "RELAYER_SIGNER": env.str(
+        "TOLLBOOTH_RELAYER_SIGNER", default="payments.signers.EnvRelayerKeySigner"
+    ),
     # The most the refund wallet pays out per UTC day, per asset, in atomic units:
     # `<token address>=<units>` pairs, `*` for every other asset. An asset with no cap pays
     # nothing out (a forgotten setting must not mean "no limit").
@@ -438,6 +444,7 @@ X402_NETWORKS = {
     "eip155:31337": {  # local anvil: the demo and the tests
         "chain_id": 31337,
         "rpc_url": env.str("X402_LOCAL_RPC_URL", default="http://127.0.0.1:8545"),
+        "rpc_url_fallback": env.str("X402_LOCAL_RPC_URL_FALLBACK", default=""),
         "token_address": env.str("X402_LOCAL_TOKEN", default=""),
         "token_name": "USDC",
         "token_version": "2",
@@ -449,12 +456,14 @@ X402_NETWORKS = {
         "facilitator_url": env.str("X402_LOCAL_FACILITATOR_URL", default=""),
         "facilitator_auth": _facilitator_auth_env("X402_LOCAL_"),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_LOCAL_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_LOCAL_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
     },
     "eip155:84532": {  # Base Sepolia
         "chain_id": 84532,
         "rpc_url": env.str("X402_BASE_SEPOLIA_RPC_URL", default="https://sepolia.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_SEPOLIA_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_SEPOLIA_TOKEN", default="0x036CbD53842c5426634e7929541eC2318f3dCF7e"
         ),
@@ -468,12 +477,14 @@ X402_NETWORKS = {
         "facilitator_url": env.str("X402_BASE_SEPOLIA_FACILITATOR_URL", default=""),
         "facilitator_auth": _facilitator_auth_env("X402_BASE_SEPOLIA_"),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_SEPOLIA_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_SEPOLIA_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
     },
     "eip155:8453": {  # Base mainnet
         "chain_id": 8453,
         "rpc_url": env.str("X402_BASE_RPC_URL", default="https://mainnet.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_TOKEN", default="0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
         ),
@@ -487,6 +498,7 @@ X402_NETWORKS = {
         "facilitator_url": env.str("X402_BASE_FACILITATOR_URL", default=""),
         "facilitator_auth": _facilitator_auth_env("X402_BASE_"),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
@@ -494,6 +506,9 @@ X402_NETWORKS = {
 # How long a relayer nonce's holder has to record and send its transaction: once the node's
 # pending count has stood at a gap this long, the next broadcast or heal-relayers closes it.
 X402_RELAYER_NONCE_LEASE_SECONDS = env.float("X402_RELAYER_NONCE_LEASE_SECONDS", default=10.0)
+# How often beat reads each direct-mode relayer's gas balance (payments/rails/x402/gas.py).
+# A reading older than ten of these is unknown again (the beat stopped): it refuses nothing.
+X402_RELAYER_GAS_EVERY_SECONDS = env.float("X402_RELAYER_GAS_EVERY_SECONDS", default=30.0)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
@@ -645,6 +660,13 @@ CELERY_BEAT_SCHEDULE = {
     "heal-relayers": {
         "task": "purchases.tasks.heal_relayers_task",
         "schedule": env.float("TOLLBOOTH_HEAL_RELAYERS_EVERY_SECONDS", default=10.0),
+    },
+    # A relayer without gas cannot settle: read each direct-mode relayer's balance, alert
+    # below X402_<NET>_RELAYER_MIN_GAS, and let paid requests refuse (503) with too little
+    # to settle one payment, from this reading, never an RPC call per request.
+    "watch-relayer-gas": {
+        "task": "purchases.tasks.relayer_funds_watch_task",
+        "schedule": X402_RELAYER_GAS_EVERY_SECONDS,
     },
     # Chain paybacks named before they were final are closed once they are; transfers from
     # the seller's wallets that pay an owed refund back are offered to finance as matches.

@@ -94,6 +94,19 @@ RowGuard = Callable[["PaymentAttempt"], AbstractContextManager[None]]
 
 
 @dataclass(frozen=True)
+class FundsLow:
+    """A rail's own funds for moving money ran low (x402 direct: the relayer's gas), in the
+    smallest unit of what it pays with (wei). `can_settle` False: payments are refused."""
+
+    network: str
+    address: str
+    balance: int
+    minimum: int
+    can_settle: bool
+    read_at: datetime
+
+
+@dataclass(frozen=True)
 class QuoteTerms:
     """What a quote asks for, as a rail needs it (payments never reads purchases' models)."""
 
@@ -207,6 +220,14 @@ class PaymentRail(Protocol):
     def heal(self, *, now: datetime, stats: Counter[str]) -> None:
         """Housekeeping that keeps later settlements from stalling (x402: our relayers'
         nonce gaps), counted into `stats`. Nothing for a rail with no such machinery."""
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        """Read the funds the rail itself pays with (x402 direct: each relayer's gas) and keep
+        the reading where every process sees it; `alert` each one newly low (it returns
+        whether the alert was delivered). Counted into `stats`. Nothing for a rail that
+        spends nothing of ours."""
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime

@@ -21,6 +21,18 @@ def network_is_settled(caip2: str) -> bool:
     return caip2 in settings.X402_NETWORKS
 
 
+def relayer_networks() -> list[str]:
+    """Networks we settle on in direct mode with a relayer signer configured (an environment
+    key, or TOLLBOOTH_RELAYER_SIGNER's class)."""
+    from payments.signers import relayer_address
+
+    return [
+        caip2
+        for caip2, raw in settings.X402_NETWORKS.items()
+        if raw.get("mode") == "direct" and relayer_address(network=caip2) is not None
+    ]
+
+
 def network_config(caip2: str) -> NetworkConfig:
     """Raises UnknownNetwork for a network we do not settle on."""
     raw = settings.X402_NETWORKS.get(caip2)
@@ -35,6 +47,7 @@ def network_config(caip2: str) -> NetworkConfig:
         caip2=caip2,
         chain_id=int(raw["chain_id"]),
         rpc_url=raw["rpc_url"],
+        rpc_url_fallback=raw.get("rpc_url_fallback") or "",
         token_address=raw["token_address"],
         token_name=raw["token_name"],
         token_version=raw["token_version"],

@@ -10,6 +10,7 @@ authorization: the identical relayer bytes, or the same payload to the facilitat
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from itertools import groupby
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.utils import timezone
 
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
@@ -31,6 +33,7 @@ from payments.rails.base import (
     REPLACED_SUBMISSION,
     BatchLookup,
     Charge,
+    FundsLow,
     Presentation,
     QuoteTerms,
     RowGuard,
@@ -53,8 +56,9 @@ from payments.rails.x402.chain import ChainReader, ChainUnavailable
 from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
 from payments.rails.x402.facilitator import FacilitatorRefused
+from payments.rails.x402.gas import relayer_gas_unable, relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
-from payments.rails.x402.networks import network_config
+from payments.rails.x402.networks import network_config, relayer_networks
 from payments.rails.x402.types import (
     Authorization,
     NetworkConfig,
@@ -215,9 +219,13 @@ class X402Rail:
 
         Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
         authorization_in_use when the nonce was used by our own payment of it, or
-        facilitator_credentials_refused (the facilitator refused our credentials: 401/403).
+        facilitator_credentials_refused (the facilitator refused our credentials: 401/403);
+        settlement_unavailable first, with no RPC call, when beat's last reading (read from
+        the shared cache) says our relayer cannot pay one settlement's gas
+        (payments.rails.x402.gas; unknown passes).
         """
         known: X402Context = context or _context_of_presentation(presentation, terms)
+        _refuse_without_gas(known.network)
         reader = ChainReader(known.network)
         try:
             head = verify_payment_funds(authorization=known.authorization, reader=reader)
@@ -315,6 +323,13 @@ class X402Rail:
         """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
         process that died before sending) so later settlements are not stalled behind them."""
         _heal_relayers(now, stats)
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        """Read each direct-mode relayer's gas balance, keep it (payments.rails.x402.gas) and
+        alert the newly low ones."""
+        relayer_gas_watch(now=now, alert=alert, stats=stats)
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
@@ -445,17 +460,32 @@ def _search_from(attempts: list[PaymentAttempt]) -> int:
     return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
 
 
-def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
-    from eth_account import Account
+def _refuse_without_gas(network: NetworkConfig) -> None:
+    """Raises DomainError settlement_unavailable (Retry-After: until the next reading) when
+    a direct-mode relayer is known unable to pay one settlement: its broadcast could not be
+    mined, so the payment is not taken at all. Never an RPC call nor SQL: one cache read."""
+    if network.mode != "direct":
+        return
+    known = relayer_gas_unable(network, now=timezone.now())
+    if known is not None:
+        logger.warning(
+            "refusing a payment on %s: relayer %s holds %s wei, one settlement needs %s",
+            network.caip2, known.address, known.balance, known.settle_cost,
+        )  # fmt: skip
+        raise DomainError(
+            ErrorCode.SETTLEMENT_UNAVAILABLE,
+            retry_after=max(1, math.ceil(settings.X402_RELAYER_GAS_EVERY_SECONDS)),
+        )
 
+
+def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
     from payments.rails.x402.chain import w3_for
+    from payments.rails.x402.direct import relayer_signer_for
     from payments.rails.x402.relayer import relayer_heal
 
-    for network_id, raw in settings.X402_NETWORKS.items():
-        if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
-            continue
+    for network_id in relayer_networks():
         network = network_config(network_id)
-        account = Account.from_key(network.relayer_private_key)
+        account = relayer_signer_for(network)
         known = list(
             PaymentAttempt.objects.filter(
                 network=network_id,

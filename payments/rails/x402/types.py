@@ -39,6 +39,9 @@ class NetworkConfig:
     # `finalized` block). See payments/rails/x402/finality.py.
     finality: str = "depth"
     finality_depth: int = 0  # 0: the confirmation depth
+    # A second RPC URL, asked when the first fails (connection, timeout, 5xx); "" for none.
+    # Repr'd never: hosted nodes keep their API key in the URL.
+    rpc_url_fallback: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
