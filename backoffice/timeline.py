@@ -184,6 +184,10 @@ EVENT_LABELS: dict[str, Label] = {
         },
     ),
     "receipt.issued": Label("Signed receipt issued"),
+    "evidence.exported": Label(
+        "Evidence pack exported",
+        by_reason={"admin": "Evidence pack downloaded", "command": "Evidence pack exported"},
+    ),
     "alert.sent": Label(
         "Alert sent",
         by_reason={"refund_owed": "Refund-owed alert sent", "escalation": "Escalation alert sent"},

@@ -55,6 +55,7 @@ ESCALATION_ASSIGNED = "escalation.assigned"
 CASE_SETTLEMENT_RECHECKED = "case.settlement_rechecked"
 CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
 CASE_RESULT_REDELIVERED = "case.result_redelivered"
+EVIDENCE_EXPORTED = "evidence.exported"
 
 # --- what is sold -------------------------------------------------------------------------
 OFFERING_CREATED = "offering.created"
@@ -132,6 +133,10 @@ SUBJECTS: dict[str, str] = {
     CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
     CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",
     CASE_RESULT_REDELIVERED: "Staff prepared a redelivery of the result (the capability link).",
+    EVIDENCE_EXPORTED: (
+        "The signed evidence pack was exported (admin or evidence_export; who, the file's "
+        "SHA-256 and key id)."
+    ),
     OFFERING_CREATED: (
         "An offering was created, in the admin or by a catalog file's apply (the fields; the "
         "file's name and SHA-256 when a file did it)."

@@ -336,6 +336,11 @@ TOLLBOOTH = {
     ),
     # Relayed outbox messages are kept this long (what was sent, when, after how many tries).
     "OUTBOX_RETENTION": timedelta(hours=env.int("TOLLBOOTH_OUTBOX_RETENTION_HOURS", default=72)),
+    # A dispute evidence pack says it is kept this long (its `keepUntil`): apart from the
+    # result's retention, since it holds the result's SHA-256, not its bytes (docs/evidence.md).
+    "EVIDENCE_RETENTION": timedelta(
+        days=env.int("TOLLBOOTH_EVIDENCE_RETENTION_DAYS", default=7 * 365 + 2)
+    ),
     # Escalations are due this long after they are opened.
     "ESCALATION_DEADLINE": timedelta(
         hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)

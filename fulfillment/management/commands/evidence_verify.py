@@ -1,0 +1,55 @@
+"""`manage.py evidence_verify FILE [--address 0x... | --keys KEYS.json]`: check a dispute
+evidence pack offline (no database, no network): its content against its sealed SHA-256,
+the seal's signature against the seller's published receipt keys.
+
+Addresses come from `--address` (repeatable) or `--keys`, a saved copy of
+/.well-known/tollbooth-receipts; without either, from this deployment's own receipt keys
+(current and retired: TOLLBOOTH_RECEIPT_KEY, TOLLBOOTH_RECEIPT_RETIRED_KEYS).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from fulfillment.evidence_seal import PackInvalid, pack_decode, pack_verify
+from fulfillment.receipt_signing import published_keys
+
+
+class Command(BaseCommand):
+    help = "Verify a dispute evidence pack offline against the seller's published keys."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", help="The pack (JSON), or - for stdin.")
+        parser.add_argument(
+            "--address", action="append", default=[], help="A published receipt key address."
+        )
+        parser.add_argument(
+            "--keys", help="A saved /.well-known/tollbooth-receipts document (its keys)."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        addresses = list(options["address"])
+        if options["keys"]:
+            published = json.loads(Path(options["keys"]).read_text())
+            addresses += [key["address"] for key in published.get("keys", [])]
+        if not addresses:
+            addresses = [key.address for key in published_keys()]
+        source = options["file"]
+        raw = sys.stdin.read() if source == "-" else Path(source).read_bytes()
+        try:
+            document = pack_decode(raw)
+            signer = pack_verify(document, addresses=addresses)
+        except PackInvalid as invalid:
+            raise CommandError(f"invalid evidence pack: {invalid.reason}") from invalid
+        seal = document["seal"]
+        issued = datetime.fromtimestamp(seal["issuedAt"], tz=UTC).isoformat()
+        self.stdout.write(f"     purchase: {seal['purchase']}")
+        self.stdout.write(f"    issued at: {issued}")
+        self.stdout.write(f"content sha256: {seal['contentSha256']}")
+        self.stdout.write(f"valid: signed by {signer} (key {document.get('keyId', '?')})")
