@@ -26,6 +26,8 @@ from core.admin import RoleScope
 
 SUPPORT = "support"
 FINANCE = "finance"
+# The purchase page's "Download evidence pack" (backoffice.admin.case_evidence).
+EXPORT_EVIDENCE = "export_evidence"
 
 
 def _scope(fields: str, actions: str = "") -> RoleScope:
@@ -59,7 +61,9 @@ _CASE_EVIDENCE = (
     "case_escalations case_balance"
 )
 # The six staff actions of the case file (purchases.case_file.Action); finance's is
-# approve_refund (approve or decline what support proposed).
+# approve_refund (approve or decline what support proposed). Both download a purchase's
+# signed evidence pack (export_evidence: the same document for both, written for outsiders,
+# docs/evidence.md).
 _CASE_ACTIONS = (
     "recheck_settlement reconcile_execution redeliver_result assign propose_refund resolve"
 )
@@ -101,7 +105,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchase": _scope(
             f"{_PURCHASE_IDS} {_PURCHASE_MONEY} {_PURCHASE_STATE} {_RESULT_DIGEST} receipt_id "
             f"{_PURCHASE_QUEUES} {_CASE_EVIDENCE}",
-            actions=_CASE_ACTIONS,
+            actions=f"{_CASE_ACTIONS} export_evidence",
         ),
         "purchases.purchaseevent": _scope(_TIMELINE),
         "purchases.escalation": _scope(
@@ -160,7 +164,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.purchase": _scope(
             f"{_PURCHASE_IDS} {_PURCHASE_MONEY} {_PURCHASE_STATE} receipt_id "
             "refund_owed buyer_ref payer_wallet case_quote case_remedy case_balance",
-            actions="approve_refund",
+            actions="approve_refund export_evidence",
         ),
         "purchases.purchaseevent": _scope(_TIMELINE),
         "payments.paymentattempt": _scope(_ATTEMPT_MONEY),

@@ -18,7 +18,7 @@ from django.apps import apps
 from django.http import HttpRequest
 from django.urls import reverse
 
-from backoffice.roles import EVIDENCE_SOURCES
+from backoffice.roles import EVIDENCE_SOURCES, EXPORT_EVIDENCE
 from backoffice.timeline import event_label, evidence_items, fold_repeats
 from core.admin import RoleScoping, amount_human, role_scoping
 from core.clock import utc_seconds
@@ -101,6 +101,9 @@ def case_context(
         if role_scoping(request, PurchaseEvent).has_scope
         else [],
         "case_balance": prepaid_balance(purchase) if scoping.sees("case_balance") else None,
+        "case_evidence_url": reverse("admin:purchases_purchase_evidence_pack", args=[purchase.pk])
+        if scoping.may_run(EXPORT_EVIDENCE)
+        else "",
     }
 
 

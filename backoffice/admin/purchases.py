@@ -23,6 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
 from backoffice.admin.case_actions import case_action_view
+from backoffice.admin.case_evidence import evidence_download_view
 from backoffice.admin.case_file import attempt_transfer_note, case_context
 from backoffice.admin.dashboard import dashboard_view
 from backoffice.admin.filters import (
@@ -243,6 +244,11 @@ class PurchaseAdmin(ReadOnlyModelAdmin):
                 "dashboard/",
                 self.admin_site.admin_view(partial(dashboard_view, self)),
                 name="purchases_purchase_dashboard",
+            ),
+            path(
+                "<path:object_id>/evidence-pack/",
+                self.admin_site.admin_view(partial(evidence_download_view, self)),
+                name="purchases_purchase_evidence_pack",
             ),
             path(
                 "<path:object_id>/case/<str:action_name>/",
