@@ -23,7 +23,7 @@ from eth_utils.exceptions import ValidationError
 
 from core import eip712
 from core.canonical import canonical_json, sha256_hex
-from fulfillment.receipt_signing import SigningKey, _private_key
+from fulfillment.receipt_signing import SigningKey, parsed_private_key
 
 FORMAT = "tollbooth-evidence-pack"
 PACK_VERSION = 1
@@ -69,7 +69,7 @@ def pack_seal(*, content: dict[str, Any], purchase: str, issued_at: int, key: Si
         "contentSha256": content_sha256(content),
     }
     signable = eip712.signable(_DOMAIN_FIELDS, DOMAIN, PRIMARY_TYPE, _SEAL_FIELDS, seal)
-    signed = Account.sign_message(signable, private_key=_private_key(key.private_key))
+    signed = Account.sign_message(signable, private_key=parsed_private_key(key))
     document = {
         "format": FORMAT,
         "keyId": key.key_id,

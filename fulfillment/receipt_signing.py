@@ -119,6 +119,12 @@ def _private_key(private_key: str) -> PrivateKey:
     return PrivateKey(HexBytes(private_key))  # its public key derived once (keyed by value)
 
 
+def parsed_private_key(key: SigningKey) -> PrivateKey:
+    """The key parsed once, for another document the receipt key signs
+    (fulfillment.evidence_seal)."""
+    return _private_key(key.private_key)
+
+
 def _generated_key(key_file: Path | None) -> str:
     if key_file is None:
         raise ImproperlyConfigured("TOLLBOOTH_RECEIPT_KEY is required: the receipts' signing key.")

@@ -41,7 +41,9 @@ def _exports(purchase: Purchase) -> list[tuple[str, str, str]]:
     ]
 
 
-@pytest.mark.parametrize(("who", "name"), [("support", "sam-support"), ("finance", "fay-finance")])
+@pytest.mark.parametrize(
+    ("who", "name"), [("support", "sam-support"), ("finance", "fay-finance"), ("superuser", "root")]
+)
 def test_support_and_finance_download_the_pack_and_it_is_on_the_timeline(
     request, world: World, who: str, name: str
 ):

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fulfillment.evidence_seal import PackInvalid, pack_decode, pack_verify
@@ -39,7 +40,12 @@ class Command(BaseCommand):
             published = json.loads(Path(options["keys"]).read_text())
             addresses += [key["address"] for key in published.get("keys", [])]
         if not addresses:
-            addresses = [key.address for key in published_keys()]
+            try:
+                addresses = [key.address for key in published_keys()]
+            except ImproperlyConfigured as exc:
+                raise CommandError(
+                    "give the seller's keys: --address 0x... or --keys FILE"
+                ) from exc
         source = options["file"]
         raw = sys.stdin.read() if source == "-" else Path(source).read_bytes()
         try:
