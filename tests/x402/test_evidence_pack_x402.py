@@ -1,7 +1,7 @@
 """The dispute evidence pack of x402 purchases on a real anvil chain (issue 33, part 3): the
 settlement's transaction, block, time and finality as the chain shows them, the
 authorization's terms without its signature, the signed receipt; a refund paid back on
-chain with its payback transaction and block."""
+chain with its payback transaction and block; a facilitator's payment id, never its key."""
 
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ from purchases.services.remedy.paybacks import purchase_refund_payback_close
 from purchases.services.remedy.remedies import purchase_refund_create
 from tests.reconciliation.test_refund_paybacks import fund_seller, send_transfer
 from tests.x402.e2e import NETWORK, PRICE, X402World, ask, sign_payment
+from tests.x402.test_facilitator_auth import KEY_ID
+from tests.x402.test_x402_facilitator_auth import authenticate
 
 pytestmark = [pytest.mark.django_db]
 PAY_ID = "x402-evidence-id-000001"
@@ -151,3 +153,23 @@ def test_a_refunded_x402_purchase_pack_holds_the_payback_on_chain(
         if row["subject"] == event_subjects.REFUND and row["to"] == "paid"
     ]
     assert [row["evidence"]["tx_hash"] for row in paid_back] == [payback]
+
+
+def test_a_facilitated_purchase_pack_names_the_facilitators_payment_not_its_credentials(
+    make_facilitated_world, settings, tmp_path
+):
+    world, double = make_facilitated_world(mode="payment_id_202")
+    secret = authenticate(world, double, settings)
+    client = APIClient()
+    payment = sign_payment(str(ask(client, world)["PAYMENT-REQUIRED"]), world.payers[0], PAY_ID)
+    assert ask(client, world, payment=payment).status_code == 202  # pending, no hash yet
+    ask(client, world, payment=payment)  # found on chain by (payer, nonce)
+    attempt = PaymentAttempt.objects.get()
+    assert attempt.state == "succeeded"
+
+    text, pack = _export(attempt.purchase, tmp_path)
+
+    [paid] = pack["content"]["payment"]["attempts"]
+    assert paid["facilitatorPaymentId"] == double.payment_ids[0]
+    assert paid["txHash"] == double.broadcasts[0].lower()
+    assert secret not in text and KEY_ID not in text
