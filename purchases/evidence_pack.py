@@ -94,7 +94,10 @@ def _sold(purchase: Purchase) -> dict[str, Any]:
         "offering": {
             "slug": offering.slug,
             "title": offering.title,
+            # The quote's terms (below) are as sold; the policies here are the offering's
+            # now: a currentTermsVersion above termsVersion says they may have changed since.
             "termsVersion": quote.offering_version,
+            "currentTermsVersion": offering.version,
             "deliveryCondition": offering.delivery_condition,
             "refundPolicy": offering.refund_policy,
             "irreversible": offering.irreversible,

@@ -29,7 +29,7 @@ from fulfillment.models import ExecutionAttempt, Result
 from fulfillment.receipt_signing import receipt_verify
 from purchases import event_subjects
 from purchases.events import event_note
-from purchases.models import Escalation, Purchase
+from purchases.models import Escalation, Offering, Purchase
 from purchases.services.remedy.remedies import (
     escalation_open,
     escalation_resolve,
@@ -75,6 +75,7 @@ def test_a_prepaid_purchase_pack_holds_the_sale_payment_work_and_receipt(
     assert content["purchase"]["rail"] == "prepaid"
     assert content["sold"]["offering"]["slug"] == offering.slug
     assert content["sold"]["offering"]["termsVersion"] == offering.version
+    assert content["sold"]["offering"]["currentTermsVersion"] == offering.version
     assert content["sold"]["quote"]["inputSha256"] == purchase.quote.input_hash
     assert content["sold"]["quote"]["price"] == str(offering.price)
     assert purchase.buyer is not None
@@ -299,3 +300,20 @@ def test_an_unknown_purchase_is_refused_and_nothing_is_recorded(tmp_path):
     with pytest.raises(CommandError, match="purchase_not_found: pur_nope"):
         call_command("evidence_export", "pur_nope", "--out", str(tmp_path / "x.json"))
     assert not (tmp_path / "x.json").exists()
+
+
+def test_terms_changed_after_the_sale_show_as_a_newer_current_version(
+    client_for_buyer, offering, tmp_path
+):
+    purchase = _bought(client_for_buyer, offering)
+    sold_at = offering.version
+    Offering.objects.filter(pk=offering.pk).update(version=sold_at + 1, price=offering.price * 2)
+
+    _, pack = _export(purchase, tmp_path)
+
+    sold = pack["content"]["sold"]
+    assert (sold["offering"]["termsVersion"], sold["offering"]["currentTermsVersion"]) == (
+        sold_at,
+        sold_at + 1,
+    )
+    assert sold["quote"]["price"] == str(offering.price)  # as sold, not as offered now
