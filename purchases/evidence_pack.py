@@ -62,7 +62,9 @@ _DROPPED_KEYS = frozenset(
     }
 )
 _SECRET_MARKS = ("secret", "token", "password", "private", "api_key", "apikey", "key_hash")
-_HASHED_KEYS = frozenset({"signature"})
+# Kept as their SHA-256: the authorization's signature, and client-supplied ids (never in
+# clear outside, as on receipts).
+_HASHED_KEYS = frozenset({"signature", "payment_id", "idempotency_key"})
 
 
 def _at(value: datetime | None) -> str | None:

@@ -36,7 +36,7 @@ from purchases.services.remedy.remedies import (
     purchase_refund_create,
 )
 from tests.conftest import CSV_INPUT
-from tests.purchases.test_signed_receipts import _bought
+from tests.purchases.test_signed_receipts import KEY, _bought
 
 pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 ROOT = Path(__file__).resolve().parents[2]
@@ -239,6 +239,7 @@ def test_nothing_secret_is_in_the_pack(client_for_buyer, offering, tmp_path):
             "headers": {"Authorization": f"Bearer {api_key}"},
             "worker": "worker-host-7",
             "upstream_secret": "s3cr3t-upstream",
+            "payment_id": "pay-client-chosen-id-0001",
         },
     )
     result = Result.objects.get(purchase=purchase)
@@ -248,6 +249,7 @@ def test_nothing_secret_is_in_the_pack(client_for_buyer, offering, tmp_path):
     text = path.read_text()
     assert "valid" in _verify(path)
     for secret in (
+        KEY,  # the buyer's payment id: client-supplied, never in clear (as on receipts)
         api_key,
         api_key[:16],
         CSV_INPUT["csv"],
@@ -257,6 +259,7 @@ def test_nothing_secret_is_in_the_pack(client_for_buyer, offering, tmp_path):
         "the paid output itself",
         "worker-host-7",
         "s3cr3t-upstream",
+        "pay-client-chosen-id-0001",
         execution.lease_token,
         bytes(result.body).decode(errors="ignore")[:40],
     ):

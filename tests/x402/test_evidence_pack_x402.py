@@ -95,6 +95,7 @@ def test_a_paid_and_delivered_x402_purchase_pack_holds_the_chain_evidence(
         paid["authorization"]["signatureSha256"] == hashlib.sha256(signature.encode()).hexdigest()
     )
     assert signature.removeprefix("0x") not in text
+    assert PAY_ID not in text  # the buyer's payment id is never in clear, as on receipts
     assert content["paidBy"]["payer"].lower() == world.payers[0].address.lower()
     assert content["sold"]["quote"]["payTo"].lower() == world.offering.pay_to.lower()
     receipt = content["receipt"]["signed"]
