@@ -35,7 +35,7 @@ from fulfillment.receipt_signing import receipt_decode, signing_key
 from payments.models import PaymentAttempt, Refund
 from purchases import event_subjects
 from purchases.events import event_record
-from purchases.models import Purchase
+from purchases.models import Escalation, Purchase
 from purchases.selectors import CaseRecords, purchase_case_records
 
 # Evidence keys never copied from the timeline into a pack (exact names, any depth), and
@@ -256,6 +256,20 @@ def _refund(refund: Refund) -> dict[str, Any]:
     }
 
 
+def _escalation(escalation: Escalation) -> dict[str, Any]:
+    # Its note and who assigned or resolved it stay with the seller; the resolution is said.
+    return {
+        "owner": escalation.owner,
+        "reasonCode": escalation.reason_code,
+        "state": escalation.state,
+        "createdAt": _at(escalation.created_at),
+        "deadlineAt": _at(escalation.deadline_at),
+        "resolvedAt": _at(escalation.resolved_at),
+        "resolutionCode": escalation.resolution_code,
+        "resolution": escalation.resolution,
+    }
+
+
 def _timeline(purchase: Purchase) -> list[dict[str, Any]]:
     return [
         {
@@ -295,19 +309,7 @@ def evidence_content(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
         "work": _work(records),
         "receipt": _receipt(records.receipt),
         "refunds": [_refund(r) for r in records.refunds],
-        "escalations": [
-            {
-                "owner": e.owner,
-                "reasonCode": e.reason_code,
-                "state": e.state,
-                "createdAt": _at(e.created_at),
-                "deadlineAt": _at(e.deadline_at),
-                "resolvedAt": _at(e.resolved_at),
-                "resolutionCode": e.resolution_code,
-                "resolution": e.resolution,
-            }
-            for e in records.escalations
-        ],
+        "escalations": [_escalation(e) for e in records.escalations],
         "timeline": _timeline(purchase),
         "issuer": {
             "seller": settings.TOLLBOOTH_PUBLIC_URL,
