@@ -28,6 +28,18 @@ _TRANSITION_FIELDS = ("reason_code", "paid_at")
 _batch: ContextVar[list[PurchaseEvent] | None] = ContextVar("purchase_events_batch", default=None)
 
 
+# Called with every event recorded, inside its transaction (webhooks.events publishes some):
+# an app above purchases registers here, so purchases never imports it.
+_listeners: list[Callable[[PurchaseEvent], None]] = []
+
+
+def event_listener_add(listener: Callable[[PurchaseEvent], None]) -> None:
+    """Call `listener(event)` for every event recorded from now on, in the transaction of
+    the change it records (once per listener, however often it is added)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
 # A batch this large (a bulk recorder's) is written with COPY; a request's few events with
 # an INSERT, which query counts see.
 COPY_FROM = 200
@@ -98,6 +110,8 @@ def event_record(
         event.save()
     else:
         batch.append(event)
+    for listener in _listeners:
+        listener(event)
     return event
 
 

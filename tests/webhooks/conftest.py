@@ -1,0 +1,3 @@
+from tests.webhooks.receiver import receiver
+
+__all__ = ["receiver"]
