@@ -19,10 +19,16 @@ from django.utils import timezone
 
 from core.actors import Actor
 from doors.rest.prepaid_answers import PrepaidAnswers
+from payments.services import payment_attempt_settled
+from purchases.events import event_record
 from purchases.models import OutboxMessage, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
-from purchases.services.remedy.remedies import escalation_open
+from purchases.services.remedy.remedies import (
+    escalation_open,
+    escalation_resolve,
+    purchase_refund_create,
+)
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory
 from tests.webhooks.receiver import Receiver, dead_url
@@ -131,22 +137,56 @@ def test_nothing_is_written_while_no_endpoint_subscribes_to_the_type(buyer, rece
 def test_a_purchases_events_carry_its_sequence(buyer, receiver: Receiver):
     endpoint(receiver.url)
     purchase = pay(buyer)
+    now = timezone.now()
     with transaction.atomic():
         locked = Purchase.objects.select_for_update().get(pk=purchase.pk)
         escalation = escalation_open(
             purchase=locked,
             owner="support",
             reason_code="execution_outcome_unknown",
-            now=timezone.now(),
+            now=now,
             actor=Actor.system(),
         )
-    assert escalation.pk
+    escalation_resolve(escalation=escalation, by="sam", resolution="refunded", now=now)
+    with transaction.atomic():
+        locked = Purchase.objects.select_for_update().get(pk=purchase.pk)
+        attempt = payment_attempt_settled(purchase_id=purchase.pk)
+        assert attempt is not None
+        purchase_refund_create(
+            purchase=locked,
+            attempt=attempt,
+            reason_code="execution_failed",
+            now=now,
+            actor=Actor.staff("sam"),
+        )
     rows = list(
         WebhookEvent.objects.filter(purchase=purchase)
         .order_by("sequence")
-        .values_list("type", "sequence")
+        .values_list("type", "sequence", "reason_code")
     )
-    assert rows == [("purchase.paid", 1), ("purchase.escalated", 2)]
+    assert rows == [
+        ("purchase.paid", 1, ""),
+        ("purchase.escalated", 2, "execution_outcome_unknown"),
+        ("purchase.resolved", 3, "execution_outcome_unknown"),
+        # Prepaid: owed, then credited back to the balance at once.
+        ("refund.owed", 4, "execution_failed"),
+        ("refund.paid", 5, ""),
+    ]
+    assert OutboxMessage.objects.filter(job="webhook_event_publish").count() == 5
+
+
+def test_a_timeline_event_that_is_no_webhook_event_writes_nothing(buyer, receiver: Receiver):
+    endpoint(receiver.url)
+    purchase = pay(buyer)
+    with transaction.atomic():
+        event_record(
+            subject="purchase.fulfillment",
+            purchase=purchase,
+            actor=Actor.system(),
+            from_state="queued",
+            to_state="running",
+        )
+    assert list(WebhookEvent.objects.values_list("type", flat=True)) == ["purchase.paid"]
 
 
 # -- delivery, signature ----------------------------------------------------------------
