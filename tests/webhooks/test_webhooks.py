@@ -16,6 +16,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from core.actors import Actor
 from doors.rest.prepaid_answers import PrepaidAnswers
@@ -32,6 +33,7 @@ from purchases.services.remedy.remedies import (
 from tests.conftest import CSV_INPUT
 from tests.factories import OfferingFactory
 from tests.webhooks.receiver import Receiver, dead_url
+from tests.x402.e2e import ask, sign_payment
 from webhooks import events as webhook_events
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from webhooks.services import (
@@ -358,3 +360,19 @@ def test_https_is_required_unless_the_settings_allow_http(settings):
 def test_production_settings_require_https():
     source = (Path(__file__).resolve().parents[2] / "config/settings/production.py").read_text()
     assert '"REQUIRE_HTTPS": True' in source
+
+
+@pytest.mark.postgres
+def test_an_x402_purchase_settled_on_chain_writes_its_paid_event(x402_world, receiver: Receiver):
+    endpoint(receiver.url)
+    client = APIClient()
+    payment = sign_payment(ask(client, x402_world)["PAYMENT-REQUIRED"], x402_world.payers[0], None)
+    with transaction.atomic():  # the request's commit hooks run inside the test's transaction
+        paid = ask(client, x402_world, payment=payment)
+    assert paid.status_code in (200, 202), paid.content
+    purchase = Purchase.objects.get()
+    assert purchase.payment_state == "paid"
+    assert list(WebhookEvent.objects.values_list("purchase", "type", "sequence")) == [
+        (purchase.pk, "purchase.paid", 1)
+    ]
+    assert receiver.received == []
