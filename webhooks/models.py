@@ -63,6 +63,10 @@ class WebhookEndpoint(models.Model):
     enabled = models.BooleanField(default=True)
     disabled_reason = models.CharField(max_length=64, blank=True)
     disabled_at = models.DateTimeField(null=True, blank=True)
+    # Since the first failed try after its last 2xx (None while it answers); a person is told
+    # once it has failed for FAILING_ALERT_AFTER (webhooks.services.webhook_failing_alert).
+    failing_since = models.DateTimeField(null=True, blank=True)
+    failing_alerted_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

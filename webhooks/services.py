@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from core.clock import now_or
 from purchases.models import Purchase
+from purchases.notify import Alert, AlertNotDelivered, alert_send_report
 from purchases.selectors import purchase_status
 from purchases.services.shared.outbox import outbox_stage
 from webhooks.events import PUBLISH_JOB, subscriptions_forget, webhook_event_record
@@ -46,6 +47,8 @@ RESPONSE_EXCERPT = 1_000
 # A claimed delivery is invisible to other sweeps this long past its timeout.
 CLAIM_MARGIN = timedelta(seconds=30)
 DUE_BATCH = 100
+# An endpoint failing this long (no 2xx since its first failed try) is told to a person.
+FAILING_ALERT_AFTER = timedelta(hours=1)
 
 
 class Outcome:
@@ -284,7 +287,13 @@ def _decide(delivery: WebhookDelivery, now: datetime, status: int | None, rng: A
         return Outcome.SKIPPED  # settled meanwhile (a replay raced us): the attempt is noted
     if status is not None and 200 <= status < 300:
         delivery.deliver(at=now, status=status)
+        WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, failing_since__isnull=False).update(
+            failing_since=None, failing_alerted_at=None
+        )
         return Outcome.DELIVERED
+    WebhookEndpoint.objects.filter(pk=delivery.endpoint_id, failing_since__isnull=True).update(
+        failing_since=now
+    )
     if status == 410:
         delivery.fail(reason="endpoint_gone")
         _disable(delivery.endpoint, reason="endpoint_gone", now=now)
@@ -336,6 +345,58 @@ def webhook_delivery_replay(*, delivery_id: int, now: datetime | None = None) ->
     return delivery
 
 
+# -- telling a person --------------------------------------------------------------------
+
+
+def webhook_failing_alert(*, now: datetime | None = None) -> int:
+    """Tell a person, once per failing spell, of each enabled endpoint that has answered no
+    2xx for FAILING_ALERT_AFTER. Claimed by a conditional UPDATE (two sweeps never both
+    send), given back when no backend delivered (the next sweep retries). Returns how many
+    were told."""
+    now = now_or(now)
+    told = 0
+    due = WebhookEndpoint.objects.filter(
+        enabled=True, failing_since__lte=now - FAILING_ALERT_AFTER, failing_alerted_at__isnull=True
+    ).values_list("pk", flat=True)
+    for endpoint_id in list(due):
+        claimed = WebhookEndpoint.objects.filter(
+            pk=endpoint_id, failing_alerted_at__isnull=True
+        ).update(failing_alerted_at=now)
+        if not claimed:
+            continue
+        endpoint = WebhookEndpoint.objects.get(pk=endpoint_id)
+        try:
+            alert_send_report(_failing_alert(endpoint, now))
+        except AlertNotDelivered:
+            logger.exception("webhook endpoint %s failing: alert not delivered", endpoint_id)
+            WebhookEndpoint.objects.filter(pk=endpoint_id).update(failing_alerted_at=None)
+            continue
+        told += 1
+    return told
+
+
+def _failing_alert(endpoint: WebhookEndpoint, now: datetime) -> Alert:
+    pending = endpoint.deliveries.filter(state=WebhookDelivery.State.PENDING)
+    last = WebhookAttempt.objects.filter(delivery__endpoint=endpoint).first()
+    since = endpoint.failing_since or now
+    return Alert(
+        kind="webhook_endpoint_failing",
+        title=f"Webhook endpoint failing for {int((now - since).total_seconds() // 60)} min",
+        message=(
+            f"{endpoint.url} has answered no 2xx since {since:%Y-%m-%d %H:%M} UTC; "
+            f"{pending.count()} deliveries wait and are retried for 3 days. "
+            "See the admin (Webhook endpoints)."
+        ),
+        details={
+            "endpoint": endpoint.pk,
+            "url": endpoint.url,
+            "last_status": last.status_code if last else None,
+            "last_error": last.error if last else "",
+        },
+        idempotency_key=f"tollbooth-webhook-failing-{endpoint.pk}-{int(since.timestamp())}",
+    )
+
+
 # -- endpoints ----------------------------------------------------------------------------
 
 
@@ -380,5 +441,6 @@ __all__ = [
     "webhook_endpoint_set_enabled",
     "webhook_event_publish",
     "webhook_event_record",
+    "webhook_failing_alert",
     "webhook_test_send",
 ]

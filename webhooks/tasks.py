@@ -8,6 +8,7 @@ from webhooks.services import (
     webhook_deliveries_send_due,
     webhook_delivery_attempt,
     webhook_event_publish,
+    webhook_failing_alert,
 )
 
 
@@ -25,3 +26,8 @@ def webhook_delivery_attempt_task(*, delivery_id: int) -> str:
 @shared_task(acks_late=True, soft_time_limit=300, time_limit=330)
 def webhook_deliveries_due_task() -> int:
     return webhook_deliveries_send_due()
+
+
+@shared_task(acks_late=True, soft_time_limit=120, time_limit=150)
+def webhook_failing_alert_task() -> int:
+    return webhook_failing_alert()

@@ -561,6 +561,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "webhooks.tasks.webhook_deliveries_due_task",
         "schedule": env.float("TOLLBOOTH_WEBHOOKS_SWEEP_EVERY_SECONDS", default=10.0),
     },
+    # A webhook endpoint that has answered no 2xx for an hour: tell a person once.
+    "alert-failing-webhooks": {
+        "task": "webhooks.tasks.webhook_failing_alert_task",
+        "schedule": 60.0,
+    },
     # Jobs staged in the outbox whose immediate relay never ran (process died after the
     # commit) or failed (broker down): send them. Runs often; an idle run is one query.
     "relay-outbox": {
