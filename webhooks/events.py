@@ -3,7 +3,7 @@
 purchases.events calls `webhook_event_listen` for every event it records. Most are not
 webhook events (a dict look-up says so). One that is, while an enabled endpoint subscribes
 to its type, costs two INSERTs in the caller's transaction: the WebhookEvent (its per-purchase
-sequence taken under the purchase's row lock the caller holds) and its outbox message. The
+sequence, unique, taken in a savepoint) and its outbox message. The
 message is not sent after the commit (no broker call on the purchase's path): the relay loop
 sends it within seconds. Which types are subscribed is read at most every
 SUBSCRIPTIONS_TTL seconds per process (at once in the process that saved an endpoint), so a
@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from django.db import IntegrityError, transaction
 from django.db.models import Max, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -28,6 +29,8 @@ PUBLISH_JOB = "webhook_event_publish"
 # Another process's endpoint change reaches this one's purchases within this long.
 SUBSCRIPTIONS_TTL = 10.0
 _ALL = "*"
+# Each lost race is one event of the same purchase committed meanwhile: a few at most.
+SEQUENCE_TRIES = 5
 
 # (timeline subject, state moved to) -> webhook event type.
 EVENT_TYPE_OF: dict[tuple[str, str], str] = {
@@ -103,22 +106,31 @@ def webhook_event_listen(event: PurchaseEvent) -> None:
 def webhook_event_record(
     *, purchase_id: int, event_type: str, reason_code: str, now: datetime
 ) -> WebhookEvent:
-    """Write the event and stage its publication, in the caller's transaction (which holds
-    the purchase's row lock: the sequence is the purchase's last plus one)."""
+    """Write the event and stage its publication, in the caller's transaction: its sequence
+    is the purchase's last plus one. A racing event of the same purchase (recorded without
+    the purchase's lock) makes our INSERT wait for its commit and fail on the unique
+    sequence: taken again, in a savepoint, so the caller's transaction goes on."""
     last = (
         WebhookEvent.objects.filter(purchase_id=purchase_id)
         .values("purchase_id")
         .annotate(last=Max("sequence"))
         .values("last")
     )
-    event = WebhookEvent(
-        purchase_id=purchase_id,
-        type=event_type,
-        reason_code=reason_code or "",
-        occurred_at=now,
-        sequence=Coalesce(Subquery(last), 0) + 1,
-    )
-    event.save()
+    for tries_left in range(SEQUENCE_TRIES - 1, -1, -1):
+        event = WebhookEvent(
+            purchase_id=purchase_id,
+            type=event_type,
+            reason_code=reason_code or "",
+            occurred_at=now,
+            sequence=Coalesce(Subquery(last), 0) + 1,
+        )
+        try:
+            with transaction.atomic():
+                event.save()
+            break
+        except IntegrityError:
+            if not tries_left:
+                raise
     outbox_stage_many(
         job=PUBLISH_JOB,
         messages=[({"event_id": event.pk}, f"webhook:{event.public_id}")],

@@ -126,7 +126,15 @@ class WebhookEvent(models.Model):
     )
 
     class Meta:
-        indexes = [models.Index(fields=["purchase", "sequence"], name="webhook_event_sequence")]
+        constraints = [
+            # Most changes are recorded under the purchase's row lock, not all (an escalation
+            # is resolved under its own): two racing events cannot take one number.
+            models.UniqueConstraint(
+                fields=["purchase", "sequence"],
+                condition=Q(purchase__isnull=False),
+                name="one_webhook_sequence_per_purchase",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.public_id} {self.type}"
