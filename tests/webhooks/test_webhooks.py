@@ -21,7 +21,7 @@ from rest_framework.test import APIClient
 from core.actors import Actor
 from doors.rest.prepaid_answers import PrepaidAnswers
 from payments.services import payment_attempt_settled
-from purchases.events import event_record
+from purchases.events import event_record, events_batched, events_of_one_row
 from purchases.models import OutboxMessage, Purchase
 from purchases.services.checkout.prepaid_checkout import purchase_pay_prepaid
 from purchases.services.quote.quotes import quote_create
@@ -191,6 +191,34 @@ def test_a_timeline_event_that_is_no_webhook_event_writes_nothing(buyer, receive
     assert list(WebhookEvent.objects.values_list("type", flat=True)) == ["purchase.paid"]
 
 
+def test_an_event_dropped_with_its_row_from_a_batch_is_never_published(buyer, receiver: Receiver):
+    endpoint(receiver.url)
+    purchase = pay(buyer)
+    # A bulk recorder (the settlement batch) leaves a row that raised to the one-row path,
+    # which records its events again: the dropped ones must not have become webhooks.
+    with transaction.atomic(), events_batched():
+        with pytest.raises(RuntimeError), events_of_one_row():
+            event_record(
+                subject="purchase.fulfillment",
+                purchase=purchase,
+                actor=Actor.system(),
+                from_state="running",
+                to_state="failed",
+            )
+            raise RuntimeError("this row is left to the one-row path")
+        event_record(
+            subject="purchase.fulfillment",
+            purchase=purchase,
+            actor=Actor.system(),
+            from_state="running",
+            to_state="succeeded",
+        )
+    assert list(WebhookEvent.objects.order_by("sequence").values_list("type", "sequence")) == [
+        ("purchase.paid", 1),
+        ("purchase.succeeded", 2),
+    ]
+
+
 # -- delivery, signature ----------------------------------------------------------------
 
 
@@ -355,6 +383,18 @@ def test_https_is_required_unless_the_settings_allow_http(settings):
     assert endpoint("https://example.test/hooks").pk
     with pytest.raises(ValidationError):
         endpoint("https://example.test/hooks", secret_env="not a name", event_types=["nope"])
+
+
+def test_an_http_endpoint_is_never_sent_to_where_https_is_required(
+    buyer, receiver: Receiver, settings
+):
+    endpoint(receiver.url)  # written while http was allowed
+    event = WebhookEvent.objects.get(purchase=pay(buyer))
+    settings.WEBHOOKS = {**settings.WEBHOOKS, "REQUIRE_HTTPS": True}
+    webhook_event_publish(event_id=event.pk)
+    assert receiver.received == []
+    assert WebhookAttempt.objects.get().error == "https_required"
+    assert WebhookDelivery.objects.get().state == "pending"
 
 
 def test_production_settings_require_https():
