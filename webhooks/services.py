@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 from django.conf import settings
@@ -223,6 +224,10 @@ def _post(claimed: _Claimed) -> tuple[int | None, str, str]:
     """(status, excerpt of the answer, error): never raises."""
     if claimed.keys is None:
         return None, "", "secret_missing"
+    # Checked again at send time: a row written around the form (a shell, a fixture) or
+    # before production's settings applied never goes out in clear.
+    if settings.WEBHOOKS["REQUIRE_HTTPS"] and urlsplit(claimed.url).scheme != "https":
+        return None, "", "https_required"
     try:
         with requests.post(
             claimed.url,
