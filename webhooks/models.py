@@ -135,6 +135,14 @@ class WebhookEvent(models.Model):
                 name="one_webhook_sequence_per_purchase",
             ),
         ]
+        indexes = [
+            # The sweep's look-up of events whose publication was lost.
+            models.Index(
+                fields=["occurred_at"],
+                condition=Q(published_at__isnull=True),
+                name="webhook_event_unpublished",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.public_id} {self.type}"

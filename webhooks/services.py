@@ -48,6 +48,9 @@ RESPONSE_EXCERPT = 1_000
 # A claimed delivery is invisible to other sweeps this long past its timeout.
 CLAIM_MARGIN = timedelta(seconds=30)
 DUE_BATCH = 100
+# An event not published this long after it was written lost its job (the broker lost it,
+# or its worker died mid-run): the due sweep publishes it. Far above the relay's seconds.
+PUBLISH_GRACE = timedelta(minutes=5)
 # An endpoint failing this long (no 2xx since its first failed try) is told to a person.
 FAILING_ALERT_AFTER = timedelta(hours=1)
 
@@ -98,6 +101,14 @@ def webhook_event_publish(*, event_id: int, now: datetime | None = None) -> list
     enabled endpoint subscribing to its type; then try each at once. Retry-safe: a second
     run adds only the deliveries missing. Returns the delivery ids."""
     now = now_or(now)
+    delivery_ids = _publish_only(event_id, now)
+    for delivery_id in delivery_ids:
+        webhook_delivery_attempt(delivery_id=delivery_id, now=now)
+    return delivery_ids
+
+
+def _publish_only(event_id: int, now: datetime) -> list[int]:
+    """Freeze the body and write the missing deliveries (due now); their pending ids."""
     with transaction.atomic():
         event = WebhookEvent.objects.select_for_update().get(pk=event_id)
         if event.body is None:
@@ -122,8 +133,6 @@ def webhook_event_publish(*, event_id: int, now: datetime | None = None) -> list
             .order_by("pk")
             .values_list("pk", flat=True)
         )
-    for delivery_id in delivery_ids:
-        webhook_delivery_attempt(delivery_id=delivery_id, now=now)
     return delivery_ids
 
 
@@ -312,9 +321,11 @@ def _decide(delivery: WebhookDelivery, now: datetime, status: int | None, rng: A
 
 
 def webhook_deliveries_send_due(*, now: datetime | None = None, limit: int = DUE_BATCH) -> int:
-    """The beat sweep: try every pending delivery that is due, to an enabled endpoint.
-    Returns how many it tried."""
+    """The beat sweep: publish the events whose publication was lost (past PUBLISH_GRACE),
+    then try every pending delivery that is due, to an enabled endpoint. Returns how many
+    deliveries it tried."""
     now = now_or(now)
+    _publish_lost(now, limit)
     due = list(
         WebhookDelivery.objects.filter(
             state=WebhookDelivery.State.PENDING,
@@ -329,6 +340,18 @@ def webhook_deliveries_send_due(*, now: datetime | None = None, limit: int = DUE
         if webhook_delivery_attempt(delivery_id=delivery_id, now=now) != Outcome.SKIPPED:
             tried += 1
     return tried
+
+
+def _publish_lost(now: datetime, limit: int) -> None:
+    lost = WebhookEvent.objects.filter(
+        published_at__isnull=True, occurred_at__lte=now - PUBLISH_GRACE
+    ).order_by("occurred_at", "pk")
+    for event_id in list(lost.values_list("pk", flat=True)[:limit]):
+        try:
+            # Its body is the purchase as it stands now; its deliveries are tried below.
+            _publish_only(event_id, now)
+        except Exception:  # one event that cannot be published never stops the sweep
+            logger.exception("webhook event %s not published; the next sweep retries", event_id)
 
 
 def webhook_delivery_replay(*, delivery_id: int, now: datetime | None = None) -> WebhookDelivery:

@@ -291,6 +291,18 @@ def test_an_error_answer_is_kept_bounded_and_retried_until_a_2xx(buyer, receiver
     assert {r.headers["Tollbooth-Event-Id"] for r in receiver.received} == {event.public_id}
 
 
+def test_an_event_whose_publication_was_lost_is_published_by_the_sweep(buyer, receiver: Receiver):
+    endpoint(receiver.url)
+    event = WebhookEvent.objects.get(purchase=pay(buyer))
+    # Its outbox job was relayed and lost (a broker restart): nothing ran it.
+    assert webhook_deliveries_send_due(now=event.occurred_at + timedelta(minutes=4)) == 0
+    assert WebhookDelivery.objects.count() == 0
+    assert webhook_deliveries_send_due(now=event.occurred_at + timedelta(minutes=5)) == 1
+    delivery = WebhookDelivery.objects.get(event=event)
+    assert delivery.state == "delivered"
+    assert json.loads(receiver.received[0].body)["id"] == event.public_id
+
+
 def test_a_dead_endpoint_is_retried_with_backoff_and_jitter_for_three_days(buyer):
     endpoint(dead_url())
     start = timezone.now()
