@@ -47,6 +47,8 @@ EVENT_TYPE_OF: dict[tuple[str, str], str] = {
     (subjects.REFUND, "owed"): "refund.owed",
     (subjects.REFUND, "paid"): "refund.paid",
     (subjects.REFUND, "declined"): "refund.declined",
+    (subjects.PAYOUT_BROADCAST, "broadcast"): "payout.sent",
+    (subjects.PAYOUT, "failed"): "payout.failed",
 }
 # A reorg is a boundary event, not a move: any to_state.
 _TYPE_OF_SUBJECT = {subjects.PAYMENT_REORGED: "settlement.reorged"}

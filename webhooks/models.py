@@ -29,6 +29,8 @@ EVENT_TYPES: dict[str, str] = {
     "refund.owed": "A refund is owed to the buyer.",
     "refund.paid": "A refund was paid back (or credited to the prepaid balance).",
     "refund.declined": "A proposed refund was declined.",
+    "payout.sent": "A refund's payout transaction was broadcast from the refund wallet.",
+    "payout.failed": "A refund's payout failed, provably: no money moved.",
     "webhook.test": "Sent from the admin's 'Send a test event': no purchase.",
 }
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")

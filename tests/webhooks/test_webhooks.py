@@ -219,6 +219,31 @@ def test_an_event_dropped_with_its_row_from_a_batch_is_never_published(buyer, re
     ]
 
 
+@pytest.mark.parametrize(
+    ("subject", "to_state", "event_type"),
+    [
+        ("payment_attempt.reorged", "settlement_pending", "settlement.reorged"),
+        ("payout.broadcast", "broadcast", "payout.sent"),
+        ("payout", "failed", "payout.failed"),
+        ("refund", "proposed", "refund.proposed"),
+        ("refund", "declined", "refund.declined"),
+        ("purchase.payment", "failed", "purchase.failed"),
+        ("purchase.fulfillment", "unknown", "purchase.outcome_unknown"),
+    ],
+)
+def test_each_boundary_event_becomes_its_webhook_type(
+    buyer, receiver: Receiver, subject: str, to_state: str, event_type: str
+):
+    endpoint(receiver.url)
+    purchase = pay(buyer)
+    with transaction.atomic():
+        event_record(subject=subject, purchase=purchase, actor=Actor.system(), to_state=to_state)
+    assert list(WebhookEvent.objects.order_by("sequence").values_list("type", "sequence")) == [
+        ("purchase.paid", 1),
+        (event_type, 2),
+    ]
+
+
 # -- delivery, signature ----------------------------------------------------------------
 
 
