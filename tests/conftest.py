@@ -106,8 +106,10 @@ def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(outbox, "_immediate_paused_until", 0.0)
     # Each test starts as a running process does: the webhook subscriptions already read
     # (none), as they are once per 10 s, not on every request (webhooks.events); saving an
-    # endpoint makes this process read them again.
+    # endpoint makes this process read them again. Never on a timer here: a counted block
+    # late in a long test would count the re-read.
     webhook_events.subscriptions_set(frozenset())
+    monkeypatch.setattr(webhook_events, "SUBSCRIPTIONS_TTL", float("inf"))
     yield
     with leases._process.lock:
         leases._process.held.clear()

@@ -136,6 +136,21 @@ def test_nothing_is_written_while_no_endpoint_subscribes_to_the_type(buyer, rece
     assert not OutboxMessage.objects.filter(job="webhook_event_publish").exists()
 
 
+def test_an_endpoint_saved_by_another_process_is_read_after_the_ttl(
+    buyer, receiver: Receiver, monkeypatch
+):
+    webhook_events.subscriptions_set(frozenset())
+    # bulk_create sends no post_save: as if another process had saved it.
+    WebhookEndpoint.objects.bulk_create(
+        [WebhookEndpoint(url=receiver.url, secret_env="TOLLBOOTH_TEST_WEBHOOK_SECRET", key_id="k")]
+    )
+    pay(buyer, key="webhook-test-key-0004")
+    assert WebhookEvent.objects.count() == 0  # this process has not read it yet
+    monkeypatch.setattr(webhook_events, "SUBSCRIPTIONS_TTL", 0.0)
+    pay(buyer, key="webhook-test-key-0005")
+    assert list(WebhookEvent.objects.values_list("type", flat=True)) == ["purchase.paid"]
+
+
 def test_a_purchases_events_carry_its_sequence(buyer, receiver: Receiver):
     endpoint(receiver.url)
     purchase = pay(buyer)
