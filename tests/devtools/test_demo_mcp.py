@@ -210,3 +210,33 @@ def test_the_agent_without_a_demo_says_where_it_looked(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, done.stderr
         assert str(tmp_path / "nothing-here") in done.stderr
         assert "make demo" in done.stderr and "TOLLBOOTH_VAR_DIR" in done.stderr
+
+
+def test_the_demo_has_a_funded_refund_wallet_and_its_chain_reaches_finality_unattended(
+    running_demo,
+) -> None:
+    """Finance's "Pay out from the refund wallet" needs a wallet: the demo makes and funds
+    one and hands its key to the processes. On a chain that mines a block per transaction,
+    empty blocks keep coming, so a payback sent at block N is final at N + 3 without anyone
+    mining by hand."""
+    env, banner = running_demo
+    chain = json.loads((Path(env["TOLLBOOTH_VAR_DIR"]) / "demo-chain.json").read_text())
+    refunds = chain["refund_wallet"]["address"]
+    assert f"Refund wallet  {refunds} (1000 test USDC)" in banner
+    assert "refund_wallet_key" not in chain  # the key goes to the processes, not the file
+    rpc = chain["rpc_url"]
+
+    def call(method: str, params: list) -> str:
+        answer = requests.post(
+            rpc, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, timeout=5
+        )
+        return str(answer.json()["result"])
+
+    balance_of = "0x70a08231" + refunds[2:].lower().rjust(64, "0")
+    held = int(call("eth_call", [{"to": chain["token"], "data": balance_of}, "latest"]), 16)
+    assert held == 1_000 * 10**6
+    head = int(call("eth_blockNumber", []), 16)
+    deadline = time.monotonic() + 15
+    while int(call("eth_blockNumber", []), 16) < head + 3:
+        assert time.monotonic() < deadline, "no blocks without transactions"
+        time.sleep(0.5)
