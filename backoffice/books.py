@@ -38,7 +38,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Collate, Lower, TruncDate
 
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund, RelayerAccount
-from payments.selectors import relayer_key_address
+from payments.signers import relayer_address
 from purchases.selectors import seller_wallets
 
 
@@ -156,9 +156,10 @@ def relayer_addresses() -> dict[str, set[str]]:
     found: dict[str, set[str]] = defaultdict(set)
     for network, address in RelayerAccount.objects.values_list("network", "address"):
         found[network].add(address.lower())
-    for network, raw in settings.X402_NETWORKS.items():
-        if raw.get("relayer_private_key"):
-            found[network].add(relayer_key_address(raw["relayer_private_key"]))
+    for network in settings.X402_NETWORKS:
+        relayer = relayer_address(network=network)
+        if relayer:
+            found[network].add(relayer.lower())
     return found
 
 

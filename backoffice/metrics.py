@@ -1,7 +1,7 @@
 """Prometheus metrics read from the database at scrape time, and the view that serves them.
 
 Gauges come from the database, not from in-process counters, so every web process and
-worker answers a scrape with the same numbers. Each scrape runs seven aggregate queries,
+worker answers a scrape with the same numbers. Each scrape runs eight queries,
 whatever the number of rows. A database that cannot answer fails the scrape (500), which
 Prometheus reports as `up == 0`: better than a scrape of silent zeros.
 
@@ -28,11 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from payments.models import PaymentAttempt, Refund
-from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
+from payments.models import PaymentAttempt, Refund, RelayerGas
 
-# The conflicts and sign-in counters register themselves in the default registry when
-# imported.
+# The conflicts, sign-in and facilitator-refusal counters register themselves in the default
+# registry when imported.
+from payments.rails.x402 import facilitator  # noqa: F401
+from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
 from purchases.services.checkout import idempotency  # noqa: F401
 from purchases.services.x402 import sign_in  # noqa: F401
 from webhooks.models import WebhookDelivery
@@ -85,6 +86,18 @@ SPECS: dict[str, tuple[str, list[str]]] = {
         "Unix time the job last started, whatever the outcome.",
         ["job"],
     ),
+    "tollbooth_relayer_gas_balance_wei": (
+        "Our relayer's gas balance as beat last read it, in wei (exact below 2**53).",
+        ["network", "address"],
+    ),
+    "tollbooth_relayer_gas_minimum_wei": (
+        "The relayer's low-gas alert threshold (X402_<NET>_RELAYER_MIN_GAS or its default).",
+        ["network", "address"],
+    ),
+    "tollbooth_relayer_gas_read_timestamp_seconds": (
+        "Unix time of the relayer's last gas reading (a stale one refuses no payment).",
+        ["network", "address"],
+    ),
 }
 
 
@@ -119,6 +132,7 @@ class TollboothCollector(Collector):
         self._jobs(families, now)
         self._outbox(families, now)
         self._webhooks(families, now)
+        self._relayer_gas(families)
         yield from families.values()
 
     def _settlements(self, families: dict[str, GaugeMetricFamily], now: datetime) -> None:
@@ -227,6 +241,19 @@ class TollboothCollector(Collector):
             [], _age_seconds(now, oldest) if oldest is not None else 0.0
         )
         families["tollbooth_webhook_endpoints_failing"].add_metric([], counts["failing"])
+
+    def _relayer_gas(self, families: dict[str, GaugeMetricFamily]) -> None:
+        rows = RelayerGas.objects.order_by("network", "address").values_list(
+            "network", "address", "balance", "minimum", "read_at"
+        )
+        for network, address, balance, minimum, read_at in rows:
+            labels = [network, address]
+            # int() keeps wei exact (a Decimal from the database) until the exposition.
+            families["tollbooth_relayer_gas_balance_wei"].add_metric(labels, int(balance))
+            families["tollbooth_relayer_gas_minimum_wei"].add_metric(labels, int(minimum))
+            families["tollbooth_relayer_gas_read_timestamp_seconds"].add_metric(
+                labels, read_at.timestamp()
+            )
 
 
 tollbooth_collector = TollboothCollector()

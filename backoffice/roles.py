@@ -116,7 +116,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
             "created_at state"
         ),
         "purchases.idempotencyrecord": _scope(
-            "pk scope key principal buyer_prepaid_balance request_fingerprint purchase "
+            "pk scope key principal answer_told buyer_prepaid_balance request_fingerprint purchase "
             "purchase__ref state "
             "recovery_point response_status response_headers response_body created_at "
             "completed_at locked_until compacted_at"
@@ -132,8 +132,9 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.buyerwallet": _scope("address"),
         # The configuration only: the secret lives in the environment, named by secret_env.
         "fulfillment.upstream": _scope(
-            "kind url method timeout_seconds input_mode secret_env definitive_statuses "
-            "max_result_bytes idempotent entry_point tool dry_run"
+            "kind url method timeout_seconds input_mode secret_env key_id previous_secret_env "
+            "previous_key_id definitive_statuses max_result_bytes idempotent entry_point tool "
+            "dry_run"
         ),
         "purchases.apikey": _scope("prefix label created_at revoked_at"),
         "payments.paymentattempt": _scope(f"{_ATTEMPT_MONEY} {_ATTEMPT_EVIDENCE}"),

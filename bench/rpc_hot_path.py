@@ -34,6 +34,7 @@ from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 
 from bench.common import Figure, Scale
+from core.waits import waited_out
 from devtools.anvil import AnvilNode
 from devtools.test_token import sign_transfer_authorization
 from payments.rails.x402.types import Authorization, NetworkConfig, Requirements
@@ -123,11 +124,14 @@ def _settle_plain(network: NetworkConfig, authorization: Authorization) -> dict[
     outcome = _timed(
         steps,
         "broadcast",
-        lambda: settler.broadcast(
-            authorization=authorization,
-            requirements=requirements,
-            network=network,
-            prepared=prepared,
+        # Slept through on this thread, as a blocking caller does (core.waits).
+        lambda: waited_out(
+            settler.broadcast(
+                authorization=authorization,
+                requirements=requirements,
+                network=network,
+                prepared=prepared,
+            )
         ),
     )
     assert outcome.status == "confirmed", outcome

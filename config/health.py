@@ -7,13 +7,21 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
 
 - `/healthz`: the process is up and serving. No I/O at all, so a slow database never gets a
   healthy process restarted.
-- `/readyz`: the database, the broker, each configured x402 network's RPC and, for a
-  network settled through a facilitator, that facilitator (`GET /supported`) answer, each
+- `/readyz`: the database, the broker, each configured x402 network's RPC (both URLs when
+  X402_<NET>_RPC_URL_FALLBACK is set: `rpc:<network>` and `rpc_fallback:<network>`; one
+  of the two failing is degraded, both failing is unavailable), a direct-mode network's
+  relayer gas as beat last read it (low: degraded) and, for a network settled through a
+  facilitator, that facilitator (`GET /supported`, called with the network's facilitator
+  credentials, so a refused key shows here) answer, each
   within CHECK_TIMEOUT_SECONDS; all checks run at once, so the probe takes at most about
   that long. 200 when every check passes, 503 otherwise; except the broker, whose failure
   is reported (`"status": "degraded"`, still 200): the API serves without it (the outbox
   keeps the jobs, throttling counts in process memory), and every replica shares the one
-  broker, so taking them out of rotation would turn a Redis outage into a full one. Each
+  broker, so taking them out of rotation would turn a Redis outage into a full one. So is
+  a direct-mode relayer low on gas (`relayer_gas:<network>`, from beat's last reading, no
+  RPC: payments/rails/x402/gas.py): only new payments on that network are refused, and
+  every replica shares the one relayer. A reading never made, or too old, is `"gas":
+  "unknown"` and passes. Each
   check reports `ok` and its latency; a failure names only the error's type (a message
   could carry a host or an RPC key). A result is reused for
   TOLLBOOTH_READINESS_CACHE_SECONDS, so a flood of probes cannot turn into a flood of RPC
@@ -35,6 +43,12 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse
 
 from core.middleware import BothModesMiddleware
+from payments.rails.x402.facilitator import (
+    REFUSAL_STATUSES,
+    FacilitatorRefused,
+    facilitator_name,
+)
+from payments.rails.x402.networks import network_facilitator
 
 CHECK_TIMEOUT_SECONDS = 2.0
 LIVENESS_PATH = "/healthz"
@@ -43,6 +57,9 @@ READINESS_PATH = "/readyz"
 CheckResult = dict[str, Any]
 # Checks whose failure degrades the service but must not take a replica out of rotation.
 DEGRADING_CHECKS = frozenset({"broker"})
+# The same, by prefix: a relayer low on gas refuses new payments on its network only (503
+# per request, nothing recorded); every other answer, status URL and redelivery still works.
+DEGRADING_PREFIXES = ("relayer_gas:",)
 
 _cache_lock = threading.Lock()
 _cached: tuple[float, int, dict[str, Any]] | None = None
@@ -84,54 +101,105 @@ class WrongChain(Exception):
     pass
 
 
-def _facilitator_check(facilitator_url: str) -> Callable[[], None]:
-    """A facilitator that settles for us answers its discovery endpoint (`GET /supported`)."""
+class RelayerGasLow(Exception):
+    pass
+
+
+class RelayerGasEmpty(Exception):
+    pass
+
+
+def _relayer_gas_check(caip2: str) -> Callable[[], CheckResult | None]:
+    """The relayer's gas as beat last read it (no RPC): below its alert threshold fails
+    (`RelayerGasLow`), too little for one settlement too (`RelayerGasEmpty`); never read, or
+    read too long ago, passes as `"gas": "unknown"` (unknown refuses no payment either)."""
+
+    def check() -> CheckResult | None:
+        from django.utils import timezone
+
+        from payments.rails.x402.gas import relayer_gas_status
+
+        try:
+            status = relayer_gas_status(caip2, now=timezone.now())
+        finally:
+            connections["default"].close()  # its own thread: the connection goes with it
+        if status == "low":
+            raise RelayerGasLow
+        if status == "empty":
+            raise RelayerGasEmpty
+        return {"gas": status}
+
+    return check
+
+
+def _facilitator_check(caip2: str, raw: dict[str, Any]) -> Callable[[], None]:
+    """A facilitator that settles for us answers its discovery endpoint (`GET /supported`)
+    with our credentials (a fresh JWT for a CDP key): a revoked key fails here, naming
+    `FacilitatorRefused`, before a buyer's payment meets it."""
 
     def check() -> None:
+        url, auth = network_facilitator(caip2, raw)  # unusable credentials: not ready
+        supported = f"{url.rstrip('/')}/supported"
+        headers = auth.headers("GET", supported) if auth is not None else {}
         answer = requests.get(
-            f"{facilitator_url.rstrip('/')}/supported", timeout=CHECK_TIMEOUT_SECONDS
+            supported, headers=headers, timeout=CHECK_TIMEOUT_SECONDS, allow_redirects=False
         )
+        if answer.status_code in REFUSAL_STATUSES:
+            raise FacilitatorRefused(
+                network=caip2,
+                facilitator=facilitator_name(url),
+                endpoint="supported",
+                status=answer.status_code,
+            )
         answer.raise_for_status()
 
     return check
 
 
 def _configured_networks() -> dict[str, dict[str, Any]]:
-    """Networks we can settle on: a token and a way to settle (relayer key or facilitator)."""
+    """Networks we can settle on: a token and a way to settle (relayer key or facilitator:
+    the network's own, or the global one)."""
+    from payments.signers import relayer_address
+
     facilitator = bool(settings.X402_FACILITATOR_URL)
     return {
         caip2: raw
         for caip2, raw in settings.X402_NETWORKS.items()
         if raw.get("token_address")
         and (
-            raw.get("relayer_private_key")
+            relayer_address(network=caip2) is not None
             if raw.get("mode") == "direct"
             else raw.get("facilitator_url") or facilitator
         )
     }
 
 
-def readiness_checks() -> dict[str, Callable[[], None]]:
-    checks: dict[str, Callable[[], None]] = {
+def readiness_checks() -> dict[str, Callable[[], CheckResult | None]]:
+    checks: dict[str, Callable[[], CheckResult | None]] = {
         "database": _check_database,
         "broker": _check_broker,
     }
     for caip2, raw in _configured_networks().items():
         checks[f"rpc:{caip2}"] = _rpc_check(raw["rpc_url"], int(raw["chain_id"]))
-        if raw.get("mode") != "direct":
-            url = raw.get("facilitator_url") or settings.X402_FACILITATOR_URL
-            checks[f"facilitator:{caip2}"] = _facilitator_check(url)
+        if raw.get("rpc_url_fallback"):
+            checks[f"rpc_fallback:{caip2}"] = _rpc_check(
+                raw["rpc_url_fallback"], int(raw["chain_id"])
+            )
+        if raw.get("mode") == "direct":
+            checks[f"relayer_gas:{caip2}"] = _relayer_gas_check(caip2)
+        else:
+            checks[f"facilitator:{caip2}"] = _facilitator_check(caip2, raw)
     return checks
 
 
-def _run(checks: dict[str, Callable[[], None]]) -> dict[str, CheckResult]:
+def _run(checks: dict[str, Callable[[], CheckResult | None]]) -> dict[str, CheckResult]:
     results: dict[str, CheckResult] = {}
 
-    def run_one(name: str, check: Callable[[], None]) -> None:
+    def run_one(name: str, check: Callable[[], CheckResult | None]) -> None:
         started = time.monotonic()
         try:
-            check()
-            outcome: CheckResult = {"ok": True}
+            said = check()
+            outcome: CheckResult = {"ok": True, **(said if isinstance(said, dict) else {})}
         except Exception as exc:  # any failure is "not ready", never a 500
             outcome = {"ok": False, "error": type(exc).__name__}
         outcome["ms"] = round((time.monotonic() - started) * 1000, 1)
@@ -163,12 +231,24 @@ def readiness() -> tuple[int, dict[str, Any]]:
             return _cached[1], _cached[2]
         results = _run(readiness_checks())
         failed = {name for name, result in results.items() if not result["ok"]}
-        ready = failed <= DEGRADING_CHECKS
+        ready = all(_degrades_only(name, failed, results) for name in failed)
         label = "unavailable" if not ready else "degraded" if failed else "ready"
         body = {"status": label, "checks": results}
         status = 200 if ready else 503
         _cached = (time.monotonic(), status, body)
         return status, body
+
+
+def _degrades_only(check: str, failed: set[str], results: dict[str, CheckResult]) -> bool:
+    """Whether a failed check leaves the replica serving: the broker, a relayer low on gas,
+    or one of a network's two RPC URLs while the other answers (the client fails over)."""
+    if check in DEGRADING_CHECKS or check.startswith(DEGRADING_PREFIXES):
+        return True
+    for mine, other in (("rpc:", "rpc_fallback:"), ("rpc_fallback:", "rpc:")):
+        if check.startswith(mine):
+            twin = other + check.removeprefix(mine)
+            return twin in results and twin not in failed
+    return False
 
 
 def _answer(status: int, body: dict[str, Any], *, head: bool = False) -> HttpResponse:

@@ -72,6 +72,9 @@ class ErrorCode(StrEnum):
     INSUFFICIENT_BALANCE = "insufficient_balance"
     AUTHORIZATION_IN_USE = "authorization_in_use"
     VERIFICATION_UNAVAILABLE = "verification_unavailable"
+    FACILITATOR_CREDENTIALS_REFUSED = "facilitator_credentials_refused"
+    # We cannot settle on the network now (our relayer cannot pay the gas): nothing recorded.
+    SETTLEMENT_UNAVAILABLE = "settlement_unavailable"
     # x402: settle boundary.
     PAYMENT_FAILED = "payment_failed"
     PAYMENT_REVERSED = "payment_reversed"
@@ -89,6 +92,8 @@ class ErrorCode(StrEnum):
     PAYOUT_SECOND_APPROVER_REQUIRED = "payout_second_approver_required"
     PAYOUT_WALLET_UNCONFIGURED = "payout_wallet_unconfigured"
     PAYOUT_CHAIN_UNAVAILABLE = "payout_chain_unavailable"
+    # Offerings as code (manage.py offerings): a catalog file refused as a whole.
+    CATALOG_INVALID = "catalog_invalid"
     # A dependency (the database, the broker) cannot be reached right now.
     SERVICE_UNAVAILABLE = "service_unavailable"
     # Anything unanticipated.
@@ -300,6 +305,21 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         True,
         "The chain could not be read to verify the payment; nothing was recorded.",
     ),
+    ErrorCode.FACILITATOR_CREDENTIALS_REFUSED: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_payment_id_later",
+        True,
+        "The facilitator that settles this network refused the seller's credentials; "
+        "nothing was recorded.",
+    ),
+    ErrorCode.SETTLEMENT_UNAVAILABLE: CodeSpec(
+        503,
+        Owner.SYSTEM,
+        "retry_same_payment_id_later",
+        True,
+        "The seller cannot settle payments on this network right now; nothing was recorded.",
+    ),
     ErrorCode.PAYMENT_FAILED: CodeSpec(
         402,
         Owner.BUYER,
@@ -383,6 +403,13 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "retry_later",
         True,
         "The chain could not be read to sign the payout; nothing was recorded.",
+    ),
+    ErrorCode.CATALOG_INVALID: CodeSpec(
+        422,
+        Owner.SUPPORT,
+        "fix_catalog_file",
+        False,
+        "The catalog file is refused as a whole: nothing was applied.",
     ),
     ErrorCode.SERVICE_UNAVAILABLE: CodeSpec(
         503,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from datetime import timedelta
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,12 @@ from django.db import transaction
 
 from core.actors import Actor
 from devtools.sample_upstream import DEMO_OFFERING as UPSTREAM_OFFERING
-from devtools.sample_upstream import DEMO_SECRET_ENV as UPSTREAM_SECRET_ENV
-from fulfillment.executors.report import REPORT_INPUT_SCHEMA
 from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
+from purchases.services.catalog.apply import catalog_apply
+from purchases.services.catalog.checks import catalog_parse
 from purchases.services.fulfil.upstreams import offering_upstream_save
 from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import api_key_issue, buyer_create
@@ -32,86 +32,42 @@ DEMO_ASSET = "0x" + "0" * 38 + "dc"  # replaced by the deployed test USDC when t
 DEMO_SELLER = "0x" + "5e11e2" * 6 + "5e11"
 DEMO_NETWORK = "eip155:31337"
 CREDENTIALS_FILE = "demo-credentials.json"
-# The offering whose work is the demo's sample upstream (devtools/sample_upstream.py): a
-# seller's own signed HTTP endpoint that counts its effects.
-UPSTREAM_SPEC: dict[str, Any] = {
-    "slug": UPSTREAM_OFFERING,
-    "title": "Counted echo (the seller's own HTTP upstream)",
-    "executor": "http",
-    "price": 50_000,
-    "description": "Echoes the message from the sample upstream, which counts every effect.",
-    "input_schema": {
-        "type": "object",
-        "required": ["message"],
-        "additionalProperties": False,
-        "properties": {"message": {"type": "string", "minLength": 1, "maxLength": 200}},
-    },
-}
-
-OFFERINGS: list[dict[str, Any]] = [
-    {
-        "slug": "csv-report",
-        "title": "CSV statistics report",
-        "executor": "report",
-        "price": 250_000,
-        "description": "Per-column statistics of a CSV (Decimal exact).",
-        "input_schema": REPORT_INPUT_SCHEMA,
-    },
-    {
-        "slug": "word_stats",
-        "title": "Word statistics (external job service)",
-        "executor": "http_job",
-        "price": 100_000,
-        "description": "Word counts computed by the external job service.",
-        "input_schema": {
-            "type": "object",
-            "required": ["text"],
-            "additionalProperties": False,
-            "properties": {
-                "text": {"type": "string", "minLength": 1},
-                "duration_ms": {"type": "integer", "minimum": 0, "maximum": 60000},
-                "request_id": {"type": "string"},
-            },
-        },
-        "volatile_fields": ["request_id"],
-    },
-    {
-        "slug": "limited-report",
-        "title": "CSV report (limited edition)",
-        "executor": "report",
-        "price": 1_000_000,
-        "stock": 3,
-        "refund_policy": "escalate",
-        "description": "Same report, only three for sale.",
-        "input_schema": REPORT_INPUT_SCHEMA,
-    },
-]
+# The demo's catalog is a catalog file a seller can copy (docs/offerings-as-code.md).
+OFFERINGS_FILE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "offerings.yaml"
 
 
-def _offering_ensure(spec: dict[str, Any], *, asset: str, network: str, pay_to: str) -> None:
-    """Create the offering once; later runs keep what staff edited in the admin (price,
-    stock, retention...) and move only where it is paid: each run deploys a new token."""
-    chain_facts = {"asset": asset, "network": network, "pay_to": pay_to}
-    existing = Offering.objects.filter(slug=spec["slug"]).first()
-    if existing is None:
-        Offering.objects.create(**spec, **chain_facts, result_retention=timedelta(days=7))
-    else:
-        offering_update(offering_id=existing.pk, changes=chain_facts)
-
-
-def _upstream_ensure(url: str, *, asset: str, network: str, pay_to: str) -> None:
-    """The sample upstream's offering, pointed at where this run's upstream listens."""
-    _offering_ensure(UPSTREAM_SPEC, asset=asset, network=network, pay_to=pay_to)
-    offering = Offering.objects.get(slug=UPSTREAM_OFFERING)
-    config = {"kind": Upstream.Kind.HTTP, "url": url, "secret_env": UPSTREAM_SECRET_ENV}
-    upstream = Upstream.objects.filter(offering=offering).first()
-    if upstream is None:
-        Upstream.objects.create(offering=offering, timeout_seconds=5, **config)
-    elif upstream.url != url:  # a new port this run; what staff tuned stays
-        upstream.url = url
-        offering_upstream_save(
-            offering_id=offering.pk, upstream=upstream, actor=Actor.system("seed_demo")
+def _offerings_seed(*, asset: str, network: str, pay_to: str, upstream_url: str) -> list[str]:
+    """Create the file's offerings that are missing, through the same apply as
+    `manage.py offerings apply`; later runs keep what staff edited in the admin (price,
+    stock, retention...) and move only where it is paid (each run deploys a new token) and
+    where the sample upstream listens. Without `upstream_url`, no counted-echo."""
+    facts = {"asset": asset, "network": network, "pay_to": pay_to}
+    catalog = catalog_parse(
+        OFFERINGS_FILE.read_text(), name=OFFERINGS_FILE.name, defaults_override=facts
+    )
+    entries = dict(catalog.entries)
+    echo = entries.pop(UPSTREAM_OFFERING)
+    if upstream_url:
+        entries[UPSTREAM_OFFERING] = replace(
+            echo, upstream={**(echo.upstream or {}), "url": upstream_url}
         )
+    actor = Actor.system("seed_demo")
+    existing = {o.slug: o for o in Offering.objects.filter(slug__in=entries)}
+    missing = {slug: entry for slug, entry in entries.items() if slug not in existing}
+    catalog_apply(catalog=replace(catalog, entries=missing), actor=actor)
+    for offering in existing.values():
+        offering_update(offering_id=offering.pk, changes=facts, actor=actor)
+    if upstream_url and UPSTREAM_OFFERING in existing:
+        _upstream_move(existing[UPSTREAM_OFFERING], upstream_url, actor)
+    return list(entries)
+
+
+def _upstream_move(offering: Offering, url: str, actor: Actor) -> None:
+    """The sample upstream listens on a new port this run; what staff tuned stays."""
+    upstream = Upstream.objects.filter(offering=offering).first()
+    if upstream is not None and upstream.url != url:
+        upstream.url = url
+        offering_upstream_save(offering_id=offering.pk, upstream=upstream, actor=actor)
 
 
 def _credentials_path() -> Path:
@@ -165,12 +121,7 @@ def demo_seed(
     roles_ensure()
     path = _credentials_path()
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    for spec in OFFERINGS:
-        _offering_ensure(spec, asset=asset, network=network, pay_to=pay_to)
-    slugs = [spec["slug"] for spec in OFFERINGS]
-    if upstream_url:
-        _upstream_ensure(upstream_url, asset=asset, network=network, pay_to=pay_to)
-        slugs.append(UPSTREAM_OFFERING)
+    slugs = _offerings_seed(asset=asset, network=network, pay_to=pay_to, upstream_url=upstream_url)
     wallets = wallets or {}
     agents = [
         _agent(name, funds, asset, saved, wallets.get(name))

@@ -229,6 +229,25 @@ class Upstream(models.Model):
         help_text="NAME of the environment variable holding the signing secret (e.g. "
         "TOLLBOOTH_UPSTREAM_SECRET_SEARCH). The secret itself is never stored.",
     )
+    # A rotation without a gap (docs/upstreams.md): every call is signed with the current
+    # secret and, until it is retired, the previous one too, each named by its key id.
+    key_id = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="The current secret's key id, sent with its signature (kid=...). Empty: the "
+        "single-secret header of before (v1=... alone).",
+    )
+    previous_secret_env = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="During a rotation: NAME of the variable holding the secret being replaced. "
+        "Calls are signed with both until it is emptied.",
+    )
+    previous_key_id = models.CharField(
+        max_length=32,
+        blank=True,
+        help_text="The previous secret's key id (empty if it had none).",
+    )
     definitive_statuses = models.JSONField(
         default=list,
         blank=True,
@@ -300,6 +319,7 @@ def upstream_validate(upstream: Upstream) -> None:
         errors[secret_field] = "An environment variable NAME (A-Z, 0-9, _), not the secret."
     if upstream.kind == "http" and not upstream.secret_env:
         errors[secret_field] = "An http upstream signs every call: name its secret's variable."
+    errors.update(_rotation_errors(upstream))
     if not MIN_TIMEOUT <= Decimal(str(upstream.timeout_seconds)) <= MAX_TIMEOUT:
         errors["timeout_seconds"] = f"Between {MIN_TIMEOUT} and {MAX_TIMEOUT} seconds."
     if not 1 <= int(upstream.max_result_bytes) <= MAX_RESULT_BYTES:
@@ -321,6 +341,33 @@ def upstream_validate(upstream: Upstream) -> None:
         errors["dry_run"] = dry_run_error
     if errors:
         raise ValidationError(errors)
+
+
+KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,32}")  # no "=", ";" or ",": the header's separators
+
+
+def _rotation_errors(upstream: Upstream) -> dict[str, str]:
+    errors: dict[str, str] = {}
+    for name in ("key_id", "previous_key_id"):
+        value = getattr(upstream, name)
+        if value and not KEY_ID.fullmatch(value):
+            errors[name] = "Up to 32 letters, digits, '.', '_' or '-'."
+    previous = upstream.previous_secret_env
+    if not previous:
+        if upstream.previous_key_id:
+            errors["previous_key_id"] = "Only with a previous secret's variable."
+        return errors
+    previous_field = "previous_secret_env"
+    if not ENV_NAME.fullmatch(previous):
+        errors[previous_field] = "An environment variable NAME, not the secret."
+    elif previous == upstream.secret_env:
+        errors[previous_field] = "A rotation names a new variable for the new secret."
+    # Two signatures in one header: the upstream tells them apart by key id.
+    if not upstream.key_id:
+        errors["key_id"] = "During a rotation the current secret needs a key id."
+    elif upstream.key_id == upstream.previous_key_id:
+        errors["key_id"] = "The new secret's key id must differ from the previous one's."
+    return errors
 
 
 def _dry_run_error(dry_run: Any) -> str:

@@ -74,10 +74,12 @@ def _check_tool(spec: UpstreamSpec, check: UpstreamCheck) -> None:
 def _check_secret(spec: UpstreamSpec, check: UpstreamCheck) -> None:
     if not spec.secret_env:
         check.note("secret", "none named (calls are unsigned)", bad=spec.kind == "http")
-    elif not spec.secret():
-        check.note("secret", f"{spec.secret_env} is NOT set in this environment", bad=True)
-    else:
-        check.note("secret", f"{spec.secret_env} is set")
+        return
+    for key in spec.signing_keys():
+        role = "previous (rotation under way)" if key.env == spec.previous_secret_env else ""
+        kid = f" (key id {key.key_id})" if key.key_id else ""
+        found = "is set" if key.secret else "is NOT set in this environment"
+        check.note(f"{role} secret".strip(), f"{key.env}{kid} {found}", bad=not key.secret)
 
 
 def _check_reachable(spec: UpstreamSpec, check: UpstreamCheck) -> None:

@@ -17,3 +17,9 @@ class PaymentsConfig(AppConfig):
         import py_ecc  # noqa: F401
 
         sys.setrecursionlimit(SAFE_RECURSION_LIMIT)
+
+        from django.core import checks
+
+        from payments.rails.x402.networks import facilitator_credentials_check
+
+        checks.register(facilitator_credentials_check)

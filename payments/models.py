@@ -55,6 +55,10 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
         null=True, blank=True, help_text="The signed authorization, as received."
     )
     tx_hash = models.CharField(max_length=80, null=True, blank=True)
+    # Facilitator mode: the facilitator's own id for the settlement when it names one
+    # (Circle's `paymentId`, answered before any hash is known); "" otherwise.
+    # A database default too: rows written by hand (the scale bench's seed) name none.
+    facilitator_payment_id = models.CharField(max_length=128, blank=True, default="", db_default="")
     # EIP-3009 evidence for reconciling "by (payer, nonce)" without parsing JSON.
     authorization_nonce = models.CharField(max_length=66, blank=True)
     valid_before_at = models.DateTimeField(null=True, blank=True)
@@ -416,6 +420,40 @@ class RelayerAccount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.address} on {self.network} (next {self.next_nonce})"
+
+
+# Wei are uint256: up to 78 decimal digits, past what a bigint holds (9.2 ETH).
+WEI_DIGITS = 78
+
+
+class RelayerGas(models.Model):
+    """Our relayer's gas balance on one network as the beat last read it (one row per
+    network and address), so every process judges the relayer's funds without an RPC call.
+
+    A row apart from RelayerAccount: the beat's write never waits on the nonce row's lock,
+    which every direct settlement takes. All amounts are wei (integers).
+    """
+
+    network = models.CharField(max_length=64)
+    address = models.CharField(max_length=64)
+    balance = models.DecimalField(max_digits=WEI_DIGITS, decimal_places=0)
+    gas_price = models.DecimalField(max_digits=WEI_DIGITS, decimal_places=0)
+    # What the node asks the relayer to hold to take one settlement: its gas limit at the
+    # fee per gas we would sign now. Below it a broadcast cannot be admitted, let alone mined.
+    settle_cost = models.DecimalField(max_digits=WEI_DIGITS, decimal_places=0)
+    # The alert threshold in force at the reading (X402_<NET>_RELAYER_MIN_GAS or its default).
+    minimum = models.DecimalField(max_digits=WEI_DIGITS, decimal_places=0)
+    read_at = models.DateTimeField()
+    # Set once the low-gas alert was delivered; cleared when the balance is back up.
+    alerted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["network", "address"], name="one_gas_row_per_relayer"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.address} on {self.network}: {self.balance} wei at {self.read_at}"
 
 
 class LedgerBalance(models.Model):

@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
 from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce, NullIf
-from eth_account import Account
 
 from payments.models import (
     LIVE_ATTEMPT_STATES,
+    PENDING_ATTEMPT_STATES,
     PaymentAttempt,
     PayoutWallet,
     Refund,
     RelayerAccount,
 )
-from payments.signers import refund_wallet_address
+from payments.signers import refund_wallet_address, relayer_address
 
 
 def payment_attempt_latest(*, purchase_id: int) -> PaymentAttempt | None:
@@ -72,9 +73,10 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
         relayers = relayers.filter(network=network)
     wallets |= {a.lower() for a in relayers.values_list("address", flat=True)}
     configs = settings.X402_NETWORKS
-    for raw in configs.values() if network is None else [configs.get(network, {})]:
-        if raw.get("relayer_private_key"):
-            wallets.add(relayer_key_address(raw["relayer_private_key"]))
+    for name in configs if network is None else [network]:
+        relayer = relayer_address(network=name)
+        if relayer:
+            wallets.add(relayer.lower())
     # The refund wallet (payouts), configured now and every one that ever signed a payout.
     payout_wallets = PayoutWallet.objects.all()
     if network is not None:
@@ -87,7 +89,43 @@ def payments_wallets(*, network: str | None = None) -> set[str]:
     return wallets
 
 
-@lru_cache(maxsize=16)
-def relayer_key_address(key: str) -> str:
-    """The address of a relayer's configured key, lower-case (derived once per process)."""
-    return str(Account.from_key(key).address).lower()
+@dataclass(frozen=True)
+class RelayerRetirement:
+    """Whether a relayer address may be retired (its gas taken away, its key forgotten):
+    only once every authorization naming it has passed its deadline. `blocking`: the
+    attempts it signed whose money is not settled yet and whose authorization can still
+    land (deadline not passed) or whose outcome is not known (still pending)."""
+
+    network: str
+    address: str
+    blocking: list[PaymentAttempt]
+    deadline: datetime | None  # the latest validBefore among them
+    is_current: bool  # it is the relayer configured now
+
+    @property
+    def may_retire(self) -> bool:
+        return not self.blocking and not self.is_current
+
+
+def relayer_retirement(*, network: str, address: str, now: datetime) -> RelayerRetirement:
+    """What keeps the relayer `address` on `network` from being retired at `now`: an attempt
+    it signed that is still pending (recorded or settlement_pending, whatever its deadline:
+    its outcome is unknown), or one not succeeded whose authorization's validBefore has not
+    passed (its signed transaction may still land). A succeeded attempt's authorization is
+    used on chain and can never land again."""
+    named = PaymentAttempt.objects.filter(network=network, relayer_address__iexact=address)
+    blocking = list(
+        named.filter(
+            Q(state__in=PENDING_ATTEMPT_STATES)
+            | (~Q(state=PaymentAttempt.State.SUCCEEDED) & Q(valid_before_at__gt=now))
+        ).order_by("pk")
+    )
+    deadlines = [a.valid_before_at for a in blocking if a.valid_before_at is not None]
+    current = relayer_address(network=network)
+    return RelayerRetirement(
+        network=network,
+        address=address,
+        blocking=blocking,
+        deadline=max(deadlines) if deadlines else None,
+        is_current=current is not None and current.lower() == address.lower(),
+    )

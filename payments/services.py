@@ -30,7 +30,7 @@ from payments.models import (
     Rail,
     Refund,
 )
-from payments.rails.base import SettlementOutcome, SettlementStatus
+from payments.rails.base import FACILITATOR_PAYMENT_ID, SettlementOutcome, SettlementStatus
 
 # The paying account (purchases.Buyer), reached through the ledger's own foreign key: this
 # app never imports purchases.
@@ -469,6 +469,7 @@ def ledger_balances_mismatched() -> list[BalanceMismatch]:
 OUTCOME_FIELDS = (
     "state",
     "tx_hash",
+    "facilitator_payment_id",
     "block_number",
     "settlement_reference",
     "reason_code",
@@ -489,6 +490,10 @@ def payment_attempt_apply_outcome(
     tx_hash = outcome.tx_hash.lower() if outcome.tx_hash else attempt.tx_hash
     if attempt.state in (PaymentAttempt.State.SUCCEEDED, PaymentAttempt.State.FAILED):
         return None
+    # Kept beside the hash whatever the outcome: the facilitator's name for this settlement.
+    attempt.facilitator_payment_id = str(
+        outcome.evidence.get(FACILITATOR_PAYMENT_ID) or attempt.facilitator_payment_id or ""
+    )[:128]
     if outcome.status == SettlementStatus.CONFIRMED:
         attempt.tx_hash = tx_hash
         attempt.block_number = outcome.block_number

@@ -212,3 +212,22 @@ def _failed(facts: CaseFacts, *, is_final: bool, now: datetime) -> Said:
                      "the failure is final.")  # fmt: skip
     check = VOID_SWEEP + "; late transfers are watched every 2 min while a window is open"
     return Said(notes=tuple(notes), next_check_at=facts.void_sweep_at, next_check=check)
+
+
+def refund_risk(facts: CaseFacts) -> str:
+    """What a refund proposed or approved now risks, said on the refund forms: only while the
+    work's outcome is unknown (docs/runbook.md, "Refunding an unknown outcome")."""
+    if facts.fulfillment_state != "unknown":
+        return ""
+    at = facts.execution_recheck_at
+    when = f"next check {utc_seconds(at)}" if at else "checked again on its schedule"
+    return (
+        f"The paid work's outcome is still unknown ({facts.reason_code}): Tollbooth is awaiting "
+        f"the executor's answer ({when}; 'Reconcile execution now' asks at once). Refunding "
+        "now risks paying for delivered work: if the job ran or still finishes, its result is "
+        "delivered to the buyer and this refund stands, so the seller pays for the work and "
+        "gives the price back. If the check finds it failed, the offering's policy refunds it "
+        "then (what is refunded now counts against that, never paid twice by Tollbooth). "
+        "Refund now only as docs/runbook.md says ('Refunding an unknown outcome'); finance "
+        "approves."
+    )

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from core.errors import ErrorCode, Owner
-from purchases.case_checks import case_said
+from purchases.case_checks import case_said, refund_risk
 from purchases.case_facts import CaseFacts
 
 ANY = "*"
@@ -155,6 +155,10 @@ CASE_TABLE: tuple[Row, ...] = (
     R("settlement_pending", ANY, "facilitator_still_settling", PENDING_SAY + "The paying "
       "request's wait budget ended before the facilitator answered /settle; it may still "
       "broadcast, so the chain is asked instead.", RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
+    R("settlement_pending", ANY, "facilitator_refused_credentials", PENDING_SAY + "The "
+      "facilitator refused the seller's credentials (HTTP 401/403): the seller's outage, not "
+      "the buyer's. Operations were alerted to fix the key; the chain is asked instead.",
+      RECON, Deadline.NEXT_CHECK, PAY_ACTIONS),
     R("settlement_pending", ANY, "facilitator_bad_response", PENDING_SAY + "The facilitator's "
       "answer was unreadable; the chain is asked instead.", RECON, Deadline.NEXT_CHECK,
       PAY_ACTIONS),
@@ -380,6 +384,12 @@ class Case:
     next_check_at: datetime | None = None
     next_check: str = ""
     links: tuple[str, ...] = ()  # records to open (an owed refund), by kind: "refund:<pk>"
+    # What refunding now risks (the work's outcome unknown), said on the refund forms.
+    refund_warning: str = ""
+    # Finance, while a refund is owed or proposed and an escalation names another owner: the
+    # money stays finance's move beside the escalation's (issue 33, part 5: an assignment to
+    # support took it off finance).
+    refund_owner: Owner | None = None
 
     @property
     def is_final(self) -> bool:
@@ -616,6 +626,8 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
     if now_.deadline_source == Deadline.NEXT_CHECK and facts.settlement_escalates_at:
         now_.deadline_source = Deadline.SETTLEMENT_ESCALATION
     owed = tuple(f"refund:{r.pk}" for r in facts.refunds if r.state == "owed")
+    refund_waits = any(r.state in ("owed", "proposed") for r in facts.refunds)
+    refund_owner = Owner.FINANCE if refund_waits and now_.owner != Owner.FINANCE else None
     return Case(
         sentence=said.sentence or row.sentence,
         owner=now_.owner,
@@ -633,6 +645,8 @@ def purchase_case(facts: CaseFacts, *, now: datetime) -> Case:
         next_check_at=said.next_check_at,
         next_check=said.next_check if said.next_check_at else "",
         links=owed,
+        refund_warning=refund_risk(facts),
+        refund_owner=refund_owner,
     )
 
 

@@ -57,6 +57,8 @@ CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
 CASE_RESULT_REDELIVERED = "case.result_redelivered"
 
 # --- what is sold -------------------------------------------------------------------------
+OFFERING_CREATED = "offering.created"
+OFFERING_CHANGED = "offering.changed"
 OFFERING_UPSTREAM_CHANGED = "offering.upstream_changed"
 
 # --- telling people -------------------------------------------------------------------------
@@ -130,6 +132,15 @@ SUBJECTS: dict[str, str] = {
     CASE_SETTLEMENT_RECHECKED: "Staff re-checked the settlement on chain; what it showed.",
     CASE_EXECUTION_RECONCILED: "Staff reconciled the execution: staged again or inspected.",
     CASE_RESULT_REDELIVERED: "Staff prepared a redelivery of the result (the capability link).",
+    OFFERING_CREATED: (
+        "An offering was created, in the admin or by a catalog file's apply (the fields; the "
+        "file's name and SHA-256 when a file did it)."
+    ),
+    OFFERING_CHANGED: (
+        "An offering's fields were changed, in the admin or by a catalog file's apply (before "
+        "and after; the file's name and SHA-256 when a file did it); a change of terms moved "
+        "its version."
+    ),
     OFFERING_UPSTREAM_CHANGED: (
         "Staff added, changed or removed an offering's upstream (the fields, before and "
         "after; secrets are only named); the offering's terms version moved."

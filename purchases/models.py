@@ -83,6 +83,18 @@ class Offering(models.Model):
     version = models.PositiveIntegerField(default=1, help_text="Bumped whenever the terms change.")
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Offerings as code (docs/offerings-as-code.md): the catalog file that last applied this
+    # offering. Its next apply puts the file's values back over any edit made in the admin.
+    catalog_file = models.CharField(
+        max_length=200,
+        blank=True,
+        editable=False,
+        help_text="Catalog file that owns it; empty: the admin.",
+    )
+    catalog_sha256 = models.CharField(max_length=64, blank=True, editable=False)
+    # The stock the file said when last applied: sales take stock down, so a file's stock is
+    # written again only when the file's own number changes (a restock), never on each apply.
+    catalog_stock = models.PositiveIntegerField(null=True, blank=True, editable=False)
 
     def __str__(self) -> str:
         return self.slug

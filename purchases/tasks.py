@@ -18,7 +18,11 @@ from purchases.services.jobs import housekeeping, reconcile
 from purchases.services.remedy import paybacks, payout_reconcile
 from purchases.services.settle import finality
 from purchases.services.shared import outbox
-from purchases.services.shared.alerts import escalation_alert, refund_alert
+from purchases.services.shared.alerts import (
+    escalation_alert,
+    facilitator_refused_alert,
+    refund_alert,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +67,15 @@ def refund_alert_task(*, refund_id: int) -> bool:
 @shared_task(acks_late=True)
 def escalation_alert_task(*, escalation_id: int) -> bool:
     return escalation_alert(escalation_id=escalation_id)
+
+
+@shared_task(acks_late=True)
+def facilitator_refused_alert_task(
+    *, network: str, facilitator: str, endpoint: str, status: int
+) -> bool:
+    return facilitator_refused_alert(
+        network=network, facilitator=facilitator, endpoint=endpoint, status=status
+    )
 
 
 # --- reconciliation (scheduled by beat; see CELERY_BEAT_SCHEDULE) ------------------------
@@ -116,6 +129,12 @@ def send_pending_alerts_task() -> dict[str, int]:
 @shared_task(acks_late=True)
 def heal_relayers_task() -> dict[str, int]:
     return dict(reconcile.heal_relayers())
+
+
+# One bounded JSON-RPC batch per direct-mode network; a lost run is the next tick's work.
+@shared_task(acks_late=True, soft_time_limit=60, time_limit=90)
+def relayer_funds_watch_task() -> dict[str, int]:
+    return dict(reconcile.relayer_funds_watch())
 
 
 # A run reads the chain with bounded RPC timeouts; a lost run is the next tick's work.

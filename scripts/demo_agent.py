@@ -10,7 +10,8 @@ call is answered from the same purchase (inside the duplicate window), never cha
 and the count does not move.
 It prints the purchase ref (what support looks up in the admin) and the receipt. It reads
 the demo's credentials and chain details from $TOLLBOOTH_VAR_DIR (default ./var), as
-`make demo` writes them.
+`make demo` writes them. A 503 or 429 (an outage, a rate limit) is waited out as its
+Retry-After says, on every step, as a disciplined agent does; nothing is paid twice for it.
 """
 
 from __future__ import annotations
@@ -45,9 +46,42 @@ def _default_base() -> str:
 
 
 BASE = ARGS[0] if ARGS else _default_base()
+# Answers that mean "not now": waited out for their Retry-After, then the same request again.
+NOT_NOW = (429, 503)
+PATIENCE = 20  # tries of one step before giving up
 REPORT_INPUT = {"title": "Demo sales", "csv": "region,units\nnorth,3\nsouth,5\neast,8\n"}
 CREDENTIALS = VAR / "demo-credentials.json"
 JOURNAL = VAR / "demo-agent-journal.json"
+
+
+def send(method: str, url: str, *, timeout: float, **kwargs: Any) -> requests.Response:
+    """One step of the purchase, the same request again after each 503/429 for as long as
+    its Retry-After says (an outage is not a refusal: nothing was done or charged)."""
+    for _ in range(PATIENCE):
+        response = requests.request(method, url, timeout=timeout, **kwargs)
+        if response.status_code not in NOT_NOW:
+            return response
+        wait = int(response.headers.get("Retry-After", "1"))
+        print(f"  {response.status_code} {_code(response)}: trying again in {wait} s")
+        time.sleep(wait)
+    return response
+
+
+def _code(response: requests.Response) -> str:
+    try:
+        return str(response.json().get("code", ""))
+    except ValueError:
+        return response.reason or ""
+
+
+def _demo_file(path: Path) -> Any:
+    """A file `make demo` wrote; a clear word and exit 2 when there is none."""
+    if not path.exists():
+        sys.exit(
+            f"demo_agent: {path} is not there: start the demo (make demo) first, or set "
+            "TOLLBOOTH_VAR_DIR to the directory it printed (its banner's 'Try it' lines say)."
+        )
+    return json.loads(path.read_text())
 
 
 def buy_over_x402() -> int:
@@ -57,10 +91,10 @@ def buy_over_x402() -> int:
 
     from devtools.x402_signer import payment_signature_for
 
-    chain = json.loads(CHAIN.read_text())
+    chain = _demo_file(CHAIN)
     wallet = Account.from_key(chain["buyers"][0]["private_key"])
     url = chain["paid_urls"]["csv-report"]
-    offer = requests.post(url, json=REPORT_INPUT, timeout=10)
+    offer = send("POST", url, json=REPORT_INPUT, timeout=10)
     print("offer", offer.status_code, offer.json()["code"], "quote", offer.json()["quote"])
     payment_id = f"demo-x402-{secrets.token_hex(10)}"
     header = payment_signature_for(
@@ -69,8 +103,8 @@ def buy_over_x402() -> int:
     # The signed payment is written down before it is sent: after a crash, resend this.
     JOURNAL.write_text(json.dumps({"payment_id": payment_id, "payment_signature": header}))
     for _ in range(60):
-        response = requests.post(
-            url, json=REPORT_INPUT, headers={"PAYMENT-SIGNATURE": header}, timeout=60
+        response = send(
+            "POST", url, json=REPORT_INPUT, headers={"PAYMENT-SIGNATURE": header}, timeout=60
         )
         if response.status_code not in (202, 409):
             break
@@ -85,7 +119,7 @@ def buy_over_x402() -> int:
     print(json.dumps(response.json(), indent=2)[:600])
     receipt_link = response.links.get("receipt", {}).get("url")
     if receipt_link:  # the receipt names the purchase: what to quote to support
-        receipt = requests.get(urljoin(url, receipt_link), timeout=10).json()
+        receipt = send("GET", urljoin(url, receipt_link), timeout=10).json()
         print("purchase", receipt["purchase"])
         print("receipt", json.dumps(receipt, indent=2))
     return 0 if response.status_code == 200 else 1
@@ -128,7 +162,7 @@ def buy_over_mcp() -> int:
     re-signs; the same purchase answers it, never a second charge)."""
     import asyncio
 
-    chain = json.loads(CHAIN.read_text())
+    chain = _demo_file(CHAIN)
     for _ in range(30):
         result = asyncio.run(_mcp_call(chain))
         meta = (result.raw_result.meta if result.raw_result else None) or {}
@@ -156,10 +190,14 @@ def main() -> int:
         return buy_over_mcp()
     if USE_X402:
         return buy_over_x402()
-    api_key = json.loads(CREDENTIALS.read_text())["demo-agent-alice"]
+    api_key = _demo_file(CREDENTIALS)["demo-agent-alice"]
     headers = {"Authorization": f"Bearer {api_key}"}
     request = {"offering": "csv-report", "input": REPORT_INPUT}
-    quote = requests.post(f"{BASE}/api/v1/quotes", json=request, headers=headers, timeout=10).json()
+    quoted = send("POST", f"{BASE}/api/v1/quotes", json=request, headers=headers, timeout=10)
+    quote = quoted.json()
+    if quoted.status_code not in (200, 201):
+        print("quote", quoted.status_code, quote.get("code"), quote.get("detail"))
+        return 1
     print("quote", quote["id"], "price", quote["price"], "expires", quote["expires_at"])
 
     # Store the payment id and request durably *before* sending: a crash after this point
@@ -168,7 +206,8 @@ def main() -> int:
     JOURNAL.write_text(json.dumps({"payment_id": payment_id, "quote": quote["id"]}))
     purchase_url = f"{BASE}/api/v1/quotes/{quote['id']}/purchase"
     for _ in range(10):
-        response = requests.post(
+        response = send(
+            "POST",
             purchase_url,
             json={"rail": "prepaid"},
             timeout=10,
@@ -183,14 +222,14 @@ def main() -> int:
         return 1
     result_url = f"{BASE}{body['links']['result']}"
     for _ in range(60):
-        result = requests.get(result_url, headers=headers, timeout=10)
+        result = send("GET", result_url, headers=headers, timeout=10)
         if result.status_code != 202:
             break
         time.sleep(int(result.headers.get("Retry-After", "1")))
     print("result", result.status_code, result.headers.get("Content-Type"))
     print(json.dumps(result.json(), indent=2)[:800])
-    status = requests.get(f"{BASE}{body['links']['self']}", headers=headers, timeout=10).json()
-    receipt = requests.get(f"{BASE}{status['links']['receipt']}", timeout=10).json()
+    status = send("GET", f"{BASE}{body['links']['self']}", headers=headers, timeout=10).json()
+    receipt = send("GET", f"{BASE}{status['links']['receipt']}", timeout=10).json()
     print("receipt", json.dumps(receipt, indent=2))
     return 0 if result.status_code == 200 else 1
 

@@ -104,6 +104,7 @@ class DecideRefundForm(CaseForm):
             self.fields["refund"].initial = proposals[0][0]
 
 
+REFUND_ACTIONS = frozenset({Action.PROPOSE_REFUND, Action.APPROVE_REFUND})
 FORMS: dict[Action, type[CaseForm]] = {
     Action.ASSIGN: AssignForm,
     Action.PROPOSE_REFUND: ProposeRefundForm,
@@ -126,7 +127,8 @@ def case_action_view(
     if not model_admin.role_allows_action(request, action.value):
         raise PermissionDenied
     now = timezone.now()
-    if action not in case_actions.purchase_case_now(purchase=purchase, now=now).actions:
+    case = case_actions.purchase_case_now(purchase=purchase, now=now)
+    if action not in case.actions:
         raise PermissionDenied
     change_url = reverse("admin:purchases_purchase_change", args=[purchase.pk])
     form_class = FORMS.get(action)
@@ -149,6 +151,8 @@ def case_action_view(
         "form": form,
         "action": action.value,
         "change_url": change_url,
+        # Refunding an unknown outcome stays offered, with what it risks said before Apply.
+        "warning": case.refund_warning if action in REFUND_ACTIONS else "",
     }
     return TemplateResponse(request, "admin/purchases/purchase/case_action.html", context)
 

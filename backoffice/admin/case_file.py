@@ -19,7 +19,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 
 from backoffice.roles import EVIDENCE_SOURCES
-from backoffice.timeline import event_label, evidence_items
+from backoffice.timeline import event_label, evidence_items, fold_repeats
 from core.admin import RoleScoping, amount_human, role_scoping
 from core.clock import utc_seconds
 from payments.models import LedgerBalance, PaymentAttempt, Refund
@@ -379,8 +379,9 @@ def evidence_shown(request: HttpRequest) -> Callable[[str], bool]:
 def timeline_rows(
     purchase: Purchase, shown: Callable[[str], bool] = lambda key: True
 ) -> list[dict[str, Any]]:
-    """Every event in order; its evidence reduced to the keys `shown` lets the role see."""
-    return [
+    """Every event in order; its evidence reduced to the keys `shown` lets the role see. A
+    run of a polling buyer's identical answers is one row (backoffice.timeline.fold_repeats)."""
+    return fold_repeats(
         {
             "pk": event.pk,
             "label": event_label(
@@ -402,7 +403,7 @@ def timeline_rows(
             ],
         }
         for event in purchase.events.order_by("created_at", "pk")
-    ]
+    )
 
 
 def _actor(event: PurchaseEvent, shown: Callable[[str], bool]) -> str:

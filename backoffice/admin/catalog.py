@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
@@ -30,7 +29,11 @@ from purchases.models import (
 )
 from purchases.selectors import offering_upstream_changes
 from purchases.services.fulfil.upstreams import offering_upstream_check, offering_upstream_save
-from purchases.services.quote.offerings import offering_update
+from purchases.services.quote.offerings import (
+    offering_asset_problem,
+    offering_create,
+    offering_update,
+)
 from purchases.services.shared.buyers import (
     api_key_issue,
     buyer_create,
@@ -45,15 +48,11 @@ class OfferingForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        network, asset = data.get("network"), data.get("asset")
-        token = str((settings.X402_NETWORKS.get(str(network)) or {}).get("token_address") or "")
-        if token and asset and str(asset).lower() != token.lower():
-            # x402 buyers sign for the asset we name; we settle the network's token.
-            self.add_error(
-                "asset",
-                f"On {network} x402 payments are in the network's token {token}: "
-                "the asset must be that address, or no x402 payment could settle.",
-            )
+        problem = offering_asset_problem(
+            network=str(data.get("network") or ""), asset=str(data.get("asset") or "")
+        )
+        if problem:
+            self.add_error("asset", problem)
         return data
 
 
@@ -82,11 +81,12 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
         "stock",
         "is_active",
         "version",
+        "managed_by",
     )
-    list_filter = ("is_active", "network", "executor", "refund_policy")
+    list_filter = ("is_active", "network", "executor", "refund_policy", "catalog_file")
     search_fields = ("slug", "title")
     # The version moves with the terms (an upstream change included), never typed.
-    readonly_fields = ("version", "created_at", "upstream_changes")
+    readonly_fields = ("version", "created_at", "upstream_changes", "managed_by")
     fieldsets = (
         ("What is sold", {"fields": ("slug", "title", "description", "executor", "is_active")}),
         (
@@ -109,7 +109,16 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
             },
         ),
         ("Terms version", {"fields": ("version", "created_at", "upstream_changes")}),
+        ("Offerings as code", {"fields": ("managed_by",)}),
     )
+
+    @admin.display(description="managed by", ordering="catalog_file")
+    def managed_by(self, obj: Offering) -> str:
+        """The catalog file that owns the offering (docs/offerings-as-code.md): an edit here
+        holds until that file is applied again, which puts the file's values back."""
+        if not obj.catalog_file:
+            return "the admin"
+        return f"file {obj.catalog_file} (sha256 {obj.catalog_sha256[:12]})"
 
     @admin.display(description="upstream changes")
     def upstream_changes(self, obj: Offering) -> str:
@@ -167,12 +176,26 @@ class OfferingAdmin(RoleScopedAdmin, admin.ModelAdmin):
         return field
 
     def save_model(self, request: HttpRequest, obj: Offering, form: Any, change: bool) -> None:
+        actor = Actor.staff(request.user.get_username())
         if not change:
-            super().save_model(request, obj, form, change)
+            fields = {name: form.cleaned_data[name] for name in form.cleaned_data}
+            created = offering_create(fields=fields, actor=actor)
+            # Hand the created row to the form so the upstream inline attaches to it.
+            obj.pk, obj.version, obj.created_at = created.pk, created.version, created.created_at
+            obj._state.adding = False
+            obj._state.db = created._state.db
             return
         changes = {name: form.cleaned_data[name] for name in form.changed_data}
-        updated = offering_update(offering_id=obj.pk, changes=changes)
+        updated = offering_update(offering_id=obj.pk, changes=changes, actor=actor)
         obj.version = updated.version
+        if updated.catalog_file and changes:
+            self.message_user(
+                request,
+                f"{obj.slug} is managed by the catalog file {updated.catalog_file}: the next "
+                "apply of that file puts its own values back. Change the file to keep this "
+                "edit (docs/offerings-as-code.md).",
+                messages.WARNING,
+            )
 
     def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
         if formset.model is not Upstream:

@@ -378,6 +378,12 @@ TOLLBOOTH = {
     # network, else this one); TOLLBOOTH_REFUND_SIGNER names another signer class (a KMS).
     "REFUND_WALLET_KEY": env.str("TOLLBOOTH_REFUND_WALLET_KEY", default=""),
     "REFUND_SIGNER": env.str("TOLLBOOTH_REFUND_SIGNER", default="payments.signers.EnvKeySigner"),
+    # Who signs the relayer's settlements (direct mode): the default reads
+    # X402_<NET>_RELAYER_KEY; another class (a KMS, a hardware signer) plugs in here
+    # (payments/signers.py, docs/deployment.md "Signers").
+    "RELAYER_SIGNER": env.str(
+        "TOLLBOOTH_RELAYER_SIGNER", default="payments.signers.EnvRelayerKeySigner"
+    ),
     # The most the refund wallet pays out per UTC day, per asset, in atomic units:
     # `<token address>=<units>` pairs, `*` for every other asset. An asset with no cap pays
     # nothing out (a forgotten setting must not mean "no limit").
@@ -400,17 +406,46 @@ TOLLBOOTH = {
 
 # --- x402 on EVM ------------------------------------------------------------------
 # One entry per network, by CAIP-2 id. `mode` is "direct" (our relayer key broadcasts)
-# or "facilitator" (X402_FACILITATOR_URL settles). Keys only ever come from the environment.
+# or "facilitator" (X402_<NET>_FACILITATOR_URL, else X402_FACILITATOR_URL, settles, with the
+# credentials of the same level). Keys only ever come from the environment.
 # `confirmations` is the depth at which a payment counts as settled (the work may run);
 # `finality` says when no reorg can undo it any more, and until then it stays watched:
 # "depth" (its block `finality_depth` deep; anvil has no meaningful finalized tag) or
 # "finalized" (at or below the node's `finalized` block, as Base's L1-backed nodes report).
 X402_FACILITATOR_URL = env.str("X402_FACILITATOR_URL", default="")
-X402_DEFAULT_MODE = "facilitator" if X402_FACILITATOR_URL else "direct"
+
+
+def _facilitator_auth_env(prefix: str) -> dict[str, str]:
+    """One facilitator's credentials (payments/rails/x402/facilitator_auth.py), at most one
+    kind: a CDP Secret API key (id and secret), a bearer token, or a named API-key header and
+    its value; "" when unset. Global (prefix ""): `CDP_API_KEY_ID` / `CDP_API_KEY_SECRET`,
+    the names CDP's SDKs read, and `X402_FACILITATOR_...`; per network (prefix
+    "X402_<NET>_"): `X402_<NET>_CDP_API_KEY_ID`, `X402_<NET>_FACILITATOR_BEARER_TOKEN`, ..."""
+    facilitator = prefix or "X402_"
+    return {
+        "cdp_api_key_id": env.str(f"{prefix}CDP_API_KEY_ID", default=""),
+        "cdp_api_key_secret": env.str(f"{prefix}CDP_API_KEY_SECRET", default=""),
+        "bearer_token": env.str(f"{facilitator}FACILITATOR_BEARER_TOKEN", default=""),
+        "api_key_header": env.str(f"{facilitator}FACILITATOR_API_KEY_HEADER", default=""),
+        "api_key": env.str(f"{facilitator}FACILITATOR_API_KEY", default=""),
+    }
+
+
+def _default_mode(net: str) -> str:
+    """`facilitator` when a facilitator settles this network (its own URL or the global one)."""
+    own = env.str(f"X402_{net}_FACILITATOR_URL", default="")
+    return "facilitator" if own or X402_FACILITATOR_URL else "direct"
+
+
+# The global facilitator's credentials; a network with its own X402_<NET>_FACILITATOR_URL
+# uses only its own X402_<NET>_... credentials (a token never goes to a facilitator it was
+# not issued for).
+X402_FACILITATOR_AUTH = _facilitator_auth_env("")
 X402_NETWORKS = {
     "eip155:31337": {  # local anvil: the demo and the tests
         "chain_id": 31337,
         "rpc_url": env.str("X402_LOCAL_RPC_URL", default="http://127.0.0.1:8545"),
+        "rpc_url_fallback": env.str("X402_LOCAL_RPC_URL_FALLBACK", default=""),
         "token_address": env.str("X402_LOCAL_TOKEN", default=""),
         "token_name": "USDC",
         "token_version": "2",
@@ -418,14 +453,18 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_LOCAL_CONFIRMATION_TIMEOUT", default=5.0),
         "finality": env.str("X402_LOCAL_FINALITY", default="depth"),
         "finality_depth": env.int("X402_LOCAL_FINALITY_DEPTH", default=3),
-        "mode": env.str("X402_LOCAL_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_LOCAL_MODE", default=_default_mode("LOCAL")),
+        "facilitator_url": env.str("X402_LOCAL_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_LOCAL_"),
         "relayer_private_key": env.str("X402_LOCAL_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_LOCAL_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_LOCAL_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "",  # a local chain has no explorer
     },
     "eip155:84532": {  # Base Sepolia
         "chain_id": 84532,
         "rpc_url": env.str("X402_BASE_SEPOLIA_RPC_URL", default="https://sepolia.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_SEPOLIA_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_SEPOLIA_TOKEN", default="0x036CbD53842c5426634e7929541eC2318f3dCF7e"
         ),
@@ -435,14 +474,18 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_SEPOLIA_CONFIRMATION_TIMEOUT", default=30.0),
         "finality": env.str("X402_BASE_SEPOLIA_FINALITY", default="finalized"),
         "finality_depth": env.int("X402_BASE_SEPOLIA_FINALITY_DEPTH", default=64),
-        "mode": env.str("X402_BASE_SEPOLIA_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_BASE_SEPOLIA_MODE", default=_default_mode("BASE_SEPOLIA")),
+        "facilitator_url": env.str("X402_BASE_SEPOLIA_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_BASE_SEPOLIA_"),
         "relayer_private_key": env.str("X402_BASE_SEPOLIA_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_SEPOLIA_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_SEPOLIA_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://sepolia.basescan.org/tx/{tx_hash}",
     },
     "eip155:8453": {  # Base mainnet
         "chain_id": 8453,
         "rpc_url": env.str("X402_BASE_RPC_URL", default="https://mainnet.base.org"),
+        "rpc_url_fallback": env.str("X402_BASE_RPC_URL_FALLBACK", default=""),
         "token_address": env.str(
             "X402_BASE_TOKEN", default="0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
         ),
@@ -452,8 +495,11 @@ X402_NETWORKS = {
         "confirmation_timeout": env.float("X402_BASE_CONFIRMATION_TIMEOUT", default=60.0),
         "finality": env.str("X402_BASE_FINALITY", default="finalized"),
         "finality_depth": env.int("X402_BASE_FINALITY_DEPTH", default=64),
-        "mode": env.str("X402_BASE_MODE", default=X402_DEFAULT_MODE),
+        "mode": env.str("X402_BASE_MODE", default=_default_mode("BASE")),
+        "facilitator_url": env.str("X402_BASE_FACILITATOR_URL", default=""),
+        "facilitator_auth": _facilitator_auth_env("X402_BASE_"),
         "relayer_private_key": env.str("X402_BASE_RELAYER_KEY", default=""),
+        "relayer_min_gas": env.int("X402_BASE_RELAYER_MIN_GAS", default=None),
         "refund_wallet_key": env.str("X402_BASE_REFUND_WALLET_KEY", default=""),
         "explorer_tx_url": "https://basescan.org/tx/{tx_hash}",
     },
@@ -461,6 +507,9 @@ X402_NETWORKS = {
 # How long a relayer nonce's holder has to record and send its transaction: once the node's
 # pending count has stood at a gap this long, the next broadcast or heal-relayers closes it.
 X402_RELAYER_NONCE_LEASE_SECONDS = env.float("X402_RELAYER_NONCE_LEASE_SECONDS", default=10.0)
+# How often beat reads each direct-mode relayer's gas balance (payments/rails/x402/gas.py).
+# A reading older than ten of these is unknown again (the beat stopped): it refuses nothing.
+X402_RELAYER_GAS_EVERY_SECONDS = env.float("X402_RELAYER_GAS_EVERY_SECONDS", default=30.0)
 X402_FACILITATOR_TIMEOUT = env.float("X402_FACILITATOR_TIMEOUT_SECONDS", default=10.0)
 # Anonymous 402s offer a quote that lives this long and holds no stock.
 X402_ANONYMOUS_QUOTE_TTL_SECONDS = env.int("X402_ANONYMOUS_QUOTE_TTL_SECONDS", default=120)
@@ -542,6 +591,7 @@ OUTBOX_JOBS = {
     "refund_alert": "purchases.tasks.refund_alert_task",
     "payout_broadcast": "purchases.tasks.payout_broadcast_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
+    "facilitator_refused_alert": "purchases.tasks.facilitator_refused_alert_task",
     "webhook_event_publish": "webhooks.tasks.webhook_event_publish_task",
     "webhook_delivery_attempt": "webhooks.tasks.webhook_delivery_attempt_task",
 }
@@ -632,6 +682,13 @@ CELERY_BEAT_SCHEDULE = {
     "heal-relayers": {
         "task": "purchases.tasks.heal_relayers_task",
         "schedule": env.float("TOLLBOOTH_HEAL_RELAYERS_EVERY_SECONDS", default=10.0),
+    },
+    # A relayer without gas cannot settle: read each direct-mode relayer's balance, alert
+    # below X402_<NET>_RELAYER_MIN_GAS, and let paid requests refuse (503) with too little
+    # to settle one payment, from this reading, never an RPC call per request.
+    "watch-relayer-gas": {
+        "task": "purchases.tasks.relayer_funds_watch_task",
+        "schedule": X402_RELAYER_GAS_EVERY_SECONDS,
     },
     # Chain paybacks named before they were final are closed once they are; transfers from
     # the seller's wallets that pay an owed refund back are offered to finance as matches.

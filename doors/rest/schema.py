@@ -28,7 +28,8 @@ _DESCRIPTIONS = {
     "415": "Send application/json (unsupported_media_type).",
     "429": "Too many requests (throttled); see Retry-After.",
     "500": "Unexpected (internal_error).",
-    "503": "A dependency is down (service_unavailable, verification_unavailable); nothing "
+    "503": "A dependency is down (service_unavailable, verification_unavailable, "
+    "settlement_unavailable); nothing "
     "is lost: retry the same request, with the same key, after Retry-After.",
 }
 # Every 429 and 503 says when to come back.

@@ -11,12 +11,18 @@ import os
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 # A seller's own package adds an executor by declaring an entry point in this group:
 #   [project.entry-points."tollbooth.executors"]
 #   my_work = "my_package.module:MyExecutor"
 ENTRY_POINT_GROUP = "tollbooth.executors"
+
+
+class SigningKey(NamedTuple):
+    key_id: str  # "" for a secret configured without one (the header of before)
+    env: str  # the variable's name, for messages
+    secret: bytes
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,11 @@ class UpstreamSpec:
     timeout: float = 10.0
     input_mode: str = "json"  # "json": canonical JSON body; "query": input as query parameters
     secret_env: str = ""
+    # A rotation (docs/upstreams.md): the current secret's key id, and the secret being
+    # replaced, still signed with until it is retired.
+    key_id: str = ""
+    previous_secret_env: str = ""
+    previous_key_id: str = ""
     definitive_statuses: frozenset[int] = frozenset()
     max_result_bytes: int = 1024 * 1024
     idempotent: bool = False
@@ -43,11 +54,24 @@ class UpstreamSpec:
     def secret(self) -> bytes:
         """The signing secret from the environment, or b"" when unset (the executor refuses
         to call then: an unsigned call would be refused or, worse, accepted)."""
-        return os.environ.get(self.secret_env, "").encode() if self.secret_env else b""
+        return _env_secret(self.secret_env)
+
+    def signing_keys(self) -> list[SigningKey]:
+        """Every key a call is signed with: the current secret first, then the previous one
+        during a rotation. A named but unset variable gives secret b"" (no call is made)."""
+        keys = [SigningKey(self.key_id, self.secret_env, self.secret())]
+        if self.previous_secret_env:
+            previous = self.previous_secret_env
+            keys.append(SigningKey(self.previous_key_id, previous, _env_secret(previous)))
+        return keys
 
     @property
     def executor_name(self) -> str:
         return self.entry_point if self.kind == "python" else self.kind
+
+
+def _env_secret(name: str) -> bytes:
+    return os.environ.get(name, "").encode() if name else b""
 
 
 @dataclass(frozen=True)

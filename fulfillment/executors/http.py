@@ -26,6 +26,7 @@ from fulfillment.executors.base import (
     JobOutput,
     JobSpec,
     JobStatus,
+    SigningKey,
     Started,
     UpstreamSpec,
 )
@@ -45,21 +46,35 @@ def signature(secret: bytes, timestamp: str, method: str, path: str, body: bytes
     return f"{SIGNATURE_VERSION}={mac.hexdigest()}"
 
 
+def signature_header(
+    keys: list[SigningKey], timestamp: str, method: str, path: str, body: bytes
+) -> str:
+    """One `v1=<hex>` per key, comma separated, each after `kid=<id>;` when the key has an
+    id. A single secret without a key id gives the header of before: `v1=<hex>` alone."""
+    return ", ".join(
+        (f"kid={key.key_id};" if key.key_id else "")
+        + signature(key.secret, timestamp, method, path, body)
+        for key in keys
+    )
+
+
 def signed_headers(
     upstream: UpstreamSpec, method: str, path: str, body: bytes, *, now: float | None = None
 ) -> dict[str, str]:
-    """The timestamp and signature headers for one request (the secret read now)."""
-    secret = upstream.secret()
-    if not secret:
-        # Nothing was sent, but the seller can fix the variable: retry, then escalate.
-        raise ExecutorError(
-            "upstream_secret_missing",
-            f"environment variable {upstream.secret_env or '(unnamed)'} is not set",
-        )
+    """The timestamp and signature headers for one request (the secrets read now). During a
+    rotation the call is signed with both secrets, so the upstream may hold either."""
+    keys = upstream.signing_keys()
+    for key in keys:
+        if not key.secret:
+            # Nothing was sent, but the seller can fix the variable: retry, then escalate.
+            raise ExecutorError(
+                "upstream_secret_missing",
+                f"environment variable {key.env or '(unnamed)'} is not set",
+            )
     timestamp = str(int(now if now is not None else time.time()))
     return {
         "Tollbooth-Timestamp": timestamp,
-        "Tollbooth-Signature": signature(secret, timestamp, method, path, body),
+        "Tollbooth-Signature": signature_header(keys, timestamp, method, path, body),
     }
 
 

@@ -66,6 +66,10 @@ Settling = SettlementOutcome | Awaiting[SettlementOutcome]
 # (a facilitator) answered on the way, one short summary per HTTP exchange.
 FIRST_BROADCAST = "first_broadcast"
 SETTLER_ANSWERS = "settler_answers"
+# A facilitator's own id for a settlement it took (Circle's `paymentId`): kept on the attempt
+# beside the tx hash (`PaymentAttempt.facilitator_payment_id`), so reconciliation and support
+# can name it to the facilitator while no hash is known.
+FACILITATOR_PAYMENT_ID = "facilitator_payment_id"
 # Set when the rail itself replaced a submission that could never land by a new one of the
 # same signed payment (x402 direct: another transaction took the relayer nonce): the try
 # number it was counted as, the replaced and the new references (tx hash, relayer nonce)
@@ -87,6 +91,19 @@ class BatchLookup:
 # The context each attempt's own part of a batch look-up runs in (reconciliation's row
 # isolation): one row that cannot be read never stops the others.
 RowGuard = Callable[["PaymentAttempt"], AbstractContextManager[None]]
+
+
+@dataclass(frozen=True)
+class FundsLow:
+    """A rail's own funds for moving money ran low (x402 direct: the relayer's gas), in the
+    smallest unit of what it pays with (wei). `can_settle` False: payments are refused."""
+
+    network: str
+    address: str
+    balance: int
+    minimum: int
+    can_settle: bool
+    read_at: datetime
 
 
 @dataclass(frozen=True)
@@ -203,6 +220,14 @@ class PaymentRail(Protocol):
     def heal(self, *, now: datetime, stats: Counter[str]) -> None:
         """Housekeeping that keeps later settlements from stalling (x402: our relayers'
         nonce gaps), counted into `stats`. Nothing for a rail with no such machinery."""
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        """Read the funds the rail itself pays with (x402 direct: each relayer's gas) and keep
+        the reading where every process sees it; `alert` each one newly low (it returns
+        whether the alert was delivered). Counted into `stats`. Nothing for a rail that
+        spends nothing of ours."""
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime

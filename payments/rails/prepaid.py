@@ -4,7 +4,7 @@ recorded, in the orchestration's transaction. Nothing to broadcast, nothing to l
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -16,6 +16,7 @@ from payments.models import PaymentAttempt, Rail, Refund
 from payments.rails.base import (
     BatchLookup,
     Charge,
+    FundsLow,
     Presentation,
     QuoteTerms,
     RowGuard,
@@ -120,6 +121,11 @@ class PrepaidRail:
 
     def heal(self, *, now: datetime, stats: Counter[str]) -> None:
         return None  # no relayer, no queue: nothing can stall
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        return None  # a ledger entry costs no gas
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime

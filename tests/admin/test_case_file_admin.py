@@ -5,6 +5,7 @@ support filters; the dashboard."""
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,8 +20,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from core.actors import Actor
+from core.clock import utc_seconds
 from payments.models import LedgerBalance, PaymentAttempt, Refund
-from purchases.events import purchase_transition
+from purchases import event_subjects
+from purchases.events import event_note, purchase_transition
 from purchases.models import (
     Escalation,
     IdempotencyRecord,
@@ -162,6 +165,57 @@ def test_now_box_strip_and_timeline_in_each_state(cases: Cases, support: Client)
         rows = re.findall(r'data-testid="case-event"', page)
         assert len(rows) == purchase.events.count(), name
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page), name
+
+
+def _replay(client: APIClient, purchase: Purchase) -> None:
+    """The waiting buyer's poll: the same payment id and request again."""
+    again = client.post(
+        f"/api/v1/quotes/{purchase.quote.public_id}/purchase",
+        {"rail": "prepaid"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="pay-admin-0001-aaaa",  # _paid_prepaid_purchase's
+    )
+    assert again["Idempotent-Replayed"] == "true"
+
+
+def test_a_polling_buyers_replays_fold_into_one_row_with_a_count_and_first_last_time(
+    client_for_buyer: APIClient,
+    offering: Offering,
+    support: Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    purchase = _paid_prepaid_purchase(client_for_buyer, offering)
+    start = timezone.now().replace(microsecond=0) + timedelta(minutes=1)
+    clock = [start]
+    monkeypatch.setattr(timezone, "now", lambda: clock[0])  # a buyer polling every 10 s
+    for _ in range(5):
+        _replay(client_for_buyer, purchase)
+        clock[0] += timedelta(seconds=10)
+    event_note(
+        subject=event_subjects.RESULT_REACCESSED,
+        purchase=purchase,
+        actor=Actor.agent("buyer"),
+        evidence={"channel": "api"},
+    )
+    for _ in range(2):
+        _replay(client_for_buyer, purchase)
+        clock[0] += timedelta(seconds=10)
+
+    page = support.get(_change(purchase)).content.decode()
+
+    rows = re.findall(r'<tr id="case-event-\d+"[^>]*>.*?</tr>', page, re.S)
+    folded = [r for r in rows if 'data-subject="payment_id.replayed"' in r]
+    assert len(folded) == 2  # the event between them ends the first run
+    assert len(rows) == purchase.events.count() - (5 - 1) - (2 - 1)
+    first, second = folded
+    assert 'data-count="5"' in first and 'data-count="2"' in second
+    assert "(5 times)" in first and "(2 times)" in second
+
+    def at(seconds: int) -> str:
+        return utc_seconds(start + timedelta(seconds=seconds))
+
+    assert at(0) in first and at(40) in first  # first and last time
+    assert at(50) in second and at(60) in second
 
 
 def _page_queries(client: Client, purchase: Purchase) -> int:
@@ -307,6 +361,12 @@ def test_refused_prepaid_payment_is_found_by_its_payment_id_with_the_balance(
     page = support.get(_change(record)).content.decode()
     assert "insufficient_funds" in page
     assert "0.100000 USDC (100000)" in page
+    # Told in words, not only as the stored JSON: what the buyer heard and whose move it is.
+    assert (
+        "<strong>402 insufficient_funds</strong>: The prepaid balance does not cover the price. "
+        "Nothing was charged: no purchase was made.<br>Next: top up balance (the buyer's "
+        "move)." in page
+    )
 
 
 # --- the actions ----------------------------------------------------------------------------
@@ -432,6 +492,52 @@ def test_assign_sets_owner_deadline_and_note(cases: Cases, support: Client) -> N
     )
     assert again.status_code == 302, again.content
     assert cases.pending.escalations.get(state="open").deadline_at == later
+
+
+def test_assigning_to_support_while_a_refund_is_owed_keeps_the_refund_finances(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    purchase = cases.late  # a late transfer: a refund owed, finance's move
+    refund = purchase.refunds.get()
+    assert _attr(finance.get(_change(purchase)).content.decode(), "case-owner", "data-owner") == (
+        "finance"
+    )
+    deadline = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    done = support.post(
+        _action_url(purchase, "assign"),
+        {
+            "owner": "support",
+            "deadline_at": deadline.strftime("%Y-%m-%d %H:%M:%S"),
+            "note": "Buyer asks about it; support answers them.",
+            "escalation": "",
+        },
+    )
+    assert done.status_code == 302, done.content
+    assert purchase.escalations.get(state="open").owner == "support"
+    # Finance's lists still hold the refund owed.
+    owed = finance.get(reverse("admin:payments_refund_changelist"), {"state": "owed"})
+    assert refund in owed.context["cl"].result_list
+    listed = finance.get(_changelist(Purchase), {"refund_owed": "yes"})
+    assert purchase in listed.context["cl"].result_list
+    # The Now box names both moves: support's escalation with its deadline, and finance's
+    # refund owed (it said "support" alone), with the link finance pays it back from.
+    for client in (support, finance):
+        page = client.get(_change(purchase)).content.decode()
+        assert _attr(page, "case-owner", "data-owner") == "support"
+        assert _attr(page, "case-deadline", "data-deadline-source") == "escalation"
+        assert _attr(page, "case-refund-owner", "data-owner") == "finance"
+        assert "finance: refund owed, to pay back" in page
+    assert f"Pay back refund {refund.pk} (owed)" in page  # finance's page
+    # Resolved, the escalation leaves the refund finance's alone again.
+    escalation = purchase.escalations.get(state="open")
+    resolved = support.post(
+        _action_url(purchase, "resolve"),
+        {"escalation": escalation.pk, "code": "buyer_informed", "note": "Told them."},
+    )
+    assert resolved.status_code == 302, resolved.content
+    page = finance.get(_change(purchase)).content.decode()
+    assert _attr(page, "case-owner", "data-owner") == "finance"
+    assert 'data-testid="case-refund-owner"' not in page
 
 
 def test_assign_refuses_a_deadline_in_the_past(cases: Cases, support: Client) -> None:
@@ -604,6 +710,31 @@ def test_a_pending_case_reads_the_attempts_current_reason(cases: Cases, support:
     assert sentence and "nonce unused" in sentence.group(1)
     assert f"Broadcast (tx {TX})" in sentence.group(1)
     assert _attr(page, "case-deadline", "data-deadline-source") == "authorization_window"
+
+
+def _warning(page: str) -> str:
+    match = re.search(r'data-testid="case-action-warning">(.*?)</p>', page, re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", match.group(1))) if match else ""
+
+
+def test_refunding_an_unknown_outcome_is_offered_with_a_warning_that_names_the_risk(
+    cases: Cases, support: Client, finance: Client
+) -> None:
+    purchase = cases.unknown
+    PaymentAttemptFactory.create(purchase=purchase, succeeded=True, amount=purchase.amount)
+    propose = _action_url(purchase, "propose_refund")
+    warning = _warning(support.get(propose).content.decode())
+    # What is awaited, and what refunding now risks.
+    assert "outcome is still unknown (job_status_unknown)" in warning
+    assert "awaiting the executor's answer" in warning
+    assert "result is delivered to the buyer and this refund stands" in warning
+    assert "never paid twice" in warning and "docs/runbook.md" in warning
+    # Still offered: support proposes, finance decides, and reads the same warning first.
+    assert support.post(propose, {"kind": "refund", "note": "Buyer gave up."}).status_code == 302
+    approve = finance.get(_action_url(purchase, "approve_refund")).content.decode()
+    assert _warning(approve) == warning
+    # Where the outcome is known, nothing to warn of.
+    assert _warning(support.get(_action_url(cases.done, "propose_refund")).content.decode()) == ""
 
 
 def test_a_declined_proposal_moves_nothing_and_partial_ones_never_exceed_the_payment(

@@ -9,12 +9,13 @@ import hmac
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
 
-from fulfillment.executors import ExecutorError, JobSpec, get_executor
-from fulfillment.executors.http import HttpExecutor, signature
+from fulfillment.executors import ExecutorError, JobSpec, UpstreamSpec, get_executor
+from fulfillment.executors.http import HttpExecutor, signature, signed_headers
 from tests.fixtures.sample_upstream import SECRET, SampleUpstream, wait_for
 
 
@@ -172,3 +173,111 @@ def test_the_documented_string_to_sign() -> None:
         hashlib.sha256,
     ).hexdigest()
     assert signature(b"k", "1700000000", "POST", "/work?a=1", body) == "v1=" + expected
+
+
+def test_a_secret_without_a_key_id_signs_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Old single-secret upstreams keep their check: the header is `v1=<hex>` alone.
+    monkeypatch.setenv("TOLLBOOTH_TEST_UPSTREAM_SECRET", SECRET)
+    spec = UpstreamSpec(kind="http", secret_env="TOLLBOOTH_TEST_UPSTREAM_SECRET")
+    headers = signed_headers(spec, "POST", "/work", b"{}", now=1700000000)
+    assert headers["Tollbooth-Signature"] == signature(
+        SECRET.encode(), "1700000000", "POST", "/work", b"{}"
+    )
+
+
+def test_during_a_rotation_each_signature_names_its_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEW_SECRET", "new")
+    monkeypatch.setenv("OLD_SECRET", "old")
+    spec = UpstreamSpec(
+        kind="http",
+        secret_env="NEW_SECRET",
+        key_id="2026-12",
+        previous_secret_env="OLD_SECRET",
+        previous_key_id="2026-06",
+    )
+    header = signed_headers(spec, "POST", "/work", b"{}", now=1700000000)["Tollbooth-Signature"]
+    new, old = (signature(k, "1700000000", "POST", "/work", b"{}") for k in (b"new", b"old"))
+    assert header == f"kid=2026-12;{new}, kid=2026-06;{old}"
+
+
+def test_a_rotation_whose_previous_secret_is_unset_makes_no_call(
+    sample_upstream: SampleUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ExecutorError) as caught:
+        call(sample_upstream, job(), key_id="2", previous_secret_env="UNSET_OLD_SECRET")
+    assert caught.value.reason_code == "upstream_secret_missing" and not caught.value.definitive
+    assert "UNSET_OLD_SECRET" in str(caught.value)
+    assert sample_upstream.stats()["calls"] == 0
+
+
+@pytest.mark.parametrize("held", [("1",), ("1", "2"), ("2",)])
+def test_an_upstream_holding_either_secret_accepts_a_call_signed_during_a_rotation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held: tuple[str, ...]
+) -> None:
+    monkeypatch.setenv("UP_OLD", "old-secret")
+    monkeypatch.setenv("UP_NEW", "new-secret")
+    upstream = SampleUpstream(tmp_path / "up.sqlite3").start(
+        {"1=UP_OLD": "old-secret", "2=UP_NEW": "new-secret"}
+    )
+    try:
+        assert upstream.accept(*held) == list(held)
+        rotating = {"secret_env": "UP_NEW", "key_id": "2"}
+        call(upstream, job(), **rotating, previous_secret_env="UP_OLD", previous_key_id="1")
+        # Signed with one key alone, the call passes only where the upstream holds that key.
+        for kid, env in (("1", "UP_OLD"), ("2", "UP_NEW")):
+            try:
+                call(upstream, job(key=f"k-{kid}"), secret_env=env, key_id=kid)
+            except ExecutorError:
+                assert kid not in held
+            else:
+                assert kid in held
+        stats = upstream.stats()
+        assert (stats["effects"], stats["refused"]) == (1 + len(held), 2 - len(held))
+    finally:
+        upstream.kill()
+
+
+def documented_verifier() -> Any:
+    """The check docs/upstreams.md gives sellers, run as they would paste it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "upstreams.md").read_text()
+    block = next(b for b in text.split("```python")[1:] if "def tollbooth_verify" in b)
+    namespace: dict[str, Any] = {}
+    exec(block.split("```")[0], namespace)  # noqa: S102  (our own documentation)
+    return namespace["tollbooth_verify"]
+
+
+@pytest.mark.parametrize(
+    ("held", "accepted"),
+    [
+        ({"": b"old"}, {"legacy"}),  # an upstream from before key ids, as configured then
+        ({"1": b"old"}, {"old", "rotating"}),
+        ({"1": b"old", "2": b"new"}, {"old", "rotating", "new"}),
+        ({"2": b"new"}, {"rotating", "new"}),
+    ],
+)
+def test_the_documented_verifier_accepts_any_secret_it_holds(
+    monkeypatch: pytest.MonkeyPatch, held: dict[str, bytes], accepted: set[str]
+) -> None:
+    verify = documented_verifier()
+    monkeypatch.setenv("OLD_SECRET", "old")
+    monkeypatch.setenv("NEW_SECRET", "new")
+    specs = {
+        "legacy": UpstreamSpec(kind="http", secret_env="OLD_SECRET"),
+        "old": UpstreamSpec(kind="http", secret_env="OLD_SECRET", key_id="1"),
+        "rotating": UpstreamSpec(
+            kind="http",
+            secret_env="NEW_SECRET",
+            key_id="2",
+            previous_secret_env="OLD_SECRET",
+            previous_key_id="1",
+        ),
+        "new": UpstreamSpec(kind="http", secret_env="NEW_SECRET", key_id="2"),
+    }
+    body = b'{"q":"x"}'
+    passed = set()
+    for name, spec in specs.items():
+        headers = {k.lower(): v for k, v in signed_headers(spec, "POST", "/w", body).items()}
+        if verify(held, headers, "POST", "/w", body):
+            passed.add(name)
+        assert not verify(held, headers, "POST", "/w", body + b" ")  # a changed body
+    assert passed == accepted

@@ -30,6 +30,10 @@ def errors_of(**fields: object) -> set[str]:
 
 def test_a_good_configuration_passes() -> None:
     assert errors_of() == set()
+    assert errors_of(key_id="2026-12") == set()
+    # Mid-rotation, from a secret with a key id or from an old one without.
+    assert errors_of(key_id="2", previous_secret_env="OLD", previous_key_id="1") == set()
+    assert errors_of(key_id="2", previous_secret_env="OLD") == set()
 
 
 @pytest.mark.parametrize(
@@ -47,6 +51,13 @@ def test_a_good_configuration_passes() -> None:
         ({"method": "TRACE"}, "method"),
         ({"kind": "python", "entry_point": ""}, "entry_point"),
         ({"dry_run": {"path": "health"}}, "dry_run"),
+        # A rotation: two signatures the upstream must tell apart by key id.
+        ({"previous_secret_env": "OLD_SECRET"}, "key_id"),
+        ({"key_id": "2", "previous_secret_env": "SELLER_SECRET"}, "previous_secret_env"),
+        ({"key_id": "2", "previous_secret_env": "old-secret-value"}, "previous_secret_env"),
+        ({"key_id": "1", "previous_secret_env": "OLD", "previous_key_id": "1"}, "key_id"),
+        ({"key_id": "k=1"}, "key_id"),
+        ({"previous_key_id": "1"}, "previous_key_id"),
     ],
 )
 def test_a_bad_field_is_named(fields: dict[str, object], field: str) -> None:

@@ -27,8 +27,7 @@ def offering_on(upstream: SampleUpstream, **config: object) -> Offering:
         offering=offering,
         kind="http",
         url=upstream.url + "/work",
-        secret_env=SECRET_ENV,
-        **{"dry_run": {"method": "GET", "path": "/health"}, **config},
+        **{"secret_env": SECRET_ENV, "dry_run": {"method": "GET", "path": "/health"}, **config},
     )
     return offering
 
@@ -83,4 +82,25 @@ def test_the_admin_button_is_its_own_form_and_reports(sample_upstream: SampleUps
     shown = [str(m) for m in get_messages(response.wsgi_request)]  # type: ignore[attr-defined]
     assert any("accepts connections" in m for m in shown)
     assert "Upstream check: ok" in shown
+    assert sample_upstream.stats()["effects"] == 0
+
+
+def test_during_a_rotation_the_check_reports_both_secrets(
+    sample_upstream: SampleUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sample upstream holds the old secret (no key id); the new one is not set here yet.
+    offering = offering_on(
+        sample_upstream,
+        secret_env="NEW_UPSTREAM_SECRET",
+        key_id="2",
+        previous_secret_env=SECRET_ENV,
+    )
+    with pytest.raises(CommandError):
+        run(offering.slug)
+    monkeypatch.setenv("NEW_UPSTREAM_SECRET", "new-secret")
+    out = run(offering.slug)
+    assert "secret: NEW_UPSTREAM_SECRET (key id 2) is set" in out
+    assert f"previous (rotation under way) secret: {SECRET_ENV} is set" in out
+    # Signed with both, the upstream still holding the old one accepts the dry run.
+    assert re.search(r"auth: GET /health answered 200 in \d+ ms", out)
     assert sample_upstream.stats()["effects"] == 0

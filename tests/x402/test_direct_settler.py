@@ -21,6 +21,7 @@ from payments.rails.base import SettlementOutcome, SettlementStatus
 from payments.rails.x402.direct import BroadcastNotPrepared, DirectSettler
 from payments.rails.x402.relayer import relayer_heal, relayer_nonce_allocate
 from payments.rails.x402.types import Authorization, PreparedBroadcast
+from payments.signers import EnvRelayerKeySigner
 from tests.x402.chain_env import CAIP2, FUNDED, PRICE, ChainEnv
 
 CONFIRMED = SettlementStatus.CONFIRMED
@@ -55,7 +56,8 @@ def next_nonce(env: ChainEnv) -> int:
 
 def heal(env: ChainEnv, *prepared: PreparedBroadcast, **kwargs: object) -> list[dict[str, object]]:
     known = [(p.relayer_nonce, p.raw_transaction) for p in prepared]
-    return relayer_heal(network=env.network, w3=env.w3, account=env.relayer,
+    signer = EnvRelayerKeySigner(network=CAIP2, key=env.network.relayer_private_key)
+    return relayer_heal(network=env.network, w3=env.w3, account=signer,
                         known=known, **kwargs)  # type: ignore[arg-type]  # fmt: skip
 
 

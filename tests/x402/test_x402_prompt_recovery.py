@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 
 from devtools.facilitator_double import FacilitatorDouble
 from payments.models import PaymentAttempt
+from payments.rails.x402.direct import relayer_signer_for
 from purchases.models import JobRun, Purchase, PurchaseEvent
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from purchases.services.settle.resubmit import BACKOFF
@@ -270,7 +271,7 @@ def test_a_nonce_whose_own_send_may_still_be_on_its_way_is_not_touched(make_x402
     world.node.drop_transaction(PaymentAttempt.objects.get().tx_hash)
     PaymentAttempt.objects.update(state="recorded")  # as if its first send were under way
     network = network_config("eip155:31337")
-    account = world.relayer
+    account = relayer_signer_for(network)
 
     assert relayer_gap_close(network=network, account=account, chain_pending=0, allocated=1) == []
     assert world.w3.eth.get_transaction_count(world.relayer.address, "pending") == 0
@@ -297,7 +298,11 @@ def test_a_gap_check_reads_only_its_own_keys_transactions_at_those_nonces(make_x
     def gap_close() -> list[Any]:
         _signer_and_nonce.cache_clear()
         return relayer_gap_close(
-            network=network, account=world.relayer, chain_pending=0, allocated=1, lapsed_below=0
+            network=network,
+            account=relayer_signer_for(network),
+            chain_pending=0,
+            allocated=1,
+            lapsed_below=0,
         )
 
     PaymentAttempt.objects.update(relayer_address=earlier_key)  # as if signed by that key

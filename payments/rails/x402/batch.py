@@ -65,7 +65,13 @@ from payments.rails.x402.chain import (
     is_hash32,
 )
 from payments.rails.x402.lookup import _settles as settles_transfer  # the lookup's own rule
-from payments.rails.x402.rpc import TRANSPORT_FAULTS, JsonRpcClient, RpcCall, RpcError, RpcTransport
+from payments.rails.x402.rpc import (
+    TRANSPORT_FAULTS,
+    JsonRpcClient,
+    RpcCall,
+    RpcError,
+    transport_for,
+)
 from payments.rails.x402.types import Authorization, NetworkConfig
 
 # One batch carries up to 2 calls per item: a node may need a while for 1,000 of them.
@@ -313,7 +319,9 @@ class BatchChainReader:
         self.token = Web3.to_checksum_address(network.token_address)
         # Its own transport, not the thread's: it counts this reader's requests, and the
         # batches of one step share it from `parallel` threads.
-        self._transport = RpcTransport(network.rpc_url, connections=parallel)
+        self._transport = transport_for(
+            network.rpc_url, network.rpc_url_fallback, connections=parallel
+        )
         self.rpc = JsonRpcClient(self._transport, timeout=BATCH_RPC_TIMEOUT_SECONDS)
         # For the ChainReader methods the lookup does not use: web3, on the same transport.
         self.w3 = Web3(TransportProvider(self._transport, timeout=BATCH_RPC_TIMEOUT_SECONDS))

@@ -29,6 +29,7 @@ from web3.types import BlockIdentifier, FilterParams, LogReceipt, RPCEndpoint, R
 from payments.chain.token import checksummed, token_contract
 from payments.rails.x402.rpc import (
     TRANSPORT_FAULTS,
+    FailoverTransport,
     RpcCall,
     RpcError,
     RpcTransport,
@@ -69,7 +70,7 @@ class TransportProvider(JSONBaseProvider):
     backoff by default; a reconciliation read would rather answer "unknown" at once. Single
     calls only: a batch goes through JsonRpcClient.batch, which matches answers by id."""
 
-    def __init__(self, transport: RpcTransport, *, timeout: float) -> None:
+    def __init__(self, transport: RpcTransport | FailoverTransport, *, timeout: float) -> None:
         super().__init__()
         self.transport = transport
         self._timeout = rpc_timeout(timeout)
@@ -89,11 +90,12 @@ def w3_for(network: NetworkConfig, *, timeout: float = RPC_TIMEOUT_SECONDS) -> W
     instead of being built again, and no two threads share one. It goes over the thread's
     transport for the URL, with the JSON-RPC clients of the hot path (payments.rails.x402.rpc).
     """
-    cache: dict[tuple[str, float], Web3] = _clients.__dict__.setdefault("by_url", {})
-    client = cache.get((network.rpc_url, timeout))
+    cache: dict[tuple[str, str, float], Web3] = _clients.__dict__.setdefault("by_url", {})
+    key = (network.rpc_url, network.rpc_url_fallback, timeout)
+    client = cache.get(key)
     if client is None:
-        provider = TransportProvider(thread_transport(network.rpc_url), timeout=timeout)
-        client = cache[(network.rpc_url, timeout)] = Web3(provider)
+        transport = thread_transport(network.rpc_url, network.rpc_url_fallback)
+        client = cache[key] = Web3(TransportProvider(transport, timeout=timeout))
     return client
 
 
@@ -175,7 +177,11 @@ class ChainReader:
             RpcCall("eth_call", (self._call_to(BALANCE_OF_SELECTOR + state[:32]), "latest")),
             RpcCall("eth_blockNumber"),
         ]
-        rpc = rpc_client_for(self.network.rpc_url, timeout=RPC_TIMEOUT_SECONDS)
+        rpc = rpc_client_for(
+            self.network.rpc_url,
+            timeout=RPC_TIMEOUT_SECONDS,
+            fallback=self.network.rpc_url_fallback,
+        )
         with _rpc():
             used, balance, head = (answer.value() for answer in rpc.batch(calls))
             (used_flag,) = abi_decode(["bool"], data_bytes(used))

@@ -19,9 +19,6 @@ from django.utils import timezone
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
 from eth_abi.exceptions import DecodingError
-from eth_account import Account
-from eth_account.signers.local import LocalAccount
-from eth_keys.datatypes import PrivateKey
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 
@@ -40,6 +37,7 @@ from payments.rails.x402.relayer import (
 from payments.rails.x402.rpc import (
     TRANSPORT_FAULTS,
     JsonRpcClient,
+    RpcAnswer,
     RpcCall,
     RpcError,
     RpcReplyInvalid,
@@ -54,6 +52,7 @@ from payments.rails.x402.types import (
     Requirements,
     is_final_at_depth,
 )
+from payments.signers import SignerUnconfigured, TransactionSigner, relayer_signer
 
 # Fixed, not estimated: the signed bytes may be re-sent unchanged long after signing, and an
 # estimate is only true of one moment's state. transferWithAuthorization uses ~75k gas (~90k
@@ -108,33 +107,39 @@ class DirectSettler:
         self.poll_interval = poll_interval
         self.request_timeout = request_timeout
 
+    def verify_before_record(
+        self, *, authorization: Authorization, requirements: Requirements, network: NetworkConfig
+    ) -> None:
+        """Our own relayer settles: `verify_payment_funds` has asked the chain already."""
+
     def prepare(self, *, authorization: Authorization, network: NetworkConfig) -> PreparedBroadcast:
         """Sign (not send) the relayer transaction. Raises BroadcastNotPrepared on a network
         fault, ImproperlyConfigured for a missing relayer key or a node on another chain."""
-        account = _relayer_account(network)
+        signer = relayer_signer_for(network)
         wire = authorization.as_wire()
         data = transfer_with_authorization_calldata(wire["authorization"], wire["signature"])
         try:
             fees, chain_pending = _fees_and_pending_nonce(
-                self._rpc(network), address=account.address, network=network
+                self._rpc(network), address=signer.address, network=network
             )
         except _NETWORK_FAULTS as exc:
             raise BroadcastNotPrepared("rpc_error", str(exc)) from exc
         lease = relayer_nonce_lease(
-            network=network, address=account.address, chain_pending_nonce=chain_pending
+            network=network, address=signer.address, chain_pending_nonce=chain_pending
         )
         nonce = lease.nonce
-        gap_closed = _close_gap_below(network, account, chain_pending, lease)
+        gap_closed = _close_gap_below(network, signer, chain_pending, lease)
         tx: dict[str, Any] = {"to": _checksummed(network.token_address), "value": 0,
                               "data": data, "gas": TRANSFER_WITH_AUTHORIZATION_GAS,
                               "chainId": network.chain_id, "nonce": nonce, **fees}  # fmt: skip
-        # With the parsed key: LocalAccount.sign_transaction derives its public key again.
-        signed = Account.sign_transaction(tx, _private_key(network.relayer_private_key))
+        # Through the signer interface (payments.signers): a KMS or hardware signer may
+        # stand in for the environment's key. It signs; nothing is sent before the record.
+        signed = signer.sign_transaction(tx)
         return PreparedBroadcast(
-            tx_hash=signed.hash.to_0x_hex(),
-            raw_transaction=signed.raw_transaction.to_0x_hex(),
+            tx_hash=signed.tx_hash.lower(),
+            raw_transaction=signed.raw,
             relayer_nonce=nonce,
-            relayer_address=account.address,
+            relayer_address=signer.address,
             gap_closed=gap_closed,
         )
 
@@ -186,7 +191,7 @@ class DirectSettler:
     def _rpc(self, network: NetworkConfig) -> JsonRpcClient:
         # No hidden retries: the polling loop owns retrying, within the caller's deadline.
         timeout = min(self.request_timeout, max(network.confirmation_timeout, 1.0))
-        return rpc_client_for(network.rpc_url, timeout=timeout)
+        return rpc_client_for(network.rpc_url, timeout=timeout, fallback=network.rpc_url_fallback)
 
 
 def wait_deadline(timeout: float, wait_until: float | None) -> float:
@@ -196,27 +201,24 @@ def wait_deadline(timeout: float, wait_until: float | None) -> float:
     return deadline if wait_until is None else min(deadline, wait_until)
 
 
-def _relayer_account(network: NetworkConfig) -> LocalAccount:
-    if not network.relayer_private_key:
-        raise ImproperlyConfigured(f"no relayer key for {network.caip2} (direct mode)")
-    return _account_for_key(network.relayer_private_key)
+def relayer_address(network: NetworkConfig) -> str:
+    """Our relayer's address on `network` (checksummed). Raises ImproperlyConfigured when
+    no relayer is configured."""
+    return str(relayer_signer_for(network).address)
 
 
-@lru_cache(maxsize=16)
-def _private_key(private_key: str) -> PrivateKey:
-    return PrivateKey(HexBytes(private_key))  # its public key derived once (keyed by value)
-
-
-@lru_cache(maxsize=16)
-def _account_for_key(private_key: str) -> LocalAccount:
-    # Deriving the address is an elliptic-curve multiplication: once per key, not per
-    # payment. Keyed by the key itself, so a rotated relayer key is a new entry.
-    account: LocalAccount = Account.from_key(private_key)
-    return account
+def relayer_signer_for(network: NetworkConfig) -> TransactionSigner:
+    """Who signs our relayer's transactions on `network` (payments.signers, built once per
+    process and key: deriving an address is an elliptic-curve multiplication). Raises
+    ImproperlyConfigured when no relayer is configured."""
+    try:
+        return relayer_signer(network=network.caip2, key=network.relayer_private_key)
+    except SignerUnconfigured as exc:
+        raise ImproperlyConfigured(f"no relayer for {network.caip2} (direct mode): {exc}") from exc
 
 
 def _close_gap_below(
-    network: NetworkConfig, account: LocalAccount, chain_pending: int, lease: NonceLease
+    network: NetworkConfig, account: TransactionSigner, chain_pending: int, lease: NonceLease
 ) -> tuple[tuple[int, str, str, tuple[int, ...]], ...]:
     """A nonce above the chain's pending count may sit behind a lost broadcast of ours, or
     behind nonces whose holders died before sending: close that gap now (once their leases
@@ -266,30 +268,41 @@ def _fees_and_pending_nonce(
     where the latest block has a base fee, else a legacy gasPrice. Both fee answers are
     asked for, and only the one the block calls for is used (a legacy node may refuse the
     other). The pending nonce is the freshest view of our in-flight count."""
-    calls = [
-        RpcCall("eth_getBlockByNumber", ("latest", False)),
-        RpcCall("eth_maxPriorityFeePerGas"),
-        RpcCall("eth_gasPrice"),
-        RpcCall("eth_getTransactionCount", (address, "pending")),
-    ]
+    calls = [*FEE_CALLS, RpcCall("eth_getTransactionCount", (address, "pending"))]
     verify_chain = (network.rpc_url, network.chain_id) not in _VERIFIED_CHAINS
     if verify_chain:
         calls.append(RpcCall("eth_chainId"))
     block, priority_fee, gas_price, pending, *chain_id = rpc.batch(calls)
     if verify_chain:
         _check_chain(quantity(chain_id[0].value()), network)
+    return fee_fields(rpc, block, priority_fee, gas_price), quantity(pending.value())
+
+
+# The answers `fee_fields` reads, asked in the caller's own batch.
+FEE_CALLS = (
+    RpcCall("eth_getBlockByNumber", ("latest", False)),
+    RpcCall("eth_maxPriorityFeePerGas"),
+    RpcCall("eth_gasPrice"),
+)
+
+
+def fee_fields(
+    rpc: JsonRpcClient, block: RpcAnswer, priority_fee: RpcAnswer, gas_price: RpcAnswer
+) -> dict[str, int]:
+    """The fee fields we sign a relayer transaction with, from the answers to FEE_CALLS:
+    EIP-1559 where the latest block has a base fee, else a legacy gasPrice. Both fee answers
+    are asked for, and only the one the block calls for is used (a legacy node may refuse
+    the other). Raises RpcError or a TRANSPORT_FAULTS exception."""
     header = block.value()
     if not isinstance(header, dict):
         raise RpcReplyInvalid(f"eth_getBlockByNumber: not a block: {str(header)[:200]}")
     if header.get("baseFeePerGas") is None:
-        fees = {"gasPrice": quantity(gas_price.value())}
-    else:
-        try:
-            tip = quantity(priority_fee.value())
-        except RpcError:
-            tip = _fee_history_priority_fee(rpc)
-        fees = dynamic_fee_fields(base_fee=quantity(header["baseFeePerGas"]), priority_fee=tip)
-    return fees, quantity(pending.value())
+        return {"gasPrice": quantity(gas_price.value())}
+    try:
+        tip = quantity(priority_fee.value())
+    except RpcError:
+        tip = _fee_history_priority_fee(rpc)
+    return dynamic_fee_fields(base_fee=quantity(header["baseFeePerGas"]), priority_fee=tip)
 
 
 def _check_chain(served: int, network: NetworkConfig) -> None:
@@ -369,7 +382,7 @@ def _nonce_taken(
     }
     calls = [
         RpcCall("eth_getTransactionByHash", (tx_hash,)),
-        RpcCall("eth_getTransactionCount", (_relayer_account(network).address, "latest")),
+        RpcCall("eth_getTransactionCount", (relayer_address(network), "latest")),
         RpcCall("eth_call", (call, "latest")),
         RpcCall("eth_getBlockByNumber", ("latest", False)),
     ]

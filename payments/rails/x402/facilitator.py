@@ -10,6 +10,7 @@ Classification (see `classify_verify` and `classify_settle`):
   /verify  200 {"isValid": true}                        -> go on to /settle
   /verify  200 {"isValid": false, reason in PROVEN}     -> FAILED  facilitator_rejected:<r>
   /verify  200 {"isValid": false, any other reason}     -> PENDING facilitator_unresolved:<r>
+  /verify  401 or 403 (our credentials refused)         -> PENDING facilitator_refused_credentials
   /verify  anything else (no answer, non-200, bad JSON) -> PENDING facilitator_unavailable
   /settle  200 {"success": true, "transaction": 0x..64 hex, network ours or absent,
                 no errorReason}                         -> CONFIRMED (tx_hash)
@@ -19,12 +20,22 @@ Classification (see `classify_verify` and `classify_settle`):
   /settle  5xx {"success": false, "settlement_pending"} -> PENDING settlement_pending (how the
                                                            CDP facilitator answers it)
   /settle  200 {"success": false, any other reason}     -> PENDING facilitator_unresolved:<r>
+  /settle  200 or 202 naming a `paymentId` (Circle), no confirmed hash
+                                                        -> PENDING settlement_pending, the
+                                                           facilitator's payment id kept
+  /settle  401 or 403 (our credentials refused)         -> PENDING facilitator_refused_credentials
   /settle  no answer (timeout, refused, cut mid-body)   -> PENDING facilitator_unavailable
   /settle  no answer within the paying request's budget (`wait_until`, shorter than the
            timeout)                                     -> PENDING facilitator_still_settling
   /settle  any other answer (non-200, 3xx, HTML, bad JSON, success without a usable hash)
                                                         -> PENDING facilitator_bad_response
 PENDING outcomes carry the transaction hash whenever the body names a well-formed one.
+
+A 401 or 403 is our outage, never the buyer's failure: the facilitator refused our
+credentials (facilitator_auth.py), so it said nothing about the payment. Each one is counted
+(`tollbooth_facilitator_refusals_total`) and announced (`facilitator_refused`, which the
+purchases app turns into an alert naming the facilitator and the status). Before anything
+is recorded, `verify_before_record` lets the paying request answer 503 + Retry-After.
 """
 
 from __future__ import annotations
@@ -34,11 +45,20 @@ import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
+from django.dispatch import Signal
+from prometheus_client import Counter
 from x402.schemas import PaymentPayload
 
-from payments.rails.base import SETTLER_ANSWERS, SettlementOutcome, SettlementStatus
+from payments.rails.base import (
+    FACILITATOR_PAYMENT_ID,
+    SETTLER_ANSWERS,
+    SettlementOutcome,
+    SettlementStatus,
+)
+from payments.rails.x402.facilitator_auth import FacilitatorAuth
 from payments.rails.x402.types import Authorization, NetworkConfig, PreparedBroadcast, Requirements
 from payments.rails.x402.wire import requirements_wire
 
@@ -55,6 +75,20 @@ REJECTED_PREFIX = "facilitator_rejected:"
 # the request that sends it is the one that can answer with its result.
 MIN_SETTLE_READ_SECONDS = 1.0
 UNRESOLVED_PREFIX = "facilitator_unresolved:"
+# The facilitator refused our credentials: our outage, it said nothing about the payment.
+REASON_REFUSED_CREDENTIALS = "facilitator_refused_credentials"
+REFUSAL_STATUSES = frozenset({401, 403})
+_PAYMENT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+facilitator_refusals = Counter(
+    "tollbooth_facilitator_refusals_total",
+    "Facilitator calls refused with HTTP 401 or 403 (our credentials): our outage, never a "
+    "buyer's failure.",
+    ["network", "facilitator", "endpoint", "status"],
+)
+# Sent (network, facilitator, endpoint, status) for each refusal; purchases turns it into an
+# alert. Receivers must not raise into the paying request (`send_robust`).
+facilitator_refused = Signal()
 
 # Reasons that prove the authorization was not, and cannot have been, executed through this
 # facilitator: properties of the payload against our requirements that no later block, clock
@@ -109,12 +143,48 @@ class HttpReply:
         return seen
 
 
+class FacilitatorRefused(Exception):
+    """The facilitator refused our credentials (HTTP 401 or 403) before anything was
+    recorded: the paying request answers 503 + Retry-After. Names no secret."""
+
+    def __init__(self, *, network: str, facilitator: str, endpoint: str, status: int) -> None:
+        super().__init__(f"{facilitator} refused our credentials at /{endpoint}: HTTP {status}")
+        self.network = network
+        self.facilitator = facilitator
+        self.endpoint = endpoint
+        self.status = status
+
+
 class FacilitatorSettler:
-    """Settler for a standard x402 facilitator at `network.facilitator_url`."""
+    """Settler for a standard x402 facilitator at `network.facilitator_url`, called with
+    `network.facilitator_auth`. One instance serves one attempt (X402Context.settler)."""
+
+    def __init__(self) -> None:
+        # /verify's answer asked before the attempt was recorded, used by its first broadcast
+        # instead of asking again.
+        self._verified: dict[tuple[str, str], HttpReply] = {}
 
     def prepare(self, *, authorization: Authorization, network: NetworkConfig) -> PreparedBroadcast:
         # The facilitator signs and sends the transaction: no hash exists before it answers.
         return PreparedBroadcast()
+
+    def verify_before_record(
+        self, *, authorization: Authorization, requirements: Requirements, network: NetworkConfig
+    ) -> None:
+        """/verify, before anything is recorded. Raises FacilitatorRefused when the
+        facilitator refuses our credentials (401/403): nothing may be recorded then, the
+        buyer retries. Any other answer is kept for this attempt's first broadcast, which
+        judges it as it always has (so /verify is asked once per paid request)."""
+        body = settlement_request(authorization, requirements, network)
+        reply = _call(network, "POST", VERIFY, body, network.facilitator_timeout)
+        if reply.status in REFUSAL_STATUSES:
+            raise FacilitatorRefused(
+                network=network.caip2,
+                facilitator=facilitator_name(network.facilitator_url),
+                endpoint=VERIFY,
+                status=reply.status,
+            )
+        self._verified[_authorization_key(authorization)] = reply
 
     def broadcast(
         self,
@@ -131,9 +201,10 @@ class FacilitatorSettler:
         broadcast, so the outcome is PENDING `facilitator_still_settling`, found later on
         chain by (payer, nonce). Connecting and /verify keep `facilitator_timeout`."""
         body = settlement_request(authorization, requirements, network)
-        base = network.facilitator_url.rstrip("/")
         timeout = network.facilitator_timeout
-        verified = _exchange("POST", f"{base}/verify", body, timeout)
+        verified = self._verified.pop(_authorization_key(authorization), None)
+        if verified is None:
+            verified = _call(network, "POST", VERIFY, body, timeout)
         answers = [answer_summary(VERIFY, verified)]
         verdict = classify_verify(verified)
         if verdict is not None:
@@ -141,7 +212,7 @@ class FacilitatorSettler:
         read = settle_read_timeout(timeout, wait_until)
         # Exactly one /settle per broadcast: a retry is the caller's decision, after it has
         # reconciled the first attempt on chain.
-        settled = _exchange("POST", f"{base}/settle", body, timeout, read_timeout=read)
+        settled = _call(network, "POST", SETTLE, body, timeout, read_timeout=read)
         answers.append(answer_summary(SETTLE, settled))
         outcome = classify_settle(settled, network=requirements.network)
         if read < timeout and settled.status is None and settled.transport_error:
@@ -149,6 +220,53 @@ class FacilitatorSettler:
             # facilitator's, and it may still settle. Said so; pending as before.
             outcome = replace(outcome, reason_code=REASON_STILL_SETTLING)
         return _with_answers(outcome, answers)
+
+
+def _authorization_key(authorization: Authorization) -> tuple[str, str]:
+    return authorization.payer.lower(), authorization.nonce.lower()
+
+
+def facilitator_name(url: str) -> str:
+    """How alerts, metrics and /readyz name a facilitator: host[:port] and path of its URL,
+    never userinfo or a query (either could carry a credential)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{host}{port}{parts.path.rstrip('/')}"[:120]
+
+
+def _call(
+    network: NetworkConfig,
+    method: str,
+    endpoint: str,
+    body: dict[str, Any] | None,
+    timeout: float,
+    *,
+    read_timeout: float | None = None,
+) -> HttpReply:
+    """One call to the network's facilitator, with its credentials; a refusal of them is
+    counted and announced."""
+    url = f"{network.facilitator_url.rstrip('/')}/{endpoint}"
+    reply = _exchange(
+        method,
+        url,
+        body,
+        timeout,
+        read_timeout=read_timeout,
+        auth=network.facilitator_auth,
+    )
+    if reply.status in REFUSAL_STATUSES:
+        _refused(network.caip2, network.facilitator_url, endpoint, reply.status)
+    return reply
+
+
+def _refused(network: str, url: str, endpoint: str, status: int) -> None:
+    name = facilitator_name(url)
+    facilitator_refusals.labels(network, name, endpoint, str(status)).inc()
+    facilitator_refused.send_robust(
+        sender=FacilitatorSettler, network=network, facilitator=name, endpoint=endpoint,
+        status=status,
+    )  # fmt: skip
 
 
 def settle_read_timeout(timeout: float, wait_until: float | None) -> float:
@@ -204,9 +322,11 @@ def settlement_request(
     }
 
 
-def facilitator_supported(url: str, timeout: float) -> dict[str, Any] | None:
+def facilitator_supported(
+    url: str, timeout: float, auth: FacilitatorAuth | None = None
+) -> dict[str, Any] | None:
     """GET /supported: the facilitator's kinds, extensions and signers, or None on any fault."""
-    reply = _exchange("GET", f"{url.rstrip('/')}/supported", None, timeout)
+    reply = _exchange("GET", f"{url.rstrip('/')}/supported", None, timeout, auth=auth)
     if reply.status != 200 or reply.transport_error:
         return None
     return reply.json_object()
@@ -227,6 +347,8 @@ def classify_verify(reply: HttpReply) -> SettlementOutcome | None:
     if is_valid is True:
         return None
     evidence = reply.evidence(VERIFY) | {"settle_called": False}
+    if reply.status in REFUSAL_STATUSES and not reply.transport_error:
+        return _pending(REASON_REFUSED_CREDENTIALS, evidence)
     if data is None or is_valid is not False:
         return _pending(REASON_UNAVAILABLE, evidence)
     reason = _reason_text(data.get("invalidReason"))
@@ -244,8 +366,14 @@ def classify_settle(reply: HttpReply, *, network: str) -> SettlementOutcome:
     if reply.status is None or reply.transport_error:
         return _pending(REASON_UNAVAILABLE, evidence)
     data = reply.json_object()
+    if reply.status in REFUSAL_STATUSES:
+        # Our credentials, refused: it says nothing of the payment (and names no hash).
+        return _pending(REASON_REFUSED_CREDENTIALS, evidence)
     if data is None:
         return _pending(REASON_BAD_RESPONSE, evidence)
+    payment_id = data.get("paymentId")
+    if isinstance(payment_id, str) and _PAYMENT_ID.fullmatch(payment_id):
+        evidence[FACILITATOR_PAYMENT_ID] = payment_id
     raw_tx = data.get("transaction")
     tx_hash = raw_tx if isinstance(raw_tx, str) and _TX_HASH.fullmatch(raw_tx) else None
     success = data.get("success")
@@ -255,6 +383,9 @@ def classify_settle(reply: HttpReply, *, network: str) -> SettlementOutcome:
         evidence["error_reason"] = _reason_text(data["errorReason"])
     if _pending_under_server_error(reply.status, success, evidence):
         # The CDP facilitator answers an unconfirmed broadcast this way: pending, named so.
+        return _pending(REASON_SETTLEMENT_PENDING, evidence, tx_hash)
+    if _pending_with_payment_id(reply.status, success, data, evidence):
+        # Circle's facilitator: accepted (200 or 202) under its own payment id, no verdict.
         return _pending(REASON_SETTLEMENT_PENDING, evidence, tx_hash)
     if reply.status != 200 or not isinstance(success, bool):
         # e.g. 503 with a success body: the facilitator contradicts itself, so it proves nothing.
@@ -276,6 +407,19 @@ def _pending_under_server_error(status: int, success: object, evidence: dict[str
         and success is False
         and evidence.get("error_reason") == REASON_SETTLEMENT_PENDING
     )
+
+
+def _pending_with_payment_id(
+    status: int, success: object, data: dict[str, Any], evidence: dict[str, Any]
+) -> bool:
+    """A 200 or 202 naming the facilitator's payment id that is not a proven success (no
+    `success: true`) nor a refusal with a reason: the facilitator has taken it and will
+    settle, so it is pending under that id."""
+    if status not in (200, 202) or FACILITATOR_PAYMENT_ID not in evidence:
+        return False
+    if status == 202:
+        return True
+    return success is not True and not data.get("errorReason")
 
 
 def _refusal(
@@ -320,8 +464,10 @@ def _exchange(
     timeout: float,
     *,
     read_timeout: float | None = None,
+    auth: FacilitatorAuth | None = None,
 ) -> HttpReply:
     """One request, never raising: a fault becomes an HttpReply with `transport_error`.
+    `auth`: the facilitator's credentials, a fresh JWT per call for a CDP key.
 
     No redirects (a 307 would resend /settle elsewhere) and no retries. `timeout` bounds the
     connection, `read_timeout` (default: `timeout`) the wait for the answer; the body must
@@ -329,12 +475,15 @@ def _exchange(
     """
     read = timeout if read_timeout is None else read_timeout
     deadline = time.monotonic() + timeout + read
+    headers = {"Accept-Encoding": "identity"}  # tiny answers: no decompression games
     try:
+        if auth is not None:
+            headers |= auth.headers(method, url)
         with requests.request(
             method,
             url,
             json=body,
-            headers={"Accept-Encoding": "identity"},  # tiny answers: no decompression games
+            headers=headers,
             timeout=(timeout, read),
             stream=True,
             allow_redirects=False,

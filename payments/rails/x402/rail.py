@@ -10,6 +10,7 @@ authorization: the identical relayer bytes, or the same payload to the facilitat
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -18,6 +19,7 @@ from itertools import groupby
 from typing import Any, ClassVar
 
 from django.conf import settings
+from django.utils import timezone
 
 from core.canonical import fingerprint, sha256_hex
 from core.changes import Change
@@ -26,10 +28,12 @@ from core.refs import PAYMENT_ID_PATTERN
 from core.waits import Awaiting, waited_out
 from payments.models import PENDING_ATTEMPT_STATES, PaymentAttempt, Rail, Refund
 from payments.rails.base import (
+    FACILITATOR_PAYMENT_ID,
     FIRST_BROADCAST,
     REPLACED_SUBMISSION,
     BatchLookup,
     Charge,
+    FundsLow,
     Presentation,
     QuoteTerms,
     RowGuard,
@@ -51,8 +55,10 @@ from payments.rails.x402.batch import DEFAULT_CHUNK_SIZE, BatchChainReader
 from payments.rails.x402.chain import ChainReader, ChainUnavailable
 from payments.rails.x402.context import X402Context
 from payments.rails.x402.direct import RELAYER_NONCE_TAKEN, BroadcastNotPrepared
+from payments.rails.x402.facilitator import FacilitatorRefused
+from payments.rails.x402.gas import relayer_gas_unable, relayer_gas_watch
 from payments.rails.x402.lookup import settlement_lookup
-from payments.rails.x402.networks import network_config
+from payments.rails.x402.networks import network_config, relayer_networks
 from payments.rails.x402.types import (
     Authorization,
     NetworkConfig,
@@ -208,13 +214,21 @@ class X402Rail:
         """Nonce unused and balance sufficient, on chain. Returns the chain head after the
         check: the transfer cannot land in an older block, so look-ups start there.
 
+        A facilitator that settles the network is asked (/verify) too, and its answer kept
+        for the first broadcast.
+
         Raises DomainError: authorization_used, insufficient_balance, verification_unavailable,
-        or authorization_in_use when the nonce was used by our own payment of it.
+        authorization_in_use when the nonce was used by our own payment of it, or
+        facilitator_credentials_refused (the facilitator refused our credentials: 401/403);
+        settlement_unavailable first, with no RPC call, when beat's last reading (read from
+        the shared cache) says our relayer cannot pay one settlement's gas
+        (payments.rails.x402.gas; unknown passes).
         """
         known: X402Context = context or _context_of_presentation(presentation, terms)
+        _refuse_without_gas(known.network)
         reader = ChainReader(known.network)
         try:
-            return verify_payment_funds(authorization=known.authorization, reader=reader)
+            head = verify_payment_funds(authorization=known.authorization, reader=reader)
         except VerificationFailed as failure:
             if failure.reason_code == "authorization_used":
                 # Another payment id raced this one past `verify` and its transfer has landed
@@ -224,6 +238,17 @@ class X402Rail:
             raise DomainError(_verification_code(failure.reason_code), failure.detail) from failure
         except ChainUnavailable as exc:
             raise DomainError(ErrorCode.VERIFICATION_UNAVAILABLE) from exc
+        try:
+            # A facilitator that settles it is asked too (/verify): one that refuses our
+            # credentials is our outage, answered before anything is recorded.
+            known.settler.verify_before_record(
+                authorization=known.authorization,
+                requirements=x402_requirements(terms=terms, network=known.network),
+                network=known.network,
+            )
+        except FacilitatorRefused as exc:
+            raise DomainError(ErrorCode.FACILITATOR_CREDENTIALS_REFUSED) from exc
+        return head
 
     def record(self, *, charge: Charge) -> tuple[PaymentAttempt, Change]:
         attempt, change = x402_attempt_record(
@@ -258,13 +283,16 @@ class X402Rail:
 
     def look_up(self, *, attempt: PaymentAttempt, now: datetime) -> SettlementOutcome:
         context = x402_context(attempt=attempt)
-        return settlement_lookup(
-            authorization=context.authorization,
-            network=context.network,
-            tx_hash=attempt.tx_hash,
-            reader=ChainReader(context.network),
-            now=int(now.timestamp()),
-            logs_from_block=attempt.search_from_block or 0,
+        return _naming_payment_id(
+            attempt,
+            settlement_lookup(
+                authorization=context.authorization,
+                network=context.network,
+                tx_hash=attempt.tx_hash,
+                reader=ChainReader(context.network),
+                now=int(now.timestamp()),
+                logs_from_block=attempt.search_from_block or 0,
+            ),
         )
 
     def lookup_many(
@@ -295,6 +323,13 @@ class X402Rail:
         """Close our relayers' nonce gaps (a dropped transaction, or a nonce handed out by a
         process that died before sending) so later settlements are not stalled behind them."""
         _heal_relayers(now, stats)
+
+    def funds_watch(
+        self, *, now: datetime, alert: Callable[[FundsLow], bool], stats: Counter[str]
+    ) -> None:
+        """Read each direct-mode relayer's gas balance, keep it (payments.rails.x402.gas) and
+        alert the newly low ones."""
+        relayer_gas_watch(now=now, alert=alert, stats=stats)
 
     def resend(
         self, *, attempt: PaymentAttempt, terms: QuoteTerms, now: datetime
@@ -327,11 +362,14 @@ class X402Rail:
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
         """What the timeline says about how this attempt reaches the chain: the mode, and
         the authorization (payer, nonce) every submission of it carries."""
-        return {
+        described = {
             "mode": x402_context(attempt=attempt).network.mode,
             "payer": attempt.payer,
             "nonce": attempt.authorization_nonce,
         }
+        if attempt.facilitator_payment_id:
+            described[FACILITATOR_PAYMENT_ID] = attempt.facilitator_payment_id
+        return described
 
     def refund(
         self,
@@ -392,15 +430,28 @@ def _lookup_network(
         return
     for attempt, (authorization, tx_hash) in zip(readable, items, strict=True):
         with guard(attempt):
-            found.outcomes[attempt.pk] = settlement_lookup(
-                authorization=authorization,
-                network=network,
-                tx_hash=tx_hash,
-                reader=reader.reader_for(authorization, tx_hash),
-                now=int(now.timestamp()),
+            found.outcomes[attempt.pk] = _naming_payment_id(
+                attempt,
+                settlement_lookup(
+                    authorization=authorization,
+                    network=network,
+                    tx_hash=tx_hash,
+                    reader=reader.reader_for(authorization, tx_hash),
+                    now=int(now.timestamp()),
+                ),
             )
     found.round_trips += reader.round_trips
     reader.close()
+
+
+def _naming_payment_id(attempt: PaymentAttempt, outcome: SettlementOutcome) -> SettlementOutcome:
+    """A look-up of an attempt a facilitator took under its own payment id names that id, so
+    each reconciliation step on the timeline says which of the facilitator's payments it is
+    (the chain is asked by tx hash and (payer, nonce); the id is what its support knows)."""
+    if not attempt.facilitator_payment_id:
+        return outcome
+    evidence = {**outcome.evidence, FACILITATOR_PAYMENT_ID: attempt.facilitator_payment_id}
+    return replace(outcome, evidence=evidence)
 
 
 def _search_from(attempts: list[PaymentAttempt]) -> int:
@@ -409,17 +460,32 @@ def _search_from(attempts: list[PaymentAttempt]) -> int:
     return 0 if not blocks or None in blocks else min(b for b in blocks if b is not None)
 
 
-def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
-    from eth_account import Account
+def _refuse_without_gas(network: NetworkConfig) -> None:
+    """Raises DomainError settlement_unavailable (Retry-After: until the next reading) when
+    a direct-mode relayer is known unable to pay one settlement: its broadcast could not be
+    mined, so the payment is not taken at all. Never an RPC call nor SQL: one cache read."""
+    if network.mode != "direct":
+        return
+    known = relayer_gas_unable(network, now=timezone.now())
+    if known is not None:
+        logger.warning(
+            "refusing a payment on %s: relayer %s holds %s wei, one settlement needs %s",
+            network.caip2, known.address, known.balance, known.settle_cost,
+        )  # fmt: skip
+        raise DomainError(
+            ErrorCode.SETTLEMENT_UNAVAILABLE,
+            retry_after=max(1, math.ceil(settings.X402_RELAYER_GAS_EVERY_SECONDS)),
+        )
 
+
+def _heal_relayers(now: datetime, stats: Counter[str]) -> None:
     from payments.rails.x402.chain import w3_for
+    from payments.rails.x402.direct import relayer_signer_for
     from payments.rails.x402.relayer import relayer_heal
 
-    for network_id, raw in settings.X402_NETWORKS.items():
-        if raw.get("mode") != "direct" or not raw.get("relayer_private_key"):
-            continue
+    for network_id in relayer_networks():
         network = network_config(network_id)
-        account = Account.from_key(network.relayer_private_key)
+        account = relayer_signer_for(network)
         known = list(
             PaymentAttempt.objects.filter(
                 network=network_id,

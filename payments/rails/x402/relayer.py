@@ -28,7 +28,6 @@ import rlp
 from django.conf import settings
 from django.utils import timezone
 from eth_account import Account
-from eth_account.signers.local import LocalAccount
 from eth_account.typed_transactions import TypedTransaction
 from eth_typing import HexStr
 from eth_utils import keccak
@@ -41,6 +40,7 @@ from payments.chain.token import checksummed
 from payments.models import PaymentAttempt, RelayerAccount
 from payments.rails.x402.chain import w3_for
 from payments.rails.x402.types import NetworkConfig
+from payments.signers import TransactionSigner
 from payments.sql import relayer_nonce_next
 
 logger = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ def relayer_heal(
     *,
     network: NetworkConfig,
     w3: Web3,
-    account: LocalAccount,
+    account: TransactionSigner,
     known: list[tuple[int, str]],
     now: datetime | None = None,
 ) -> list[HealAction]:
@@ -162,8 +162,9 @@ def relayer_heal(
     Returns the actions taken. Raises RelayerGapNotFilled, and web3 errors or (on w3_for's
     transport) RpcTransportError on network faults; running it again is safe.
     """
-    latest = w3.eth.get_transaction_count(account.address, "latest")
-    pending = w3.eth.get_transaction_count(account.address, "pending")
+    address = checksummed(account.address)
+    latest = w3.eth.get_transaction_count(address, "latest")
+    pending = w3.eth.get_transaction_count(address, "pending")
     by_nonce: dict[int, list[str]] = {}
     for nonce, raw in known:
         by_nonce.setdefault(nonce, []).append(raw)
@@ -183,7 +184,7 @@ def relayer_heal(
 def relayer_gap_close(
     *,
     network: NetworkConfig,
-    account: LocalAccount,
+    account: TransactionSigner,
     chain_pending: int,
     allocated: int,
     lapsed_below: int | None = None,
@@ -237,7 +238,7 @@ class _Lost:
 
 def _lost_broadcasts(
     network: NetworkConfig,
-    account: LocalAccount,
+    account: TransactionSigner,
     nonces: range,
     now: datetime,
     *,
@@ -279,7 +280,7 @@ def _lost_broadcasts(
 
 
 def _resend_or_fill(
-    *, w3: Web3, account: LocalAccount, network: NetworkConfig, nonce: int, raws: list[str]
+    *, w3: Web3, account: TransactionSigner, network: NetworkConfig, nonce: int, raws: list[str]
 ) -> list[HealAction]:
     for raw in raws:
         _check_ours(raw, account=account, nonce=nonce)
@@ -296,7 +297,7 @@ def _resend_or_fill(
 
 
 def _fill_gap(
-    *, w3: Web3, account: LocalAccount, network: NetworkConfig, nonce: int
+    *, w3: Web3, account: TransactionSigner, network: NetworkConfig, nonce: int
 ) -> list[HealAction]:
     tx: dict[str, Any] = {
         "to": account.address,
@@ -307,7 +308,7 @@ def _fill_gap(
         **relayer_fee_fields(w3),
     }
     signed = account.sign_transaction(tx)
-    raw = signed.raw_transaction.to_0x_hex()
+    raw = signed.raw
     result = _send_raw(w3, raw)
     if result == "occupied":
         return []  # something we did not know of holds the nonce: it is no gap
@@ -315,7 +316,7 @@ def _fill_gap(
         raise RelayerGapNotFilled(
             f"node rejected the gap filler at nonce {nonce} of {account.address}"
         )
-    tx_hash = signed.hash.to_0x_hex()
+    tx_hash = signed.tx_hash.lower()
     logger.warning("relayer %s: filled nonce gap %s with %s", account.address, nonce, tx_hash)
     return [{"nonce": nonce, "action": "gap_filled", "tx_hash": tx_hash}]
 
@@ -376,14 +377,15 @@ def _can_execute(w3: Web3, raw: str, *, sender: str) -> bool:
     return True
 
 
-def _check_ours(raw: str, *, account: LocalAccount, nonce: int) -> None:
+def _check_ours(raw: str, *, account: TransactionSigner, nonce: int) -> None:
     if not _is_ours(raw, account=account, nonce=nonce):
         raise ValueError(f"raw transaction at nonce {nonce} is not {account.address}'s")
 
 
-def _is_ours(raw: str, *, account: LocalAccount, nonce: int) -> bool:
+def _is_ours(raw: str, *, account: TransactionSigner, nonce: int) -> bool:
     # A transaction signed by an earlier relayer key may sit at the same nonce number.
-    return _signer_and_nonce(raw) == (account.address, nonce)
+    signer, signed_at = _signer_and_nonce(raw)
+    return signer.lower() == account.address.lower() and signed_at == nonce
 
 
 @lru_cache(maxsize=4096)

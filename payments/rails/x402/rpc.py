@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,7 @@ from urllib3.exceptions import HTTPError, NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util import parse_url
 
+logger = logging.getLogger(__name__)
 _QUANTITY = re.compile(r"0x[0-9a-fA-F]{1,64}")
 _DATA = re.compile(r"0x(?:[0-9a-fA-F]{2})*")
 # gzip as requests asked for it: a batch of a thousand receipts from a hosted node is large.
@@ -117,7 +120,7 @@ class JsonRpcClient:
     """JSON-RPC over one RpcTransport with `timeout` seconds per request. Safe across
     threads as far as its transport is (ids come from one atomic counter)."""
 
-    def __init__(self, transport: RpcTransport, *, timeout: float) -> None:
+    def __init__(self, transport: RpcTransport | FailoverTransport, *, timeout: float) -> None:
         self.transport = transport
         self.timeout = timeout
         self._timeout = rpc_timeout(timeout)
@@ -300,35 +303,125 @@ def _pool_manager(proxy: str | None, ca: str, connections: int) -> urllib3.PoolM
     )
 
 
+# --- a second URL: failover on the node's faults ---------------------------------------------
+
+
+# After the first URL failed, the second is asked first for this long, so a node that is down
+# does not cost every call its timeout; then the first is tried again.
+FAILOVER_COOLDOWN_SECONDS = 30.0
+
+
+def fails_over(exc: RpcTransportError) -> bool:
+    """The faults that send a request to the second URL: the node was not reached or did not
+    answer in time (connection refused, reset, timed out) or answered 5xx. A JSON-RPC error,
+    a 4xx (a rate limit, a bad key) or a garbled body do not: that node heard us."""
+    if isinstance(exc, RpcHttpError):
+        return exc.status >= 500
+    return isinstance(exc, RpcConnectionError | RpcTimeout)
+
+
+class FailoverTransport:
+    """Two RpcTransports for one network (X402_<NET>_RPC_URL and X402_<NET>_RPC_URL_FALLBACK):
+    a request goes to the preferred one, and on a fault that `fails_over` to the other, once.
+
+    Safe for every call this client makes: reads are idempotent, and a broadcast sent to the
+    second node after the first failed is the same signed bytes, which can land only once
+    (the second node answers "already known" or "nonce too low" if it has them; the callers
+    treat both as sent). At worst a request costs two timeouts. Which one is preferred is
+    per transport (per thread), for FAILOVER_COOLDOWN_SECONDS after the first URL failed.
+    """
+
+    def __init__(
+        self, primary: RpcTransport, secondary: RpcTransport, *, clock: Callable[[], float]
+    ) -> None:
+        self.primary = primary
+        self.secondary = secondary
+        self.url = primary.url
+        self._clock = clock
+        self._primary_down_until = 0.0
+
+    @property
+    def requests_sent(self) -> int:
+        return self.primary.requests_sent + self.secondary.requests_sent
+
+    def post(self, body: bytes, *, timeout: urllib3.Timeout) -> Any:
+        """As RpcTransport.post, over the preferred URL, then the other on a failover fault."""
+        first, second = self._order()
+        try:
+            return first.post(body, timeout=timeout)
+        except RpcTransportError as exc:
+            if not fails_over(exc):
+                raise
+            self._primary_down_until = (
+                self._clock() + FAILOVER_COOLDOWN_SECONDS if first is self.primary else 0.0
+            )
+            logger.warning("RPC %s failed (%s): asking %s", _host(first.url), type(exc).__name__,
+                           _host(second.url))  # fmt: skip
+        return second.post(body, timeout=timeout)
+
+    def _order(self) -> tuple[RpcTransport, RpcTransport]:
+        if self._clock() < self._primary_down_until:
+            return self.secondary, self.primary
+        return self.primary, self.secondary
+
+    def close(self) -> None:
+        self.primary.close()
+        self.secondary.close()
+
+
+def _host(url: str) -> str:
+    # Host and port only: a hosted node's URL keeps its API key in the path.
+    parsed = parse_url(url)
+    return f"{parsed.host}:{parsed.port}" if parsed.port else str(parsed.host)
+
+
+def transport_for(
+    rpc_url: str, fallback: str = "", *, connections: int = 1
+) -> RpcTransport | FailoverTransport:
+    """A new transport for a network's URL, failing over to `fallback` when one is set."""
+    primary = RpcTransport(rpc_url, connections=connections)
+    if not fallback:
+        return primary
+    secondary = RpcTransport(fallback, connections=connections)
+    return FailoverTransport(primary, secondary, clock=time.monotonic)
+
+
 # --- one transport and one client per URL per thread ------------------------------------------
 
 
 _per_thread = threading.local()
 
 
-def thread_transport(rpc_url: str) -> RpcTransport:
-    """This thread's transport for `rpc_url`, shared by its JSON-RPC clients and its web3
-    clients (payments.rails.x402.chain.w3_for), so they reuse one kept-alive connection."""
-    transports: dict[str, RpcTransport] = _per_thread.__dict__.setdefault("transports", {})
-    transport = transports.get(rpc_url)
+def thread_transport(rpc_url: str, fallback: str = "") -> RpcTransport | FailoverTransport:
+    """This thread's transport for `rpc_url` (failing over to `fallback` when set), shared by
+    its JSON-RPC clients and its web3 clients (payments.rails.x402.chain.w3_for), so they
+    reuse one kept-alive connection."""
+    transports: dict[tuple[str, str], RpcTransport | FailoverTransport] = (
+        _per_thread.__dict__.setdefault("transports", {})
+    )
+    transport = transports.get((rpc_url, fallback))
     if transport is None:
-        transport = transports[rpc_url] = RpcTransport(rpc_url)
+        transport = transports[(rpc_url, fallback)] = transport_for(rpc_url, fallback)
     return transport
 
 
-def rpc_client_for(rpc_url: str, *, timeout: float) -> JsonRpcClient:
-    """This thread's JSON-RPC client for `rpc_url` with `timeout` seconds per request."""
-    clients: dict[tuple[str, float], JsonRpcClient] = _per_thread.__dict__.setdefault("clients", {})
-    client = clients.get((rpc_url, timeout))
+def rpc_client_for(rpc_url: str, *, timeout: float, fallback: str = "") -> JsonRpcClient:
+    """This thread's JSON-RPC client for `rpc_url` (failing over to `fallback` when set)
+    with `timeout` seconds per request."""
+    clients: dict[tuple[str, str, float], JsonRpcClient] = _per_thread.__dict__.setdefault(
+        "clients", {}
+    )
+    client = clients.get((rpc_url, fallback, timeout))
     if client is None:
-        client = clients[(rpc_url, timeout)] = JsonRpcClient(
-            thread_transport(rpc_url), timeout=timeout
+        client = clients[(rpc_url, fallback, timeout)] = JsonRpcClient(
+            thread_transport(rpc_url, fallback), timeout=timeout
         )
     return client
 
 
 __all__ = [
     "TRANSPORT_FAULTS",
+    "FailoverTransport",
     "JsonRpcClient",
     "RpcAnswer",
     "RpcCall",
@@ -344,4 +437,5 @@ __all__ = [
     "rpc_client_for",
     "rpc_timeout",
     "thread_transport",
+    "transport_for",
 ]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from payments.rails.base import Settling
+
+if TYPE_CHECKING:
+    from payments.rails.x402.facilitator_auth import FacilitatorAuth
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,8 @@ class NetworkConfig:
     mode: str  # "direct" (our relayer broadcasts) or "facilitator"
     facilitator_url: str = ""
     facilitator_timeout: float = 10.0
+    # The facilitator's credentials (None: it takes calls without); never in a repr.
+    facilitator_auth: FacilitatorAuth | None = field(default=None, repr=False)
     relayer_private_key: str = field(default="", repr=False)
     max_timeout_seconds: int = 300  # advertised in PAYMENT-REQUIRED
     # Where a person looks a transaction up ("{tx_hash}" is replaced); "" for a local chain.
@@ -34,6 +39,9 @@ class NetworkConfig:
     # `finalized` block). See payments/rails/x402/finality.py.
     finality: str = "depth"
     finality_depth: int = 0  # 0: the confirmation depth
+    # A second RPC URL, asked when the first fails (connection, timeout, 5xx); "" for none.
+    # Repr'd never: hosted nodes keep their API key in the URL.
+    rpc_url_fallback: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,13 @@ class Settler(Protocol):
     def prepare(
         self, *, authorization: Authorization, network: NetworkConfig
     ) -> PreparedBroadcast: ...
+
+    def verify_before_record(
+        self, *, authorization: Authorization, requirements: Requirements, network: NetworkConfig
+    ) -> None:
+        """Ask whoever settles (a facilitator) before anything is recorded; nothing to ask
+        for our own relayer. Raises FacilitatorRefused (our credentials refused)."""
+        ...
 
     def broadcast(
         self,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import transaction
 from django.db.models import F
 
@@ -55,11 +57,18 @@ def offering_upstream_check(*, slug: str) -> UpstreamCheck:
     return upstream_check(spec)
 
 
-def offering_upstream_save(*, offering_id: int, upstream: Upstream | None, actor: Actor) -> int:
+def offering_upstream_save(
+    *,
+    offering_id: int,
+    upstream: Upstream | None,
+    actor: Actor,
+    source: dict[str, Any] | None = None,
+) -> int:
     """Save (or, with None, remove) the offering's upstream as staff edited it, and return
     the offering's terms version. A change is a new version of the terms (where the paid
     work runs is part of what a quote sells) and an event naming who changed what (no
-    secret: they are only named by variable), both in the transaction of the change."""
+    secret: they are only named by variable), both in the transaction of the change.
+    `source`: what a catalog file's apply adds to the event (the file's name and SHA-256)."""
     with transaction.atomic():
         offering = lock_one(Offering, offering_id)
         changed = upstream_store(offering_id=offering_id, upstream=upstream)
@@ -78,6 +87,6 @@ def offering_upstream_save(*, offering_id: int, upstream: Upstream | None, actor
                 if upstream is None
                 else ("upstream_changed" if existed else "upstream_added")
             ),
-            evidence={"offering": offering.slug, "changed": changed},
+            evidence={"offering": offering.slug, "changed": changed, **(source or {})},
         )
         return version

@@ -12,6 +12,7 @@ followed up and recorded (payments.rails).
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from core.actors import Actor
 from core.clock import now_or
 from payments.models import PaymentAttempt
 from payments.rails import (
+    FundsLow,
     RowGuard,
     SettlementOutcome,
     SettlementStatus,
@@ -35,6 +37,7 @@ from payments.rails import (
 )
 from purchases.events import purchase_transition
 from purchases.models import Escalation, Purchase, Quote
+from purchases.notify import Alert, AlertNotDelivered, alert_send
 from purchases.services.quote.offerings import offering_stock_release
 from purchases.services.remedy.batches import row_isolated
 from purchases.services.remedy.remedies import escalation_open
@@ -46,6 +49,8 @@ from purchases.services.settle.settlement import (
     settlement_record_outcomes,
 )
 from purchases.services.shared.job_runs import job_run
+
+logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int], None]
 
@@ -400,3 +405,45 @@ def heal_relayers(*, now: datetime | None = None) -> Counter[str]:
         for rail in rails():
             rail.heal(now=now, stats=stats)
     return stats
+
+
+def relayer_funds_watch(*, now: datetime | None = None) -> Counter[str]:
+    """Each rail's own funds for moving money, read and kept where every process sees them
+    (x402 direct: each relayer's gas balance); each newly low one is alerted, once per low
+    spell (again at the next run if no backend delivered it)."""
+    now = now_or(now)
+    with job_run("relayer_funds_watch", now) as stats:
+        for rail in rails():
+            rail.funds_watch(now=now, alert=_funds_low_alert, stats=stats)
+    return stats
+
+
+def _funds_low_alert(low: FundsLow) -> bool:
+    """Send the low-funds alert; True when a backend delivered it."""
+    refusing = "" if low.can_settle else " It cannot pay for one settlement: payments are refused."
+    alert = Alert(
+        kind="relayer_gas_low",
+        title=f"Relayer gas low on {low.network}",
+        message=(
+            f"Relayer {low.address} on {low.network} holds {low.balance} wei, below the "
+            f"minimum of {low.minimum} wei (X402_<NET>_RELAYER_MIN_GAS).{refusing} "
+            "Send it native gas; payments are taken again at the next reading."
+        ),
+        amount=low.balance,
+        asset="native",
+        details={
+            "network": low.network,
+            "address": low.address,
+            "balance_wei": str(low.balance),
+            "minimum_wei": str(low.minimum),
+            "can_settle": low.can_settle,
+            "read_at": low.read_at.isoformat(),
+        },
+        idempotency_key=f"tollbooth-relayer-gas-{low.network}-{low.address}-{low.read_at:%Y%m%d%H%M%S}",
+    )
+    try:
+        alert_send(alert)
+    except AlertNotDelivered:
+        logger.warning("relayer gas alert for %s on %s not delivered", low.address, low.network)
+        return False
+    return True

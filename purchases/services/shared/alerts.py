@@ -12,6 +12,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -132,3 +133,79 @@ def escalation_alert(*, escalation_id: int) -> bool:
         idempotency_key=f"tollbooth-escalation-{escalation.pk}",
     )
     return _send_claimed(Escalation, escalation_id, alert, escalation.purchase_id)
+
+
+# --- a facilitator refusing our credentials ---------------------------------------------
+
+FACILITATOR_REFUSED_JOB = "facilitator_refused_alert"
+# One alert per facilitator, network and status this often (the metric counts every one).
+FACILITATOR_REFUSED_EVERY_SECONDS = 3600
+
+
+def facilitator_refused_stage(
+    *, network: str, facilitator: str, endpoint: str, status: int, now: datetime | None = None
+) -> bool:
+    """A facilitator refused our credentials (HTTP 401/403; payments.rails.x402.facilitator
+    sends `facilitator_refused`): stage an alert naming it and the status, at most one per
+    facilitator, network and status per FACILITATOR_REFUSED_EVERY_SECONDS while the cache
+    holds the mark (without the cache, one per refusal: louder, never silent). Returns
+    whether one was staged."""
+    now = now or timezone.now()
+    bucket = int(now.timestamp()) // FACILITATOR_REFUSED_EVERY_SECONDS
+    key = f"facilitator_refused:{network}:{facilitator}:{status}:{bucket}"[:200]
+    try:
+        if not cache.add(key, 1, timeout=FACILITATOR_REFUSED_EVERY_SECONDS):
+            return False
+    except Exception:  # the cache (Redis) unreachable: alert anyway
+        logger.warning("facilitator refusal alert: cache unreachable, not throttled")
+    kwargs = {"network": network, "facilitator": facilitator, "endpoint": endpoint}
+    with transaction.atomic():
+        staged = outbox_stage(
+            job=FACILITATOR_REFUSED_JOB, kwargs={**kwargs, "status": status}, dedup_key=key, now=now
+        )
+    return staged is not None
+
+
+def facilitator_refused_alert(
+    *, network: str, facilitator: str, endpoint: str, status: int
+) -> bool:
+    """Tell operations that a facilitator refuses our credentials: payments on `network`
+    answer 503 (nothing recorded) or stay pending until the key is fixed. Returns whether
+    a backend that reaches a person took it."""
+    hour = timezone.now().strftime("%Y%m%d%H")
+    alert = Alert(
+        kind="facilitator_credentials_refused",
+        title=f"Facilitator {facilitator} refused our credentials: HTTP {status}",
+        message=(
+            f"{facilitator} answered HTTP {status} to /{endpoint} for {network}. Paid requests "
+            "on this network are answered 503 (nothing recorded) and settlements already sent "
+            "stay pending (reconciled on chain) until the facilitator accepts our key again: "
+            "check the API key (CDP_API_KEY_ID / CDP_API_KEY_SECRET or the network's own), "
+            "its scopes and whether it was revoked. See docs/x402.md, Authenticated facilitators."
+        ),
+        details={
+            "network": network,
+            "facilitator": facilitator,
+            "endpoint": endpoint,
+            "status": status,
+        },
+        idempotency_key=f"tollbooth-facilitator-refused-{network}-{facilitator}-{status}-{hour}",
+    )
+    try:
+        alert_send_report(alert)
+    except AlertNotDelivered:
+        logger.exception("facilitator refusal alert not delivered")
+        return False
+    return True
+
+
+def on_facilitator_refused(
+    sender: object, *, network: str, facilitator: str, endpoint: str, status: int, **_: Any
+) -> None:
+    """Receiver of payments.rails.x402.facilitator.facilitator_refused (PurchasesConfig)."""
+    try:
+        facilitator_refused_stage(
+            network=network, facilitator=facilitator, endpoint=endpoint, status=status
+        )
+    except Exception:  # never into the paying request: the metric has counted it
+        logger.exception("facilitator refusal alert not staged")

@@ -59,6 +59,9 @@ UNSTORED_CODES = frozenset(
         ErrorCode.PAYMENT_IN_FLIGHT,
         ErrorCode.PAYMENT_IDENTIFIER_CONFLICT,
         ErrorCode.VERIFICATION_UNAVAILABLE,
+        # The seller's facilitator key refused: fixed by the seller, then the retry pays.
+        ErrorCode.FACILITATOR_CREDENTIALS_REFUSED,
+        ErrorCode.SETTLEMENT_UNAVAILABLE,
         ErrorCode.AUTHORIZATION_IN_USE,
     }
 )
@@ -89,9 +92,9 @@ def x402_pay(
     copy_label_invalid, invalid_payload, quote_terms_invalid (malformed signed terms),
     invalid_input, input_too_large, input_mismatch,
     payment_in_flight, payment_identifier_conflict, verification_unavailable,
-    authorization_in_use. Every other outcome is returned as `answers` render it, and stored
-    or live. `returns_wait`: the door sleeps through a wait for the money itself
-    (PaymentPending, purchases.services.checkout.flow).
+    settlement_unavailable, authorization_in_use. Every other outcome is returned as
+    `answers` render it, and stored or live. `returns_wait`: the door sleeps through a
+    wait for the money itself (PaymentPending, purchases.services.checkout.flow).
     """
     label = copy_label_validate(label=copy_label)
     presentation = x402_presentation(header=payment_header)
