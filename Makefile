@@ -43,6 +43,17 @@ $(PGBOUNCER):
 	$$SUDO apt-get update -qq && \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer
 
+# The restore drill (tests/test_restore_drill.py, docs/going-live.md) runs pg_dump,
+# pg_restore, createdb and dropdb: Debian's postgresql-client, installed the same way. Debian
+# 12's client is PostgreSQL 15, as is its server; pg_dump refuses a newer server than itself.
+PG_DUMP := /usr/bin/pg_dump
+$(PG_DUMP):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO=sudo; \
+	else echo "make test: the restore drill needs Debian's postgresql-client: sudo apt-get install postgresql-client" >&2; \
+	exit 1; fi; \
+	$$SUDO apt-get update -qq && \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-client
+
 demo: install
 	$(BIN)/python scripts/demo.py
 
@@ -89,7 +100,7 @@ typecheck: install
 # as `make demo` uses: the embedded default runs everything (PostgreSQL-only SQL has crashed
 # there before). Each `postgres` mark says why the test needs PostgreSQL.
 SQLITE_TEST_URL := sqlite:///$(CURDIR)/var/concurrency.sqlite3
-pytest: install $(CHROMIUM) $(PGBOUNCER)
+pytest: install $(CHROMIUM) $(PGBOUNCER) $(PG_DUMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	mkdir -p var
 	DATABASE_URL=$(SQLITE_TEST_URL) $(BIN)/python -m pytest -m "not postgres and not worker" $(PYTEST_ARGS)

@@ -1,7 +1,7 @@
 """Prometheus metrics read from the database at scrape time, and the view that serves them.
 
 Gauges come from the database, not from in-process counters, so every web process and
-worker answers a scrape with the same numbers. Each scrape runs seven queries,
+worker answers a scrape with the same numbers. Each scrape runs eight queries,
 whatever the number of rows. A database that cannot answer fails the scrape (500), which
 Prometheus reports as `up == 0`: better than a scrape of silent zeros.
 
@@ -36,6 +36,8 @@ from payments.rails.x402 import facilitator  # noqa: F401
 from purchases.models import OUTBOX_WAITING, Escalation, JobRun, OutboxMessage, Purchase
 from purchases.services.checkout import idempotency  # noqa: F401
 from purchases.services.x402 import sign_in  # noqa: F401
+from webhooks.models import WebhookDelivery
+from webhooks.services import FAILING_ALERT_AFTER
 
 ATTEMPT = PaymentAttempt.State
 SPECS: dict[str, tuple[str, list[str]]] = {
@@ -62,6 +64,18 @@ SPECS: dict[str, tuple[str, list[str]]] = {
     ),
     "tollbooth_outbox_oldest_unrelayed_age_seconds": (
         "Age, from staging, of the oldest job not yet handed to the broker; 0 when none.",
+        [],
+    ),
+    "tollbooth_webhook_deliveries": (
+        "Webhook deliveries per state (pending: not yet answered 2xx, retried).",
+        ["state"],
+    ),
+    "tollbooth_webhook_oldest_pending_age_seconds": (
+        "Age, from creation, of the oldest webhook delivery still pending; 0 when none.",
+        [],
+    ),
+    "tollbooth_webhook_endpoints_failing": (
+        "Enabled webhook endpoints with pending deliveries and no 2xx for an hour or more.",
         [],
     ),
     "tollbooth_job_lag_seconds": (
@@ -117,6 +131,7 @@ class TollboothCollector(Collector):
         self._escalations(families, now)
         self._jobs(families, now)
         self._outbox(families, now)
+        self._webhooks(families, now)
         self._relayer_gas(families)
         yield from families.values()
 
@@ -203,6 +218,29 @@ class TollboothCollector(Collector):
         families["tollbooth_outbox_oldest_unrelayed_age_seconds"].add_metric(
             [], _age_seconds(now, oldest) if oldest is not None else 0.0
         )
+
+    def _webhooks(self, families: dict[str, GaugeMetricFamily], now: datetime) -> None:
+        pending = Q(state=WebhookDelivery.State.PENDING)
+        counts = WebhookDelivery.objects.aggregate(
+            **{state: Count("pk", filter=Q(state=state)) for state in WebhookDelivery.State.values},
+            oldest=Min("created_at", filter=pending),
+            failing=Count(
+                "endpoint",
+                distinct=True,
+                filter=pending
+                & Q(
+                    endpoint__enabled=True,
+                    endpoint__failing_since__lte=now - FAILING_ALERT_AFTER,
+                ),
+            ),
+        )
+        for state in WebhookDelivery.State.values:
+            families["tollbooth_webhook_deliveries"].add_metric([state], counts[state])
+        oldest = counts["oldest"]
+        families["tollbooth_webhook_oldest_pending_age_seconds"].add_metric(
+            [], _age_seconds(now, oldest) if oldest is not None else 0.0
+        )
+        families["tollbooth_webhook_endpoints_failing"].add_metric([], counts["failing"])
 
     def _relayer_gas(self, families: dict[str, GaugeMetricFamily]) -> None:
         rows = RelayerGas.objects.order_by("network", "address").values_list(

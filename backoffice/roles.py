@@ -120,7 +120,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
             "created_at state"
         ),
         "purchases.idempotencyrecord": _scope(
-            "pk scope key principal buyer_prepaid_balance request_fingerprint purchase "
+            "pk scope key principal answer_told buyer_prepaid_balance request_fingerprint purchase "
             "purchase__ref state "
             "recovery_point response_status response_headers response_body created_at "
             "completed_at locked_until compacted_at"

@@ -28,6 +28,29 @@ _TRANSITION_FIELDS = ("reason_code", "paid_at")
 _batch: ContextVar[list[PurchaseEvent] | None] = ContextVar("purchase_events_batch", default=None)
 
 
+# Called with every event written, inside its transaction (webhooks.events publishes some):
+# an app above purchases registers here, so purchases never imports it. A batched event is
+# told when its batch is written, so an event dropped with its row (events_of_one_row) never
+# reaches a listener.
+_listeners: list[Callable[[PurchaseEvent], None]] = []
+
+
+def event_listener_add(listener: Callable[[PurchaseEvent], None]) -> None:
+    """Call `listener(event)` for every event written from now on, in the transaction of
+    the change it records (once per listener, however often it is added)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def events_written(events: Sequence[PurchaseEvent]) -> None:
+    """Tell the listeners of `events`, written (or being written) in this transaction: by
+    event_record, at a batch's end, and by a statement of ours that writes a batch itself
+    (purchases.sql.events_flush_with)."""
+    for event in events:
+        for listener in _listeners:
+            listener(event)
+
+
 # A batch this large (a bulk recorder's) is written with COPY; a request's few events with
 # an INSERT, which query counts see.
 COPY_FROM = 200
@@ -46,7 +69,9 @@ def events_batched() -> Iterator[None]:
     token = _batch.set([])
     try:
         yield
-        bulk_insert_rows(_batch.get() or [], copy_from=COPY_FROM)
+        batch = _batch.get() or []
+        bulk_insert_rows(batch, copy_from=COPY_FROM)
+        events_written(batch)
     finally:
         _batch.reset(token)
 
@@ -96,6 +121,7 @@ def event_record(
     batch = _batch.get()
     if batch is None:
         event.save()
+        events_written([event])
     else:
         batch.append(event)
     return event

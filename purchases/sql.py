@@ -28,7 +28,7 @@ from core.prepared.inserts import insert_statement_of
 from core.sql import column, on_postgresql, table
 from fulfillment.models import Receipt, Result
 from purchases import event_subjects as subjects
-from purchases.events import event_note, events_pending
+from purchases.events import event_note, events_pending, events_written
 from purchases.models import (
     ApiKey,
     Buyer,
@@ -83,6 +83,7 @@ def events_flush_with(
             [*params, *insert_params],
         )
         written = list(cursor.fetchall()) if returning else []
+    events_written(batch)
     batch.clear()
     return written
 

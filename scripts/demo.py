@@ -45,6 +45,10 @@ VAR = Path(os.environ.get("TOLLBOOTH_VAR_DIR", ROOT / "var"))
 CHAIN_FILE = VAR / "demo-chain.json"
 NETWORK = "eip155:31337"
 BUYER_FUNDS = 100 * 10**6  # 100 test USDC per demo wallet
+REFUND_FUNDS = 1_000 * 10**6  # the refund wallet's test USDC: finance pays buyers back from it
+# On a chain mining a block per transaction, an empty block this often, so payments and
+# paybacks reach their finality depth (3 blocks) without anyone mining by hand.
+HEARTBEAT_SECONDS = 2.0
 DEMO_ALERTS_TO = "Demo support:support@demo.invalid"
 sys.path.insert(0, str(ROOT))
 
@@ -72,10 +76,11 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
 
     node = AnvilNode(port=CHAIN_PORT, block_time=block_time_from_env(CHAIN_BLOCK_TIME_VAR))
     w3 = node.w3()
-    deployer, relayer, seller, alice, bob = node.accounts[:5]
+    deployer, relayer, seller, alice, bob, refunds = node.accounts[:6]
     token = deploy_test_usdc(w3, deployer)
     for wallet in (alice, bob):
         mint(w3, token, deployer, wallet.address, BUYER_FUNDS)
+    mint(w3, token, deployer, refunds.address, REFUND_FUNDS)
     chain = {
         "rpc_url": node.rpc_url,
         "chain_id": node.chain_id,
@@ -85,6 +90,8 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
         "token_domain": {"name": "USDC", "version": "2"},
         "seller": seller.address,
         "relayer_key": "0x" + relayer.key.hex(),
+        "refund_wallet": {"address": refunds.address, "usdc": REFUND_FUNDS},
+        "refund_wallet_key": "0x" + refunds.key.hex(),
         "facilitator_url": os.environ.get("X402_FACILITATOR_URL", ""),
         "buyers": [
             {
@@ -118,7 +125,13 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print(
         f"                 a block every {clock:g} s ({CHAIN_BLOCK_TIME_VAR})"
         if clock
-        else f"                 a block per transaction ({CHAIN_BLOCK_TIME_VAR}=2: Base's clock)"
+        else f"                 a block per transaction and an empty one every "
+        f"{HEARTBEAT_SECONDS:g} s ({CHAIN_BLOCK_TIME_VAR}=2: Base's clock)"
+    )
+    refunds = chain["refund_wallet"]
+    print(
+        f"  Refund wallet  {refunds['address']} ({refunds['usdc'] // 10**6} test USDC): "
+        "finance's paybacks"
     )
     settle = (
         f"facilitator {chain['facilitator_url']}"
@@ -204,6 +217,7 @@ def main() -> int:
             "X402_LOCAL_RPC_URL": chain["rpc_url"],
             "X402_LOCAL_TOKEN": chain["token"],
             "X402_LOCAL_RELAYER_KEY": chain["relayer_key"],
+            "X402_LOCAL_REFUND_WALLET_KEY": chain.pop("refund_wallet_key"),
         }
     )
     if chain["block_time"]:  # a paid request waits for its block: as long as a testnet's
@@ -244,6 +258,8 @@ def main() -> int:
     )
     signal.signal(signal.SIGTERM, _interrupt)
     supervisor.start_all()
+    if not chain["block_time"]:
+        _heartbeat_blocks(node)
     try:
         wait_ready(base)
         banner(seed, chain, base)
@@ -255,6 +271,21 @@ def main() -> int:
         node.stop()
         print("Stopped.", flush=True)
     return 0
+
+
+def _heartbeat_blocks(node: Any) -> None:
+    """An empty block every HEARTBEAT_SECONDS, on a thread that ends with the demo."""
+    import threading
+
+    def mine() -> None:
+        while True:
+            time.sleep(HEARTBEAT_SECONDS)
+            try:
+                node.mine()
+            except Exception:  # the chain is stopping with the demo
+                return
+
+    threading.Thread(target=mine, name="demo heartbeat blocks", daemon=True).start()
 
 
 def print_now(line: str) -> None:

@@ -18,6 +18,7 @@ from purchases.services.checkout import leases
 from purchases.services.shared import outbox
 from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, fund
+from webhooks import events as webhook_events
 
 pytest_plugins = [
     "tests.fixtures.anvil",
@@ -103,6 +104,12 @@ def _no_outage_carried_over(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     them into the next test's database (and, after the last, a dropped one)."""
     monkeypatch.setattr(rate_limit, "_outage", rate_limit._Outage())
     monkeypatch.setattr(outbox, "_immediate_paused_until", 0.0)
+    # Each test starts as a running process does: the webhook subscriptions already read
+    # (none), as they are once per 10 s, not on every request (webhooks.events); saving an
+    # endpoint makes this process read them again. Never on a timer here: a counted block
+    # late in a long test would count the re-read.
+    webhook_events.subscriptions_set(frozenset())
+    monkeypatch.setattr(webhook_events, "SUBSCRIPTIONS_TTL", float("inf"))
     yield
     with leases._process.lock:
         leases._process.held.clear()

@@ -59,6 +59,8 @@ def test_the_floors_put_doors_and_back_office_above_purchases() -> None:
     assert floors["layers"] == [
         "config",
         "doors | backoffice",
+        # Signed webhooks listen to the timeline from above (purchases.events' listeners).
+        "webhooks",
         "purchases",
         "payments | fulfillment",
         "core",

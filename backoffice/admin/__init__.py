@@ -14,6 +14,16 @@ from backoffice.admin import (
     payments,
     payouts,
     purchases,
+    webhooks,
 )
 
-__all__ = ["catalog", "evidence", "finance", "fulfillment", "payments", "payouts", "purchases"]
+__all__ = [
+    "catalog",
+    "evidence",
+    "finance",
+    "fulfillment",
+    "payments",
+    "payouts",
+    "purchases",
+    "webhooks",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.utils.html import format_html
 
 from core.admin import (
     ReadOnlyModelAdmin,
@@ -42,12 +43,14 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
     list_filter = ("scope", "state")
     list_select_related = ("purchase",)
     search_fields = ("=key", "=principal", "=purchase__ref")
-    # The stored answer is shown as evidence; the lease token is worker plumbing.
-    readonly_fields = ("buyer_prepaid_balance",)
+    # The stored answer is shown as evidence, and first in words; the lease token is worker
+    # plumbing.
+    readonly_fields = ("answer_told", "buyer_prepaid_balance")
     fields = (
         "scope",
         "key",
         "principal",
+        "answer_told",
         "buyer_prepaid_balance",
         "request_fingerprint",
         "purchase",
@@ -60,6 +63,35 @@ class IdempotencyRecordAdmin(ReadOnlyModelAdmin):
         "locked_until",
         "compacted_at",
     )
+
+    @admin.display(description="what the buyer was told")
+    def answer_told(self, obj: IdempotencyRecord) -> str:
+        """The stored answer in a sentence: a refusal (a problem document) by its code, what
+        it means and whose move it is; anything else by its status."""
+        if obj.response_status is None:
+            return "Nothing yet: the request under this payment id has not answered."
+        body = obj.response_body if isinstance(obj.response_body, dict) else {}
+        code = body.get("code")
+        if not code:
+            ref = body.get("purchase") or (obj.purchase.ref if obj.purchase else "")
+            return format_html(
+                "<strong>{}</strong>{}", obj.response_status, f": purchase {ref}" if ref else ""
+            )
+        charged = (
+            "Nothing was charged: no purchase was made."
+            if obj.purchase_id is None and 400 <= obj.response_status < 500
+            else ""
+        )
+        return format_html(
+            "<strong>{} {}</strong>: {} {}<br>Next: {} (the {}'s move{}).",
+            obj.response_status,
+            code,
+            body.get("detail") or body.get("title") or "",
+            charged,
+            str(body.get("next_action") or "-").replace("_", " "),
+            body.get("owner") or "buyer",
+            "; retrying may succeed" if body.get("retryable") else "",
+        )
 
     @admin.display(description="buyer's prepaid balance")
     def buyer_prepaid_balance(self, obj: IdempotencyRecord) -> str:

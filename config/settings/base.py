@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "fulfillment",
     # Above the apps: every app's admin, the roles, the books (no models).
     "backoffice",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -596,9 +597,30 @@ OUTBOX_JOBS = {
     "payout_broadcast": "purchases.tasks.payout_broadcast_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
     "facilitator_refused_alert": "purchases.tasks.facilitator_refused_alert_task",
+    "webhook_event_publish": "webhooks.tasks.webhook_event_publish_task",
+    "webhook_delivery_attempt": "webhooks.tasks.webhook_delivery_attempt_task",
+}
+
+# Signed webhooks (docs/webhooks.md). HTTPS only, unless DEBUG (a local receiver); the
+# timeouts bound what a slow endpoint costs a worker, never a purchase.
+WEBHOOKS = {
+    "REQUIRE_HTTPS": env.bool("TOLLBOOTH_WEBHOOKS_REQUIRE_HTTPS", default=not DEBUG),
+    "CONNECT_TIMEOUT_SECONDS": env.float("TOLLBOOTH_WEBHOOKS_CONNECT_TIMEOUT", default=3.0),
+    "READ_TIMEOUT_SECONDS": env.float("TOLLBOOTH_WEBHOOKS_READ_TIMEOUT", default=10.0),
 }
 
 CELERY_BEAT_SCHEDULE = {
+    # Webhook deliveries whose next try is due (a retry after backoff, an endpoint enabled
+    # again, a publish whose worker died). An idle run is one indexed query.
+    "send-due-webhooks": {
+        "task": "webhooks.tasks.webhook_deliveries_due_task",
+        "schedule": env.float("TOLLBOOTH_WEBHOOKS_SWEEP_EVERY_SECONDS", default=10.0),
+    },
+    # A webhook endpoint that has answered no 2xx for an hour: tell a person once.
+    "alert-failing-webhooks": {
+        "task": "webhooks.tasks.webhook_failing_alert_task",
+        "schedule": 60.0,
+    },
     # Jobs staged in the outbox whose immediate relay never ran (process died after the
     # commit) or failed (broker down): send them. Runs often; an idle run is one query.
     "relay-outbox": {

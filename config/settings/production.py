@@ -12,6 +12,8 @@ from .base import *  # noqa: F403
 from .base import ALLOWED_HOSTS, DATABASES, RECEIPTS, REDIS_URL, TOLLBOOTH_METRICS_TOKEN, env
 
 DEBUG = False
+# Webhooks go out over HTTPS only, whatever the environment says (docs/webhooks.md).
+WEBHOOKS = {**WEBHOOKS, "REQUIRE_HTTPS": True}  # noqa: F405
 
 # Django's own advice: 50 characters or more, and never the local default.
 MIN_SECRET_KEY_LENGTH = 50

@@ -61,3 +61,12 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
             "MIGRATE": False,
         },
     }
+
+# Tests receive webhooks on a local http:// server in a thread; short timeouts keep the
+# slow-endpoint tests fast (production's are in base).
+WEBHOOKS = {
+    **WEBHOOKS,  # noqa: F405
+    "REQUIRE_HTTPS": False,
+    "CONNECT_TIMEOUT_SECONDS": 1.0,
+    "READ_TIMEOUT_SECONDS": 1.0,
+}

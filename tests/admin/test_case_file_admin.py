@@ -361,6 +361,12 @@ def test_refused_prepaid_payment_is_found_by_its_payment_id_with_the_balance(
     page = support.get(_change(record)).content.decode()
     assert "insufficient_funds" in page
     assert "0.100000 USDC (100000)" in page
+    # Told in words, not only as the stored JSON: what the buyer heard and whose move it is.
+    assert (
+        "<strong>402 insufficient_funds</strong>: The prepaid balance does not cover the price. "
+        "Nothing was charged: no purchase was made.<br>Next: top up balance (the buyer's "
+        "move)." in page
+    )
 
 
 # --- the actions ----------------------------------------------------------------------------

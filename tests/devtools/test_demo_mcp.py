@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -210,3 +212,107 @@ def test_the_agent_without_a_demo_says_where_it_looked(tmp_path: Path) -> None:
         assert "Traceback" not in done.stderr, done.stderr
         assert str(tmp_path / "nothing-here") in done.stderr
         assert "make demo" in done.stderr and "TOLLBOOTH_VAR_DIR" in done.stderr
+
+
+def test_the_demo_has_a_funded_refund_wallet_and_its_chain_reaches_finality_unattended(
+    running_demo,
+) -> None:
+    """Finance's "Pay out from the refund wallet" needs a wallet: the demo makes and funds
+    one and hands its key to the processes. On a chain that mines a block per transaction,
+    empty blocks keep coming, so a payback sent at block N is final at N + 3 without anyone
+    mining by hand."""
+    env, banner = running_demo
+    chain = json.loads((Path(env["TOLLBOOTH_VAR_DIR"]) / "demo-chain.json").read_text())
+    refunds = chain["refund_wallet"]["address"]
+    assert f"Refund wallet  {refunds} (1000 test USDC)" in banner
+    assert "refund_wallet_key" not in chain  # the key goes to the processes, not the file
+    rpc = chain["rpc_url"]
+
+    def call(method: str, params: list) -> str:
+        answer = requests.post(
+            rpc, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, timeout=5
+        )
+        return str(answer.json()["result"])
+
+    balance_of = "0x70a08231" + refunds[2:].lower().rjust(64, "0")
+    held = int(call("eth_call", [{"to": chain["token"], "data": balance_of}, "latest"]), 16)
+    assert held == 1_000 * 10**6
+    head = int(call("eth_blockNumber", []), 16)
+    deadline = time.monotonic() + 15
+    while int(call("eth_blockNumber", []), 16) < head + 3:
+        assert time.monotonic() < deadline, "no blocks without transactions"
+        time.sleep(0.5)
+
+
+def _staff_session(base: str, banner: str, username: str) -> requests.Session:
+    """Logged in through the admin's own login form, with the banner's password."""
+    password = next(
+        line.split("/", 1)[1].strip()
+        for line in banner.splitlines()
+        if line.strip().startswith(f"{username} ") and "/" in line
+    )
+    session = requests.Session()
+    form = session.get(f"{base}/admin/login/", timeout=10)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+    assert token is not None, form.text[:500]
+    answer = session.post(
+        f"{base}/admin/login/?next=/admin/",
+        data={
+            "csrfmiddlewaretoken": token.group(1),
+            "username": username,
+            "password": password,
+            "next": "/admin/",
+        },
+        headers={"Referer": f"{base}/admin/login/"},
+        timeout=10,
+    )
+    assert answer.ok and "/admin/login/" not in answer.url, answer.text[:500]
+    return session
+
+
+def test_finance_reads_the_dashboard_and_exports_the_books_on_the_demos_embedded_database(
+    running_demo,
+) -> None:
+    """The embedded default is whole for finance: on the demo's own SQLite database, with an
+    x402 sale, a refused execution refunded and a late transfer owed back, both roles'
+    dashboards answer and the books export (admin and command) runs."""
+    env, banner = running_demo
+    base = f"http://127.0.0.1:{env['DEMO_PORT']}"
+    manage_env = {**env, "DJANGO_SETTINGS_MODULE": "config.settings.local"}
+    bought = subprocess.run(
+        [sys.executable, "scripts/demo_agent.py", "--x402", base],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert bought.returncode == 0, bought.stdout + bought.stderr
+    for situation in ("execution-failed", "late-transfer"):
+        played = subprocess.run(
+            [sys.executable, "manage.py", "demo_situation", situation],
+            cwd=ROOT, env=manage_env, capture_output=True, text=True, timeout=180, check=False,
+        )  # fmt: skip
+        assert played.returncode == 0, played.stdout + played.stderr
+
+    for role in ("finance", "support"):
+        page = _staff_session(base, banner, role).get(
+            f"{base}/admin/purchases/purchase/dashboard/", timeout=30
+        )
+        assert page.status_code == 200, (role, page.text[:800])
+    finance = _staff_session(base, banner, "finance")
+    books = finance.get(f"{base}/admin/payments/exportbatch/books/", timeout=30)
+    assert books.status_code == 200
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', books.text)
+    assert token is not None
+    last_month = (datetime.now(UTC).replace(day=1) - timedelta(days=1)).strftime("%Y-%m")
+    csv_answer = finance.post(
+        f"{base}/admin/payments/exportbatch/books/",
+        data={"csrfmiddlewaretoken": token.group(1), "month": last_month},
+        headers={"Referer": f"{base}/admin/payments/exportbatch/books/"},
+        timeout=60,
+    )
+    assert csv_answer.status_code == 200, csv_answer.text[:800]
+    assert csv_answer.headers["Content-Type"].startswith("text/csv")
+    exported = subprocess.run(
+        [sys.executable, "manage.py", "books_export", "--month", last_month],
+        cwd=ROOT, env=manage_env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.splitlines()[0] == csv_answer.text.splitlines()[0]

@@ -321,6 +321,7 @@ def test_prune_deletes_relayed_and_retired_messages_past_retention_in_batches(
 
 def test_every_outbox_job_and_beat_entry_names_a_registered_task():
     import purchases.tasks  # noqa: F401  (registers the tasks, as a worker does)
+    import webhooks.tasks  # noqa: F401  (autodiscover_tasks finds it in a worker)
     from config.celery_app import app
 
     named = set(settings.OUTBOX_JOBS.values()) | {
