@@ -46,6 +46,11 @@ if not RECEIPTS["KEY"]:
 if not TOLLBOOTH_METRICS_TOKEN:
     raise ImproperlyConfigured("TOLLBOOTH_METRICS_TOKEN is required in production.")
 
+# An active offering on a local development chain (anvil's 31337) is refused by a database
+# system check (purchases/checks.py): `check --deploy --database default`, `migrate` and
+# `make serve` stop with purchases.E001 instead of selling for a token anyone can mint.
+X402_REFUSE_LOCAL_NETWORKS = True
+
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
 SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000)
