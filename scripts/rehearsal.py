@@ -103,8 +103,12 @@ def own_database(server_url: str) -> str:
 
 
 def own_redis(server_url: str) -> str:
+    """Redis db REHEARSAL_REDIS_DB (default 15) on REDIS_URL's server, flushed: never the db
+    REDIS_URL itself names (a suite or a deployment may be using it)."""
     parts = urlsplit(server_url)
-    url = urlunsplit(parts._replace(path=f"/{os.environ.get('REHEARSAL_REDIS_DB', '15')}"))
+    db = os.environ.get("REHEARSAL_REDIS_DB", "15")
+    require(parts.path.strip("/") != db, f"REHEARSAL_REDIS_DB={db} must differ from REDIS_URL's")
+    url = urlunsplit(parts._replace(path=f"/{db}"))
     redis.Redis.from_url(url).flushdb()
     return url
 
