@@ -37,6 +37,7 @@ import redis
 import requests
 from cryptography.hazmat.primitives.asymmetric import ed25519
 from eth_account import Account
+from psycopg import sql
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -91,14 +92,21 @@ def free_port() -> int:
 
 def own_database(server_url: str) -> str:
     """Drop and create `tollbooth_rehearsal` (REHEARSAL_DATABASE_NAME) on the server of
-    DATABASE_URL, so a run never touches the suite's or anyone's data."""
+    DATABASE_URL, so a run never touches the suite's or anyone's data: the name must end in
+    `rehearsal` and differ from the database DATABASE_URL names."""
     parts = urlsplit(server_url)
     require(parts.scheme.startswith("postg"), "DATABASE_URL must name a PostgreSQL server")
     name = os.environ.get("REHEARSAL_DATABASE_NAME", "tollbooth_rehearsal")
+    require(
+        name.endswith("rehearsal") and name != parts.path.strip("/"),
+        f"REHEARSAL_DATABASE_NAME={name!r}: a database of its own, its name ending in rehearsal",
+    )
     admin = urlunsplit(parts._replace(scheme="postgresql", path="/postgres"))
     with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
