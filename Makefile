@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 NODE_STAMP := node_modules/.installed-$(shell cat package.json package-lock.json 2>/dev/null | sha256sum | cut -c1-12)
 
-.PHONY: install demo serve test lint typecheck pytest bench bench-hosts clean
+.PHONY: install demo serve rehearsal test lint typecheck pytest bench bench-hosts clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ demo: install
 ROLES ?=
 serve: install
 	$(BIN)/python scripts/serve.py $(ROLES)
+
+# Production's shape against a local chain impersonating Base mainnet (docs/rehearsal.md):
+# anvil as chain 8453 at 2 s blocks, the test token at Base's USDC address, Tollbooth on
+# production settings (PostgreSQL and Redis from DATABASE_URL and REDIS_URL: it uses its own
+# tollbooth_rehearsal database and Redis db 15 there), a stock x402 client paying direct and
+# through the CDP-authenticated facilitator double, a refund paid back. Prints what it proved.
+rehearsal: install
+	$(BIN)/python scripts/rehearsal.py
 
 # One table of every benchmark figure, each a ratio against an anchor measured in the same
 # run (docs/benchmarks.md). Needs DATABASE_URL (PostgreSQL: its server gets a tollbooth_bench

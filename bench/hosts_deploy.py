@@ -64,6 +64,8 @@ def base_env(workdir: Path, chain: dict[str, str]) -> dict[str, str]:
         "TOLLBOOTH_VAR_DIR": str(workdir / "var"),
         "LOG_LEVEL": os.environ.get("LOG_LEVEL", "WARNING"),
         "X402_LOCAL_MODE": "direct",
+        # Production's shape selling on anvil: serve.py's catalog check would refuse it.
+        "TOLLBOOTH_BENCH_ALLOW_LOCAL_NETWORKS": "True",
         **chain,
     }
 

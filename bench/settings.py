@@ -9,3 +9,4 @@ served by the same process. `bench/run.py` supplies the environment a deployment
 from config.settings.production import *  # noqa: F403
 
 ROOT_URLCONF = "bench.urls"
+X402_REFUSE_LOCAL_NETWORKS = False  # the bench sells on anvil on purpose

@@ -290,6 +290,8 @@ def tollbooth_env(
         "TOLLBOOTH_THROTTLE_API_KEY_RATE": "1000000/min",
         "TOLLBOOTH_VAR_DIR": str(var_dir),
         "X402_LOCAL_MODE": "direct",
+        # Production's shape selling on anvil: serve.py's catalog check would refuse it.
+        "TOLLBOOTH_BENCH_ALLOW_LOCAL_NETWORKS": "True",
         "GUNICORN_BIND": f"127.0.0.1:{port}",
         "GUNICORN_ASGI_BIND": f"127.0.0.1:{port}",
         "GUNICORN_ACCESS_LOG": os.environ.get("BENCH_GUNICORN_ACCESS_LOG", "-"),

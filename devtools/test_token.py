@@ -151,3 +151,60 @@ def send_transfer_with_authorization(
         signature_form=signature_form, gas=gas,
     )  # fmt: skip
     return _send(w3, sender_account, tx, nonce=nonce)
+
+
+# TestUSDC keeps its EIP-712 `name` and `version` in storage slots 0 and 1 (the first two
+# state variables; `owner` is immutable, so it lives in the runtime code): code copied alone
+# to another address reads "" for both and signs under an empty domain.
+NAME_SLOT, VERSION_SLOT = 0, 1
+
+
+def short_string_slot(text: str) -> str:
+    """A Solidity `string` of at most 31 bytes as its storage word: the bytes left-aligned,
+    the length times two in the last byte."""
+    raw = text.encode()
+    if len(raw) > 31:
+        raise ValueError(f"{text!r}: a long string does not fit one slot")
+    return "0x" + (raw.ljust(31, b"\0") + bytes([len(raw) * 2])).hex()
+
+
+def place_test_usdc_at(
+    anvil: Any, address: str, deployer: LocalAccount, *, name: str, version: str
+) -> dict[str, str]:
+    """Put TestUSDC at `address` (e.g. Base's USDC on a chain impersonating Base): deploy it
+    from `deployer` (its only minter, immutable in the code), copy the runtime code there
+    (`anvil_setCode`) and write `name`/`version` into slots 0-1 (`anvil_setStorageAt`). Read
+    back: the token's name, version and DOMAIN_SEPARATOR, which must equal the EIP-712 domain
+    (name, version, chain id, address) a buyer signs under. Raises ChainTxError otherwise."""
+    w3 = anvil.w3()
+    deployed = deploy_test_usdc(w3, deployer, name, version)
+    target = Web3.to_checksum_address(address)
+    anvil.rpc("anvil_setCode", [target, w3.eth.get_code(deployed).to_0x_hex()])
+    for slot, text in ((NAME_SLOT, name), (VERSION_SLOT, version)):
+        anvil.rpc("anvil_setStorageAt", [target, hex(slot), short_string_slot(text)])
+    token = token_contract(w3, target)
+    read = {
+        "name": token.functions.name().call(),
+        "version": token.functions.version().call(),
+        "domain_separator": HexBytes(token.functions.DOMAIN_SEPARATOR().call()).to_0x_hex(),
+    }
+    expected = HexBytes(
+        Web3.keccak(
+            w3.codec.encode(
+                ["bytes32", "bytes32", "bytes32", "uint256", "address"],
+                [
+                    Web3.keccak(
+                        text="EIP712Domain(string name,string version,uint256 chainId,"
+                        "address verifyingContract)"
+                    ),
+                    Web3.keccak(text=name),
+                    Web3.keccak(text=version),
+                    w3.eth.chain_id,
+                    target,
+                ],
+            )
+        )
+    ).to_0x_hex()
+    if (read["name"], read["version"], read["domain_separator"]) != (name, version, expected):
+        raise ChainTxError(f"the token at {target} reads {read}, not ({name}, {version})")
+    return {**read, "address": target, "deployed_at": deployed}

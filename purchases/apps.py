@@ -11,3 +11,10 @@ class PurchasesConfig(AppConfig):
         from purchases.services.shared.alerts import on_facilitator_refused
 
         facilitator_refused.connect(on_facilitator_refused, dispatch_uid="facilitator_refused")
+
+        # Registered here, run only where a database is named (it reads the catalog).
+        from django.core import checks
+
+        from purchases.checks import local_network_offerings_check
+
+        checks.register(local_network_offerings_check, checks.Tags.database)

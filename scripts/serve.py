@@ -9,11 +9,12 @@
 
 Refuses, listing everything missing, unless DATABASE_URL, REDIS_URL, DJANGO_SECRET_KEY,
 DJANGO_ALLOWED_HOSTS and TOLLBOOTH_METRICS_TOKEN are set; then the production settings judge
-their values. Each role is a separate process with its output on this terminal (the
-container runtime's log). When one of them exits, the others are stopped and this exits
-non-zero so a supervisor restarts the set. Ctrl-C or SIGTERM stops them gracefully: gunicorn
-lets in-flight requests finish, Celery finishes its running tasks (acks_late: a task cut off
-is delivered again). See docs/deployment.md.
+their values and `check --deploy --database default` the catalog (an active offering on a
+local chain is refused: purchases/checks.py). Each role is a separate process with its output
+on this terminal (the container runtime's log). When one of them exits, the others are
+stopped and this exits non-zero so a supervisor restarts the set. Ctrl-C or SIGTERM stops
+them gracefully: gunicorn lets in-flight requests finish, Celery finishes its running tasks
+(acks_late: a task cut off is delivered again). See docs/deployment.md.
 """
 
 from __future__ import annotations
@@ -46,7 +47,16 @@ def missing_settings(env: dict[str, str]) -> list[str]:
 def settings_error(env: dict[str, str]) -> str | None:
     """The production settings' own verdict on the values (weak key, wildcard hosts, ...)."""
     result = subprocess.run(
-        [PYTHON, "manage.py", "check", "--fail-level", "ERROR"],
+        [
+            PYTHON,
+            "manage.py",
+            "check",
+            "--deploy",
+            "--database",
+            "default",
+            "--fail-level",
+            "ERROR",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -56,6 +66,9 @@ def settings_error(env: dict[str, str]) -> str | None:
     if result.returncode == 0:
         return None
     lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    if "ERRORS:" in lines:  # a failed system check: its errors, not its closing count
+        errors = lines[lines.index("ERRORS:") + 1 :]
+        return "\n".join(line for line in errors if not line.startswith("System check"))
     return lines[-1] if lines else f"manage.py check exited with {result.returncode}"
 
 

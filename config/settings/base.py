@@ -530,6 +530,9 @@ X402_RESULT_WAIT_SECONDS = env.float("X402_RESULT_WAIT_SECONDS", default=10.0)
 # A 402's sign-in-with-x challenge is good this long (the extension's default: 5 minutes);
 # 0 declares none, so no one can fetch a result again without paying.
 X402_SIGN_IN_TTL_SECONDS = env.int("X402_SIGN_IN_TTL_SECONDS", default=300)
+# Production turns this on (config/settings/production.py): a database system check then
+# refuses an active offering on a local chain (purchases/checks.py). The demo sells there.
+X402_REFUSE_LOCAL_NETWORKS = False
 
 # --- Signed receipts (fulfillment/receipt_signing.py, docs/receipts.md) ---------------
 # The seller's receipt key (hex private key) signs every paid answer's receipt; its address

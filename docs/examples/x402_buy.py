@@ -2,9 +2,10 @@
 
     python docs/examples/x402_buy.py URL '{"title": "Sales", "csv": "a,b\\n1,2\\n"}'
 
-Environment: BUYER_KEY (0x private key), TOKEN and NETWORK (the asset and CAIP-2 network from
-the 402), TIMEOUT (seconds). Prints what the caller got as one JSON line. The tests run
-this file as it is (tests/x402/test_stock_clients.py).
+Environment: BUYER_KEY (0x private key), NETWORK (the CAIP-2 network from the 402), TOKEN (a
+local test token to allow; unset for a USDC the client knows, e.g. Base's), TIMEOUT (seconds).
+Prints what the caller got as one JSON line. The tests run this file as it is
+(tests/x402/test_stock_clients.py, and the mainnet rehearsal: scripts/rehearsal.py).
 """
 
 import json
@@ -18,12 +19,13 @@ from x402.http.clients.requests import PaymentError, wrapRequestsWithPayment
 from x402.mechanisms.evm.exact import ExactEvmClientScheme
 
 url, body = sys.argv[1], json.loads(sys.argv[2])
-network, token = os.environ["NETWORK"], os.environ["TOKEN"]
+network, token = os.environ["NETWORK"], os.environ.get("TOKEN", "")
 
 client = x402ClientSync()
 client.register(network, ExactEvmClientScheme(signer=Account.from_key(os.environ["BUYER_KEY"])))
 # The client pays well-known USDC addresses only; a local test token must be allowed.
-client.set_spend_controls({"allowed_assets": [{"network": network, "asset": token}]})
+if token:
+    client.set_spend_controls({"allowed_assets": [{"network": network, "asset": token}]})
 session = wrapRequestsWithPayment(requests.Session(), client)
 
 try:
