@@ -182,7 +182,9 @@ def test_a_payout_fails_only_on_proof_reverted_past_finality(
     refund = payouts.owed_refund()
     payout = refund_payout_approve(refund_id=refund.pk, actor=FAY)
     assert payout_broadcast(payout_id=payout.pk) == "sent"
-    receipt = x402_world.w3.eth.get_transaction_receipt(HexStr(str(payout.tx_hash)))
+    receipt = x402_world.w3.eth.wait_for_transaction_receipt(
+        HexStr(str(payout.tx_hash)), timeout=10
+    )
     assert receipt["status"] == 0
     # Reverted but not final: not told failed yet.
     assert payouts_reconcile(now=later()) == {"pending:finality": 1}
