@@ -16,14 +16,14 @@ from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import transaction
 
+from backoffice.catalog.apply import catalog_apply
+from backoffice.catalog.checks import catalog_parse
 from core.actors import Actor
 from devtools.sample_upstream import DEMO_OFFERING as UPSTREAM_OFFERING
 from fulfillment.models import Upstream
 from payments.models import LedgerEntry
 from payments.services import ledger_credit
 from purchases.models import Buyer, BuyerWallet, Offering
-from purchases.services.catalog.apply import catalog_apply
-from purchases.services.catalog.checks import catalog_parse
 from purchases.services.fulfil.upstreams import offering_upstream_save
 from purchases.services.quote.offerings import offering_update
 from purchases.services.shared.buyers import api_key_issue, buyer_create

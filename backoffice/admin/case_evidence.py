@@ -9,10 +9,10 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed
 
+from backoffice.evidence_pack import evidence_pack_export
 from backoffice.roles import EXPORT_EVIDENCE
 from core.actors import Actor
 from core.errors import DomainError
-from purchases.evidence_pack import evidence_pack_export
 
 
 def evidence_download_view(model_admin: Any, request: HttpRequest, object_id: str) -> HttpResponse:

@@ -1,6 +1,6 @@
 """`manage.py offerings export|apply|import-openapi`: the catalog as a file
 (docs/offerings-as-code.md). Thin: each subcommand is one call into
-purchases.services.catalog."""
+backoffice.catalog."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from backoffice.catalog.apply import catalog_apply
+from backoffice.catalog.checks import catalog_parse
+from backoffice.catalog.document import CatalogInvalid
+from backoffice.catalog.export import catalog_export
+from backoffice.catalog.openapi import catalog_draft_from_openapi
 from core.actors import Actor
-from purchases.services.catalog.apply import catalog_apply
-from purchases.services.catalog.checks import catalog_parse
-from purchases.services.catalog.document import CatalogInvalid
-from purchases.services.catalog.export import catalog_export
-from purchases.services.catalog.openapi import catalog_draft_from_openapi
 
 
 def _login() -> str:

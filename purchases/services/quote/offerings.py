@@ -36,7 +36,7 @@ TERM_FIELDS = frozenset(
         "max_input_bytes",
     }
 )
-# Which catalog file owns the offering (purchases/services/catalog): not terms.
+# Which catalog file owns the offering (backoffice/catalog): not terms.
 CATALOG_FIELDS = frozenset({"catalog_file", "catalog_sha256", "catalog_stock"})
 
 

@@ -13,16 +13,16 @@ from urllib.parse import urlsplit
 import yaml
 from django.utils import timezone
 
-from fulfillment.models import Upstream
-from purchases.models import Offering
-from purchases.services.catalog.checks import OFFERING_FIELDS, UPSTREAM_FIELDS
-from purchases.services.catalog.document import (
+from backoffice.catalog.checks import OFFERING_FIELDS, UPSTREAM_FIELDS
+from backoffice.catalog.document import (
     FORMAT_KEY,
     FORMAT_VERSION,
     CatalogInvalid,
     Problem,
 )
-from purchases.services.catalog.values import duration_text, money_text
+from backoffice.catalog.values import duration_text, money_text
+from fulfillment.models import Upstream
+from purchases.models import Offering
 
 # Shared by every offering, they go once under `defaults` (one place to change per network).
 SHARED = ("network", "asset", "asset_symbol", "asset_decimals", "pay_to")

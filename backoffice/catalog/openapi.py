@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from purchases.services.catalog.document import (
+from backoffice.catalog.document import (
     FORMAT_KEY,
     FORMAT_VERSION,
     CatalogInvalid,

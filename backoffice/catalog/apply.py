@@ -14,12 +14,12 @@ from typing import Any
 
 from django.db import transaction
 
+from backoffice.catalog.checks import Catalog, CatalogEntry
+from backoffice.catalog.values import duration_text, money_text
 from core.actors import Actor
 from fulfillment.models import Upstream
 from fulfillment.upstreams import AUDITED_FIELDS, upstream_audit_values
 from purchases.models import Offering
-from purchases.services.catalog.checks import Catalog, CatalogEntry
-from purchases.services.catalog.values import duration_text, money_text
 from purchases.services.fulfil.upstreams import offering_upstream_save
 from purchases.services.quote.offerings import offering_create, offering_update
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from backoffice.evidence_pack import evidence_pack_export
 from core.actors import Actor
 from core.errors import DomainError
-from purchases.evidence_pack import evidence_pack_export
 
 
 class Command(BaseCommand):

@@ -14,10 +14,7 @@ from urllib.parse import urlsplit
 import jsonschema
 from django.core.exceptions import ValidationError
 
-from fulfillment.executors import registered_names
-from fulfillment.models import Upstream
-from purchases.models import Offering
-from purchases.services.catalog.document import (
+from backoffice.catalog.document import (
     FORMAT_KEY,
     FORMAT_VERSION,
     CatalogInvalid,
@@ -26,7 +23,10 @@ from purchases.services.catalog.document import (
     text_sha256,
     yaml_read,
 )
-from purchases.services.catalog.values import decimal_parse, duration_parse, money_parse
+from backoffice.catalog.values import decimal_parse, duration_parse, money_parse
+from fulfillment.executors import registered_names
+from fulfillment.models import Upstream
+from purchases.models import Offering
 from purchases.services.quote.offerings import offering_asset_problem
 
 REQUIRED = ("title", "price", "asset", "network", "pay_to")
