@@ -35,6 +35,9 @@ def test_smoke_run_lists_every_registered_figure_with_numeric_ratios(tmp_path: P
     report_path = tmp_path / "last.json"
     env = {**os.environ, "REDIS_URL": settings.REDIS_URL}
     env.pop("DJANGO_SETTINGS_MODULE", None)
+    # Set by the browser tests for their live server; production settings' startup check
+    # (serve.py) rightly refuses to serve with it.
+    env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     try:
         result = subprocess.run(
             [

@@ -169,6 +169,8 @@ NOT_PAGES = {
     "view_on_site": "a redirect",
     "purchases_offering_upstream_check": "a POST that checks the upstream and returns to the "
     "offering's page with what it found (the offering's page is in the catalogue)",
+    "purchases_purchase_evidence_pack": "a POST answered with the signed evidence pack, a JSON "
+    "file, not a page (tests/admin/test_evidence_admin.py)",
 }
 PURCHASE_LABEL = "purchases.purchase"
 STANDARD = ("changelist", "add", "history", "delete", "change")  # each ModelAdmin's own

@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 BASE_USDC = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
 
 
+@pytest.fixture(autouse=True)
+def _no_async_unsafe(monkeypatch):
+    # The browser tests set it for their live server; `check --deploy` then reports
+    # async.E001, which is not what these tests are about.
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
+
+
 @pytest.fixture
 def production_flag(settings):
     settings.X402_REFUSE_LOCAL_NETWORKS = True

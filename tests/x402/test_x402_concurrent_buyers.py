@@ -4,16 +4,19 @@ test`'s second pass, on the embedded SQLite default that `make demo` runs on."""
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 import requests
 from django.db import connection
+from django.utils import timezone
 from eth_account import Account
 
 from devtools.test_token import mint
 from payments.chain.token import balance_of
 from payments.models import PaymentAttempt, RelayerAccount
 from purchases.models import Purchase
+from purchases.services.jobs import reconcile
 from tests.x402.e2e import FUNDED, NETWORK, PRICE, sign_payment
 
 pytestmark = [pytest.mark.sqlite_concurrency, pytest.mark.django_db(transaction=True)]
@@ -56,6 +59,10 @@ def test_eight_buyers_at_once_no_5xx_each_charged_once_no_nonce_gap(x402_live_wo
     assert [a.get("asked") for a in answers] == [402] * BUYERS, answers
     # Accepted (200 with the result, or 202 while it runs): none refused, none a 5xx.
     assert all(a["paid"] in (200, 202) for a in answers), answers
+    # A 202 may be a settlement the request's budget ran out on (a loaded machine): unknown,
+    # never failed; reconciliation records it from the chain, as in production.
+    if PaymentAttempt.objects.filter(state="settlement_pending").exists():
+        reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(minutes=3))
     for payer in payers:
         # Charged exactly once, for the one purchase it was answered about.
         assert balance_of(world.w3, world.token, payer.address) == FUNDED - PRICE
