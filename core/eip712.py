@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from eth_account.messages import SignableMessage
@@ -80,3 +81,40 @@ def signable(
     """What `encode_typed_data` returns for the same domain, type and message."""
     header = domain_separator(domain_fields, tuple(domain[n] for n, _ in domain_fields))
     return SignableMessage(b"\x01", header, struct_hash(primary, fields, message))
+
+
+# The domain of the documents we sign off chain (receipts, evidence packs): chain-agnostic,
+# EIP-712 is only the signing format, so chainId is always 1.
+DOCUMENT_DOMAIN_TYPE: list[dict[str, str]] = [
+    {"name": "name", "type": "string"},
+    {"name": "version", "type": "string"},
+    {"name": "chainId", "type": "uint256"},
+]
+_DOCUMENT_DOMAIN_FIELDS = fields_of(DOCUMENT_DOMAIN_TYPE)
+
+
+@dataclass(frozen=True)
+class SignedDocument:
+    """One kind of document signed off chain: its own domain name (so one kind's signature
+    never passes for another's) and its flat struct. `types` and `domain` are what a
+    verifier hands to `encode_typed_data`, as published."""
+
+    name: str
+    primary: str
+    struct: list[dict[str, str]]
+    version: str = "1"
+    _fields: Fields = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_fields", fields_of(self.struct))
+
+    @property
+    def domain(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "chainId": 1}
+
+    @property
+    def types(self) -> dict[str, list[dict[str, str]]]:
+        return {"EIP712Domain": DOCUMENT_DOMAIN_TYPE, self.primary: self.struct}
+
+    def signable(self, message: Mapping[str, Any]) -> SignableMessage:
+        return signable(_DOCUMENT_DOMAIN_FIELDS, self.domain, self.primary, self._fields, message)

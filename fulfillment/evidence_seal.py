@@ -27,7 +27,6 @@ from fulfillment.receipt_signing import SigningKey, parsed_private_key
 
 FORMAT = "tollbooth-evidence-pack"
 PACK_VERSION = 1
-DOMAIN: dict[str, Any] = {"name": "Tollbooth evidence pack", "version": "1", "chainId": 1}
 # Normative for verifiers (docs/evidence.md): changing a field needs a new domain version.
 SEAL_FIELDS: list[dict[str, str]] = [
     {"name": "version", "type": "uint256"},
@@ -35,17 +34,8 @@ SEAL_FIELDS: list[dict[str, str]] = [
     {"name": "issuedAt", "type": "uint256"},
     {"name": "contentSha256", "type": "string"},
 ]
-TYPES: dict[str, list[dict[str, str]]] = {
-    "EIP712Domain": [
-        {"name": "name", "type": "string"},
-        {"name": "version", "type": "string"},
-        {"name": "chainId", "type": "uint256"},
-    ],
-    "EvidencePack": SEAL_FIELDS,
-}
-PRIMARY_TYPE = "EvidencePack"
-_DOMAIN_FIELDS = eip712.fields_of(TYPES["EIP712Domain"])
-_SEAL_FIELDS = eip712.fields_of(SEAL_FIELDS)
+SEAL = eip712.SignedDocument("Tollbooth evidence pack", "EvidencePack", SEAL_FIELDS)
+DOMAIN, TYPES, PRIMARY_TYPE = SEAL.domain, SEAL.types, SEAL.primary
 
 
 class PackInvalid(Exception):
@@ -68,7 +58,7 @@ def pack_seal(*, content: dict[str, Any], purchase: str, issued_at: int, key: Si
         "issuedAt": issued_at,
         "contentSha256": content_sha256(content),
     }
-    signable = eip712.signable(_DOMAIN_FIELDS, DOMAIN, PRIMARY_TYPE, _SEAL_FIELDS, seal)
+    signable = SEAL.signable(seal)
     signed = Account.sign_message(signable, private_key=parsed_private_key(key))
     document = {
         "format": FORMAT,
@@ -117,7 +107,7 @@ def pack_signer(document: dict[str, Any]) -> str:
     purchase_mismatch, bad_signature."""
     seal = _seal_checked(document)
     try:
-        signable = eip712.signable(_DOMAIN_FIELDS, DOMAIN, PRIMARY_TYPE, _SEAL_FIELDS, seal)
+        signable = SEAL.signable(seal)
         return str(Account.recover_message(signable, signature=str(document.get("signature"))))
     except (ValueError, TypeError, binascii.Error, ValidationError, BadSignature) as exc:
         raise PackInvalid("bad_signature") from exc

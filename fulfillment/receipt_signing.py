@@ -40,7 +40,6 @@ from core import eip712
 
 FORMAT = "eip712"
 RECEIPT_VERSION = 1
-DOMAIN: dict[str, Any] = {"name": "Tollbooth receipt", "version": "1", "chainId": 1}
 # Normative for verifiers: changing a field or its order needs a new domain version.
 RECEIPT_FIELDS: list[dict[str, str]] = [
     {"name": "version", "type": "uint256"},
@@ -57,15 +56,8 @@ RECEIPT_FIELDS: list[dict[str, str]] = [
     {"name": "settledAt", "type": "uint256"},
     {"name": "resultSha256", "type": "string"},
 ]
-TYPES: dict[str, list[dict[str, str]]] = {
-    "EIP712Domain": [
-        {"name": "name", "type": "string"},
-        {"name": "version", "type": "string"},
-        {"name": "chainId", "type": "uint256"},
-    ],
-    "Receipt": RECEIPT_FIELDS,
-}
-PRIMARY_TYPE = "Receipt"
+RECEIPT = eip712.SignedDocument("Tollbooth receipt", "Receipt", RECEIPT_FIELDS)
+DOMAIN, TYPES, PRIMARY_TYPE = RECEIPT.domain, RECEIPT.types, RECEIPT.primary
 _UINT_FIELDS = frozenset(f["name"] for f in RECEIPT_FIELDS if f["type"] == "uint256")
 
 
@@ -153,10 +145,6 @@ def published_keys() -> list[PublishedKey]:
     return keys
 
 
-_DOMAIN_FIELDS = eip712.fields_of(TYPES["EIP712Domain"])
-_RECEIPT_FIELDS = eip712.fields_of(RECEIPT_FIELDS)
-
-
 def _typed(payload: dict[str, Any]) -> Any:
     """What `encode_typed_data` gives for {types: TYPES, domain: DOMAIN, message} (the
     domain hashed once: core/eip712.py)."""
@@ -164,7 +152,7 @@ def _typed(payload: dict[str, Any]) -> Any:
         f["name"]: int(payload[f["name"]]) if f["name"] in _UINT_FIELDS else payload[f["name"]]
         for f in RECEIPT_FIELDS
     }
-    return eip712.signable(_DOMAIN_FIELDS, DOMAIN, PRIMARY_TYPE, _RECEIPT_FIELDS, message)
+    return RECEIPT.signable(message)
 
 
 def receipt_sign(*, payload: dict[str, Any], key: SigningKey) -> str:

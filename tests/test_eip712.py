@@ -10,7 +10,7 @@ from eth_account import Account
 from eth_account.messages import encode_typed_data
 
 from core import eip712
-from fulfillment import receipt_signing
+from fulfillment import evidence_seal, receipt_signing
 from payments.chain import token
 
 
@@ -122,6 +122,26 @@ def test_receipt_matches_encode_typed_data() -> None:
         }
     )
     assert receipt_signing._typed(payload) == theirs
+
+
+def test_evidence_seal_matches_encode_typed_data() -> None:
+    seal = {"version": 1, "purchase": "pur_1", "issuedAt": 1767225600, "contentSha256": "ab" * 32}
+    theirs = encode_typed_data(
+        full_message={
+            "types": evidence_seal.TYPES,
+            "primaryType": evidence_seal.PRIMARY_TYPE,
+            "domain": evidence_seal.DOMAIN,
+            "message": seal,
+        }
+    )
+    assert evidence_seal.SEAL.signable(seal) == theirs
+    # Its own domain: a receipt's signature never passes for a pack's.
+    assert (
+        evidence_seal.SEAL.signable(seal).header
+        != receipt_signing.RECEIPT.signable(
+            {f["name"]: 0 if f["type"] == "uint256" else "" for f in receipt_signing.RECEIPT_FIELDS}
+        ).header
+    )
 
 
 def test_unsupported_type_is_not_guessed() -> None:

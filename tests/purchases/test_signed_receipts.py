@@ -196,6 +196,28 @@ def test_the_verify_command_needs_only_the_receipt_and_the_address(
         call_command("receipt_verify", str(header), "--address", address, stdout=StringIO())
 
 
+@pytest.mark.parametrize(
+    ("keys_file", "named"),
+    [
+        (None, "No such file"),
+        ("not json", "not a /.well-known/tollbooth-receipts document"),
+        ('{"keys": [{"id": "k1"}]}', "not a /.well-known/tollbooth-receipts document"),
+    ],
+)
+def test_a_keys_file_that_is_not_the_published_document_is_named_not_a_crash(
+    tmp_path, keys_file, named
+):
+    keys = tmp_path / "keys.json"
+    if keys_file is not None:
+        keys.write_text(keys_file)
+    receipt = tmp_path / "receipt.b64"
+    receipt.write_text("e30=")
+
+    for command in ("receipt_verify", "evidence_verify"):
+        with pytest.raises(CommandError, match=named):
+            call_command(command, str(receipt), "--keys", str(keys), stdout=StringIO())
+
+
 def test_the_docs_snippet_verifies_with_eth_account_alone(client_for_buyer, offering, tmp_path):
     """docs/receipts.md's standalone snippet, run as written in a fresh interpreter that
     imports no Tollbooth code (and no Django)."""

@@ -9,17 +9,18 @@ Addresses come from `--address` (repeatable) or `--keys`, a saved copy of
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from fulfillment.evidence_seal import PackInvalid, pack_decode, pack_verify
-from fulfillment.receipt_signing import published_keys
+from fulfillment.management.published_key_options import (
+    published_key_addresses,
+    published_key_arguments,
+)
 
 
 class Command(BaseCommand):
@@ -27,25 +28,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("file", help="The pack (JSON), or - for stdin.")
-        parser.add_argument(
-            "--address", action="append", default=[], help="A published receipt key address."
-        )
-        parser.add_argument(
-            "--keys", help="A saved /.well-known/tollbooth-receipts document (its keys)."
-        )
+        published_key_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        addresses = list(options["address"])
-        if options["keys"]:
-            published = json.loads(Path(options["keys"]).read_text())
-            addresses += [key["address"] for key in published.get("keys", [])]
-        if not addresses:
-            try:
-                addresses = [key.address for key in published_keys()]
-            except ImproperlyConfigured as exc:
-                raise CommandError(
-                    "give the seller's keys: --address 0x... or --keys FILE"
-                ) from exc
+        addresses = published_key_addresses(options, own_keys_by_default=True)
         source = options["file"]
         raw = sys.stdin.read() if source == "-" else Path(source).read_bytes()
         try:

@@ -9,13 +9,16 @@ come from `--address` (repeatable) or `--keys`, a saved copy of
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from fulfillment.management.published_key_options import (
+    published_key_addresses,
+    published_key_arguments,
+)
 from fulfillment.receipt_signing import ReceiptInvalid, receipt_decode, receipt_verify
 
 
@@ -24,20 +27,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("receipt", help="A file holding the receipt, or - for stdin.")
-        parser.add_argument(
-            "--address", action="append", default=[], help="A published receipt key address."
-        )
-        parser.add_argument(
-            "--keys", help="A saved /.well-known/tollbooth-receipts document (its keys)."
-        )
+        published_key_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        addresses = list(options["address"])
-        if options["keys"]:
-            published = json.loads(Path(options["keys"]).read_text())
-            addresses += [key["address"] for key in published.get("keys", [])]
-        if not addresses:
-            raise CommandError("give the seller's address: --address 0x... or --keys FILE")
+        addresses = published_key_addresses(options, own_keys_by_default=False)
         source = options["receipt"]
         raw = sys.stdin.read() if source == "-" else Path(source).read_text()
         try:
