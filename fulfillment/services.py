@@ -9,7 +9,6 @@ for the orchestration to put on the purchase's timeline.
 from __future__ import annotations
 
 import hashlib
-import random
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,6 +19,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransition
 
+from core.backoff import backoff_delay
 from core.changes import Change
 from core.refs import new_ref
 from fulfillment import receipt_signing
@@ -91,9 +91,10 @@ def _budget_spent(attempt: ExecutionAttempt, now: datetime, budget: RetryBudget)
 
 
 def _backoff_seconds(tries: int) -> float:
-    # Exponential with jitter from the database's count: base, 2x base ... capped at 10 min.
+    # From the database's count of tries: base, 2x base ... capped at 10 min.
     base = float(settings.TOLLBOOTH["EXECUTION_RETRY_BACKOFF_SECONDS"])
-    return min(600.0, base * 2 ** max(tries - 1, 0)) + random.uniform(0, base / 2)  # noqa: S311
+    delay = backoff_delay(tries, base_seconds=base, cap_seconds=600.0, jitter=(1.0, 1.25))
+    return delay.total_seconds()
 
 
 def execution_live_attempt(*, purchase_id: int) -> ExecutionAttempt | None:

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core.backoff import backoff_delay
 from core.clock import now_or
 from purchases.models import Purchase
 from purchases.notify import Alert, AlertNotDelivered, alert_send_report
@@ -72,9 +73,13 @@ def _timeouts() -> tuple[float, float]:
 
 def backoff(attempts: int, rng: random.Random | None = None) -> timedelta:
     """How long after the `attempts`-th failed try the next one is due."""
-    seconds = min(BACKOFF_CAP_SECONDS, BACKOFF_BASE_SECONDS * 2.0 ** max(attempts - 1, 0))
-    jitter = (rng or random).uniform(0.5, 1.0)
-    return timedelta(seconds=seconds * jitter)
+    return backoff_delay(
+        attempts,
+        base_seconds=BACKOFF_BASE_SECONDS,
+        cap_seconds=BACKOFF_CAP_SECONDS,
+        jitter=(0.5, 1.0),
+        rng=rng,
+    )
 
 
 def event_payload(event: WebhookEvent) -> bytes:

@@ -24,7 +24,6 @@ here or in any service imports `purchases.tasks`.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, QuerySet
 
+from core.backoff import backoff_delay
 from core.clock import now_or
 from core.prepared import PreparedUpdate
 from purchases import sql
@@ -235,8 +235,9 @@ def _send(job: str, kwargs: dict[str, Any]) -> None:
 
 
 def _backoff(attempts: int) -> timedelta:
-    seconds = min(BACKOFF_CAP_SECONDS, 2.0**attempts)
-    return timedelta(seconds=seconds * random.uniform(0.75, 1.0))  # noqa: S311 (jitter)
+    return backoff_delay(
+        attempts, base_seconds=2.0, cap_seconds=BACKOFF_CAP_SECONDS, jitter=(0.75, 1.0)
+    )
 
 
 def _record_failure(message_id: int, attempts: int, exc: Exception, now: datetime) -> None:
