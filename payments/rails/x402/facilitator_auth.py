@@ -6,7 +6,7 @@ Three kinds, one per facilitator (docs/x402.md, "Authenticated facilitators"):
   `CDP_API_KEY_SECRET`). Every call carries `Authorization: Bearer <JWT>` minted for that
   very call, as CDP's own SDKs mint it: header `alg` (EdDSA for an Ed25519 key, given as
   base64 of its 32-byte seed and 32-byte public key; ES256 for an EC P-256 key, given as
-  PEM), `kid` = the key id, `typ` JWT, a random hex `nonce`; claims `iss` "cdp", `sub` = the
+  PEM), `kid` = the key id, `typ` JWT, a random 16-digit `nonce`; claims `iss` "cdp", `sub` = the
   key id, `nbf` now, `exp` 120 s later, `uris` = ["<METHOD> <host[:port]><path>"] of the
   request (host and port as the configured URL's netloc spells them).
 - `bearer`: a static `Authorization: Bearer <token>`.
@@ -145,6 +145,12 @@ def request_uri(method: str, url: str) -> str:
     return f"{method.upper()} {parts.netloc}{parts.path}"
 
 
+def _nonce() -> str:
+    # The form cdp-sdk sends (16 decimal digits; tests/x402/test_facilitator_auth_oracle.py),
+    # drawn from `secrets`, not `random`.
+    return "".join(secrets.choice("0123456789") for _ in range(16))
+
+
 def cdp_jwt(auth: FacilitatorAuth, method: str, url: str, *, now: int | None = None) -> str:
     """A JWT for one call of `method` to `url`, valid from now for JWT_LIFETIME_SECONDS."""
     key = private_key(auth.secret)
@@ -157,5 +163,5 @@ def cdp_jwt(auth: FacilitatorAuth, method: str, url: str, *, now: int | None = N
         "exp": issued + JWT_LIFETIME_SECONDS,
         "uris": [request_uri(method, url)],
     }
-    headers = {"kid": auth.key_id, "typ": "JWT", "nonce": secrets.token_hex(16)}
+    headers = {"kid": auth.key_id, "typ": "JWT", "nonce": _nonce()}
     return jwt.encode(claims, key, algorithm=algorithm, headers=headers)
