@@ -11,6 +11,12 @@ asset) the exported value is rounded, the database figure stays exact.
 
 Setting: TOLLBOOTH_METRICS_TOKEN (default ""): when set, a scrape must send
 `Authorization: Bearer <token>`.
+
+The few in-process counters (payment-id conflicts, wallet sign-ins, facilitator refusals)
+are counted in whichever process saw the event: a web thread, the ASGI door, a worker. With
+PROMETHEUS_MULTIPROC_DIR set for every process of a host (prometheus_client's multiprocess
+mode: each process writes its counts to a file there), a scrape of any one of them sums
+them all; without it a scrape shows only the counts of the process that answered it.
 """
 
 from __future__ import annotations
@@ -24,8 +30,16 @@ from django.db.models import Count, Max, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    PLATFORM_COLLECTOR,
+    REGISTRY,
+    CollectorRegistry,
+    Metric,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from payments.models import PaymentAttempt, Refund, RelayerGas
@@ -256,11 +270,24 @@ class TollboothCollector(Collector):
             )
 
 
+class CountersCollector(Collector):
+    """The in-process counters: summed over every process of the host when they share a
+    multiprocess directory (read at each scrape: a process that died keeps its counts), else
+    this process's own, with its process and platform metrics (the default registry)."""
+
+    def collect(self) -> Iterable[Metric]:
+        directory = settings.TOLLBOOTH_METRICS_PROCESS_DIR
+        if not directory:
+            yield from REGISTRY.collect()
+            return
+        yield from MultiProcessCollector(None, path=directory).collect()
+        yield from PLATFORM_COLLECTOR.collect()
+
+
 tollbooth_collector = TollboothCollector()
 registry = CollectorRegistry()
 registry.register(tollbooth_collector)
-# The default registry holds process/platform metrics and in-process counters (conflicts).
-registry.register(REGISTRY)
+registry.register(CountersCollector())
 
 
 def _is_authorized(request: HttpRequest) -> bool:

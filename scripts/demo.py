@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,6 +209,12 @@ def main() -> int:
     env.setdefault("DJANGO_ADMINS", DEMO_ALERTS_TO)
     # Receipts and redelivery links name the address the banner prints (DEMO_HOST/DEMO_PORT).
     env.setdefault("TOLLBOOTH_PUBLIC_URL", f"http://{HOST}:{PORT}")
+    # Every process counts into one directory, emptied per run: /metrics sums them all
+    # (docs/deployment.md, PROMETHEUS_MULTIPROC_DIR).
+    counters = VAR / "metrics"
+    shutil.rmtree(counters, ignore_errors=True)
+    counters.mkdir(parents=True)
+    env["PROMETHEUS_MULTIPROC_DIR"] = str(counters)
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
     print("Starting the local chain and deploying the test USDC ...", flush=True)

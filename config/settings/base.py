@@ -563,6 +563,9 @@ TOLLBOOTH_ALERT_WEBHOOK_TIMEOUT_SECONDS = env.float(
 )
 # /metrics answers without auth unless this token is set (then: Authorization: Bearer <token>).
 TOLLBOOTH_METRICS_TOKEN = env.str("TOLLBOOTH_METRICS_TOKEN", default="")
+# prometheus_client's multiprocess mode (backoffice/metrics.py): the directory every process
+# of a host writes its counters to, emptied before they start. Unset: per-process counters.
+TOLLBOOTH_METRICS_PROCESS_DIR = env.str("PROMETHEUS_MULTIPROC_DIR", default="")
 
 LOGGING = {
     "version": 1,
