@@ -21,7 +21,10 @@ truth, not a 400 for its Host header or a 301 to https. Nothing else runs for th
   a direct-mode relayer low on gas (`relayer_gas:<network>`, from beat's last reading, no
   RPC: payments/rails/x402/gas.py): only new payments on that network are refused, and
   every replica shares the one relayer. A reading never made, or too old, is `"gas":
-  "unknown"` and passes. Each
+  "unknown"` and passes. So is a facilitator that does not answer or refuses our
+  credentials (`facilitator:<network>`): every replica calls the same one, paid requests
+  on that network answer 503 + Retry-After with nothing recorded, and prepaid purchases,
+  status URLs, paid results and the admin go on. Each
   check reports `ok` and its latency; a failure names only the error's type (a message
   could carry a host or an RPC key). A result is reused for
   TOLLBOOTH_READINESS_CACHE_SECONDS, so a flood of probes cannot turn into a flood of RPC
@@ -57,9 +60,11 @@ READINESS_PATH = "/readyz"
 CheckResult = dict[str, Any]
 # Checks whose failure degrades the service but must not take a replica out of rotation.
 DEGRADING_CHECKS = frozenset({"broker"})
-# The same, by prefix: a relayer low on gas refuses new payments on its network only (503
-# per request, nothing recorded); every other answer, status URL and redelivery still works.
-DEGRADING_PREFIXES = ("relayer_gas:",)
+# The same, by prefix: a relayer low on gas, or a facilitator down or refusing our key, refuses
+# new payments on its network only (503 per request, nothing recorded); every other answer,
+# status URL and redelivery still works, and every replica shares the one relayer or
+# facilitator: out of rotation, a facilitator outage would become a full one.
+DEGRADING_PREFIXES = ("relayer_gas:", "facilitator:")
 
 _cache_lock = threading.Lock()
 _cached: tuple[float, int, dict[str, Any]] | None = None
@@ -241,7 +246,8 @@ def readiness() -> tuple[int, dict[str, Any]]:
 
 def _degrades_only(check: str, failed: set[str], results: dict[str, CheckResult]) -> bool:
     """Whether a failed check leaves the replica serving: the broker, a relayer low on gas,
-    or one of a network's two RPC URLs while the other answers (the client fails over)."""
+    a facilitator, or one of a network's two RPC URLs while the other answers (the client
+    fails over)."""
     if check in DEGRADING_CHECKS or check.startswith(DEGRADING_PREFIXES):
         return True
     for mine, other in (("rpc:", "rpc_fallback:"), ("rpc_fallback:", "rpc:")):
