@@ -38,7 +38,6 @@ from devtools.permit2 import (
     permit2_allowance,
     permit2_domain_separator,
     permit2_runtime,
-    place_upto_contracts,
     proxy_runtime,
     read_domain_separator,
     send_upto_settle,
@@ -48,7 +47,7 @@ from payments.chain.token import balance_of
 from payments.rails.x402.chain import ChainUnavailable
 from payments.rails.x402.permit2 import nonce_bitmap_position, permit2_nonce_used
 from tests.chain.conftest import USDC, Usdc, deploy_funded
-from tests.fixtures.anvil import closed_port_url, new_account
+from tests.fixtures.anvil import closed_port_url, new_account, prepare_upto
 
 CEILING = 1 * USDC
 USAGE = USDC // 4  # 0.25
@@ -109,9 +108,8 @@ class Upto:
 
 
 def upto_world(node: AnvilNode) -> Upto:
-    place_upto_contracts(node)
     usdc = deploy_funded(node)
-    approve_permit2(usdc.w3, usdc.address, usdc.payer)
+    prepare_upto(node, usdc.address, [usdc.payer])  # other_payer stays unapproved
     signer = FacilitatorWeb3Signer(private_key="0x" + usdc.relayer.key.hex(), rpc_url=node.rpc_url)
     network = f"eip155:{usdc.chain_id}"
     facilitator = x402FacilitatorSync()
