@@ -19,10 +19,14 @@ from typing import Any, cast
 import pytest
 from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
+from eth_utils import function_abi_to_4byte_selector
 from web3 import Web3
 from x402 import x402ClientSync, x402FacilitatorSync
 from x402.mechanisms.evm import FacilitatorWeb3Signer
-from x402.mechanisms.evm.constants import ERR_UPTO_SETTLEMENT_EXCEEDS_AMOUNT
+from x402.mechanisms.evm.constants import (
+    ERR_UPTO_SETTLEMENT_EXCEEDS_AMOUNT,
+    X402_UPTO_PERMIT2_PROXY_ABI,
+)
 from x402.mechanisms.evm.upto import UptoEvmClientScheme, UptoEvmFacilitatorScheme
 from x402.schemas import PaymentPayload, PaymentRequired, PaymentRequirements, ResourceInfo
 
@@ -45,7 +49,12 @@ from devtools.permit2 import (
 )
 from payments.chain.token import balance_of
 from payments.rails.x402.chain import ChainUnavailable
-from payments.rails.x402.permit2 import nonce_bitmap_position, permit2_nonce_used
+from payments.rails.x402.permit2 import (
+    UPTO_SETTLE_SELECTOR,
+    decode_upto_settle,
+    nonce_bitmap_position,
+    permit2_nonce_used,
+)
 from tests.chain.conftest import USDC, Usdc, deploy_funded
 from tests.fixtures.anvil import closed_port_url, new_account, prepare_upto
 
@@ -361,3 +370,33 @@ def test_nonce_used_is_unknown_where_permit2_is_absent() -> None:
     # No code at the address answers empty bytes: that is "did not say", never "unused".
     with AnvilNode() as node, pytest.raises(ChainUnavailable):
         permit2_nonce_used(node.w3(), "0x" + "11" * 20, 1)
+
+
+# --- which transaction used it ----------------------------------------------------------------
+
+
+def test_the_settle_selector_is_the_sdks() -> None:
+    (settle,) = X402_UPTO_PERMIT2_PROXY_ABI
+    assert function_abi_to_4byte_selector(settle) == UPTO_SETTLE_SELECTOR
+
+
+def test_a_settlement_transaction_decodes_to_its_payload(upto: Upto) -> None:
+    payload = upto.buyer_signs()
+    settled = upto.facilitator.settle(payload, upto.requirements(USAGE))
+    assert settled.success, settled
+    calldata = upto.w3.eth.get_transaction(HexStr(settled.transaction))["input"]
+    call = decode_upto_settle(calldata)
+    auth = payload.payload["permit2Authorization"]
+    assert call is not None
+    assert (call.owner, call.nonce, call.amount, call.ceiling) == (
+        upto.usdc.payer.address, int(auth["nonce"]), USAGE, CEILING,
+    )  # fmt: skip
+    assert (call.token, call.pay_to, call.facilitator) == (
+        upto.usdc.address, upto.usdc.payee.address, upto.usdc.relayer.address,
+    )  # fmt: skip
+    assert call.signature.hex() == payload.payload["signature"].removeprefix("0x")
+    # A data suffix after the arguments (ERC-8021) changes nothing; anything else is not one.
+    assert decode_upto_settle(bytes(calldata) + bytes.fromhex("80218021")) == call
+    assert decode_upto_settle(bytes(calldata)[:100]) is None
+    assert decode_upto_settle(b"\xa9\x05\x9c\xbb" + bytes(64)) is None  # transfer(...)
+    assert decode_upto_settle("0x") is None

@@ -10,8 +10,12 @@ for EIP-3009.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
+from eth_abi.exceptions import DecodingError
+from hexbytes import HexBytes
 from web3 import Web3
 from web3.types import BlockIdentifier
 from x402.mechanisms.evm.constants import PERMIT2_ADDRESS, X402_UPTO_PERMIT2_PROXY_ADDRESS
@@ -58,3 +62,60 @@ def permit2_nonce_used(
         answer = w3.eth.call({"to": PERMIT2, "data": data}, block_identifier=block)
         (bitmap,) = abi_decode(["uint256"], bytes(answer))
     return bool((int(bitmap) >> bit) & 1)
+
+
+# --- which transaction used it: the proxy's calldata ---------------------------------------
+
+UPTO_SETTLE_SIGNATURE = (
+    "settle(((address,uint256),uint256,uint256),uint256,address,(address,address,uint256),bytes)"
+)
+UPTO_SETTLE_SELECTOR = Web3.keccak(text=UPTO_SETTLE_SIGNATURE)[:4]
+_UPTO_SETTLE_TYPES = [
+    "((address,uint256),uint256,uint256)", "uint256", "address", "(address,address,uint256)",
+    "bytes",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class UptoSettleCall:
+    """An upto proxy `settle` as a transaction carried it: whose Permit2 nonce it spends, and
+    how much of the ceiling it charged to whom."""
+
+    token: str
+    ceiling: int
+    nonce: int
+    deadline: int
+    amount: int
+    owner: str
+    pay_to: str
+    facilitator: str
+    valid_after: int
+    signature: bytes
+
+
+def decode_upto_settle(calldata: bytes | str) -> UptoSettleCall | None:
+    """The settle a transaction's input carries, or None when it is no upto proxy `settle`
+    (another call, or garbage). Bytes past the arguments (an ERC-8021 data suffix the SDK may
+    append) are ignored, as the contract ignores them. Permit2 logs no nonce: recovery finds
+    candidates by their `Transfer(owner -> payTo)` and tells which one spent a nonce by this."""
+    data = bytes(HexBytes(calldata))
+    if data[:4] != UPTO_SETTLE_SELECTOR:
+        return None
+    try:
+        permit, amount, owner, witness, signature = abi_decode(_UPTO_SETTLE_TYPES, data[4:])
+    except (DecodingError, ValueError, OverflowError):
+        return None
+    (token, ceiling), nonce, deadline = permit
+    pay_to, facilitator, valid_after = witness
+    return UptoSettleCall(
+        token=Web3.to_checksum_address(token),
+        ceiling=ceiling,
+        nonce=nonce,
+        deadline=deadline,
+        amount=amount,
+        owner=Web3.to_checksum_address(owner),
+        pay_to=Web3.to_checksum_address(pay_to),
+        facilitator=Web3.to_checksum_address(facilitator),
+        valid_after=valid_after,
+        signature=bytes(signature),
+    )
