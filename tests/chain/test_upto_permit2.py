@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import pytest
 from eth_account.signers.local import LocalAccount
-from eth_typing import HexStr
+from eth_typing import ABIFunction, HexStr
 from eth_utils import function_abi_to_4byte_selector
 from web3 import Web3
 from x402 import x402ClientSync, x402FacilitatorSync
@@ -377,7 +377,7 @@ def test_nonce_used_is_unknown_where_permit2_is_absent() -> None:
 
 def test_the_settle_selector_is_the_sdks() -> None:
     (settle,) = X402_UPTO_PERMIT2_PROXY_ABI
-    assert function_abi_to_4byte_selector(settle) == UPTO_SETTLE_SELECTOR
+    assert function_abi_to_4byte_selector(cast(ABIFunction, settle)) == UPTO_SETTLE_SELECTOR
 
 
 def test_a_settlement_transaction_decodes_to_its_payload(upto: Upto) -> None:
