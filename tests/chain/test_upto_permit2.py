@@ -302,6 +302,26 @@ def test_valid_after_is_enforced_by_the_proxy(upto: Upto) -> None:
     assert upto.balances() == (100 * USDC, 0)
 
 
+def test_past_the_deadline_permit2_refuses_and_the_nonce_stays_unused(
+    paused_anvil: AnvilNode,
+) -> None:
+    # `deadline` is upto's validBefore: the end of the window in which a settlement may land.
+    world = upto_world(paused_anvil)
+    usdc = world.usdc
+    now = paused_anvil.w3().eth.get_block("latest")["timestamp"]
+    payload = sign_upto_permit(
+        usdc.payer, chain_id=usdc.chain_id, token=usdc.address, ceiling=CEILING,
+        pay_to=usdc.payee.address, facilitator=usdc.relayer.address, deadline=now + 60,
+    )  # fmt: skip
+    paused_anvil.increase_time(120)
+    tx = send_upto_settle(world.w3, usdc.relayer, payload, USAGE, gas=REVERT_GAS)
+    assert world.w3.eth.wait_for_transaction_receipt(tx, timeout=30)["status"] == 0
+    assert world.balances() == (100 * USDC, 0)
+    assert not permit2_nonce_used(
+        world.w3, usdc.payer.address, payload["permit2Authorization"]["nonce"]
+    )
+
+
 # --- "used": Permit2's nonce bitmap -----------------------------------------------------------
 
 
