@@ -1,7 +1,8 @@
 #!/usr/bin/env node
-// Compiles contracts/TestUSDC.sol with the npm solc package (offline) and writes the
-// artifact the Python side loads: payments/chain/artifacts/TestUSDC.json.
-// The artifact is committed so tests and the demo need no compiler.
+// Compiles the contracts in contracts/ with the npm solc package (offline) and writes the
+// artifacts the Python side loads: payments/chain/artifacts/TestUSDC.json and
+// devtools/artifacts/X402UptoPermit2Proxy.json.
+// The artifacts are committed so tests and the demo need no compiler.
 // Usage: node scripts/compile_contracts.js
 "use strict";
 
@@ -11,9 +12,17 @@ const path = require("path");
 const solc = require("solc");
 
 const ROOT = path.resolve(__dirname, "..");
-const CONTRACT = "TestUSDC";
-const SOURCE_REL = "contracts/TestUSDC.sol";
-const OUT = path.join(ROOT, "payments", "chain", "artifacts", `${CONTRACT}.json`);
+// `runtime`: the proxy is placed with anvil_setCode, which takes the deployed (runtime)
+// code, not the creation code.
+const CONTRACTS = [
+  { name: "TestUSDC", source: "contracts/TestUSDC.sol", out: "payments/chain/artifacts" },
+  {
+    name: "X402UptoPermit2Proxy",
+    source: "contracts/X402UptoPermit2Proxy.sol",
+    out: "devtools/artifacts",
+    runtime: true,
+  },
+];
 
 // Pinned settings: the same source and compiler always give the same bytes.
 // "cancun" runs on anvil and on current L2s; the key is a relative path so the metadata
@@ -21,15 +30,17 @@ const OUT = path.join(ROOT, "payments", "chain", "artifacts", `${CONTRACT}.json`
 const SETTINGS = {
   optimizer: { enabled: true, runs: 200 },
   evmVersion: "cancun",
-  outputSelection: { "*": { "*": ["abi", "evm.bytecode.object"] } },
 };
 
-function main() {
-  const source = fs.readFileSync(path.join(ROOT, SOURCE_REL), "utf8");
+function compile(contract) {
+  const source = fs.readFileSync(path.join(ROOT, contract.source), "utf8");
+  const outputs = ["abi", "evm.bytecode.object"];
+  if (contract.runtime) outputs.push("evm.deployedBytecode.object");
+  // One compilation per source, so adding a contract never changes another's metadata.
   const input = {
     language: "Solidity",
-    sources: { [SOURCE_REL]: { content: source } },
-    settings: SETTINGS,
+    sources: { [contract.source]: { content: source } },
+    settings: { ...SETTINGS, outputSelection: { "*": { "*": outputs } } },
   };
   const output = JSON.parse(solc.compile(JSON.stringify(input)));
 
@@ -40,24 +51,26 @@ function main() {
   }
   if (failed) process.exit(1);
 
-  const compiled = output.contracts[SOURCE_REL][CONTRACT];
+  const compiled = output.contracts[contract.source][contract.name];
   const artifact = {
-    contractName: CONTRACT,
+    contractName: contract.name,
     abi: compiled.abi,
     bytecode: "0x" + compiled.evm.bytecode.object,
-    compiler: {
-      name: "solc-js",
-      version: solc.version(),
-      settings: { optimizer: SETTINGS.optimizer, evmVersion: SETTINGS.evmVersion },
-      source: SOURCE_REL,
-      // Lets a test tell a stale artifact from a fresh one without a compiler.
-      sourceSha256: crypto.createHash("sha256").update(source, "utf8").digest("hex"),
-    },
+  };
+  if (contract.runtime) artifact.deployedBytecode = "0x" + compiled.evm.deployedBytecode.object;
+  artifact.compiler = {
+    name: "solc-js",
+    version: solc.version(),
+    settings: SETTINGS,
+    source: contract.source,
+    // Lets a test tell a stale artifact from a fresh one without a compiler.
+    sourceSha256: crypto.createHash("sha256").update(source, "utf8").digest("hex"),
   };
 
-  fs.mkdirSync(path.dirname(OUT), { recursive: true });
-  fs.writeFileSync(OUT, JSON.stringify(artifact, null, 2) + "\n");
-  process.stdout.write(`wrote ${path.relative(ROOT, OUT)} (solc ${solc.version()})\n`);
+  const out = path.join(ROOT, contract.out, `${contract.name}.json`);
+  fs.mkdirSync(path.dirname(out), { recursive: true });
+  fs.writeFileSync(out, JSON.stringify(artifact, null, 2) + "\n");
+  process.stdout.write(`wrote ${path.relative(ROOT, out)} (solc ${solc.version()})\n`);
 }
 
-main();
+CONTRACTS.forEach(compile);

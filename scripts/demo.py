@@ -71,8 +71,10 @@ def manage(*args: str, capture: bool = False) -> str:
 
 
 def start_chain() -> tuple[Any, dict[str, Any]]:
-    """A fresh anvil with the test USDC deployed and two funded buyer wallets."""
+    """A fresh anvil with the test USDC deployed, Permit2 and the upto proxy placed, and two
+    funded buyer wallets that have approved Permit2."""
     from devtools.anvil import AnvilNode, block_time_from_env
+    from devtools.permit2 import approve_permit2_for, place_upto_contracts
     from devtools.test_token import deploy_test_usdc, mint
 
     node = AnvilNode(port=CHAIN_PORT, block_time=block_time_from_env(CHAIN_BLOCK_TIME_VAR))
@@ -82,6 +84,10 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
     for wallet in (alice, bob):
         mint(w3, token, deployer, wallet.address, BUYER_FUNDS)
     mint(w3, token, deployer, refunds.address, REFUND_FUNDS)
+    # `upto` (usage pricing) settles through Permit2: placed on the chain, and each buyer's
+    # one-time approval of it done here, as a buyer does once before its first upto payment.
+    upto = place_upto_contracts(node)
+    approve_permit2_for(w3, token, [alice, bob])
     chain = {
         "rpc_url": node.rpc_url,
         "chain_id": node.chain_id,
@@ -89,6 +95,8 @@ def start_chain() -> tuple[Any, dict[str, Any]]:
         "network": NETWORK,
         "token": token,
         "token_domain": {"name": "USDC", "version": "2"},
+        "permit2": upto["permit2"],
+        "upto_proxy": upto["upto_proxy"],
         "seller": seller.address,
         "relayer_key": "0x" + relayer.key.hex(),
         "refund_wallet": {"address": refunds.address, "usdc": REFUND_FUNDS},

@@ -26,7 +26,7 @@ from devtools.test_token import sign_transfer_authorization
 from payments.chain.token import balance_of
 from purchases.models import Offering
 from tests.factories import OfferingFactory
-from tests.fixtures.anvil import deploy_funded_usdc, new_account, new_accounts
+from tests.fixtures.anvil import deploy_funded_usdc, new_account, new_accounts, prepare_upto
 
 NETWORK = "eip155:31337"
 PRICE = 250_000
@@ -69,11 +69,15 @@ def build_world(
     mode: str = "direct",
     facilitator_url: str = "",
     offering: dict[str, Any] | None = None,
+    upto: bool = False,
 ) -> X402World:
-    """Deploy and fund on `node` (mining), then pause it if asked; point settings at it."""
+    """Deploy and fund on `node` (mining), then pause it if asked; point settings at it.
+    `upto`: Permit2 and the upto proxy placed, and every payer's Permit2 approval sent."""
     w3 = node.w3()
     deployer, relayer, seller, *payers = new_accounts(node, 6)
     token = deploy_funded_usdc(node, deployer, [payer.address for payer in payers], FUNDED)
+    if upto:
+        prepare_upto(node, token, payers)
     if no_mining:
         node.set_automine(False)
     network_settings = {
@@ -105,6 +109,7 @@ class MakeWorld(Protocol):
         mode: str = "direct",
         facilitator_url: str = "",
         offering: dict[str, Any] | None = None,
+        upto: bool = False,
     ) -> X402World: ...
 
 
