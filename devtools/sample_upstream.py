@@ -168,7 +168,7 @@ def make_handler(store: Store, secrets: dict[str, bytes]) -> type[BaseHTTPReques
             key = self._signed_key(body)
             if key is None:
                 return self._send(401, b'{"error": "bad signature or no key"}')
-            seen = {
+            seen: dict[str, object] = {
                 "method": self.command,
                 "target": self.path,
                 "content_type": self.headers.get("Content-Type", ""),
