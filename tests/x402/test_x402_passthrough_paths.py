@@ -16,7 +16,7 @@ from fulfillment.models import Upstream
 from purchases.models import Quote
 from tests.factories import OfferingFactory
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 def send(base: str, method: str, target: str, body: bytes = b"") -> tuple[int, dict[str, Any]]:
