@@ -87,3 +87,13 @@ def test_an_offering_that_passes_no_path_through_has_none_below_it(asgi_server: 
     offering = OfferingFactory.create()
     status, problem = send(asgi_server, "GET", f"/x402/{offering.slug}/items/7")
     assert (status, problem["code"]) == (404, "offering_not_found")
+
+
+def test_the_offerings_own_url_refuses_an_input_that_is_not_a_passed_request(
+    asgi_server: str, passing_slug: str
+) -> None:
+    # Quoted and paid, the worker would refuse it after the payment: refused before the quote.
+    status, problem = send(asgi_server, "POST", f"/x402/{passing_slug}", b'{"q": "x"}')
+    assert (status, problem["code"]) == (422, "invalid_input")
+    assert f"/x402/{passing_slug}/<path>" in problem["detail"]
+    assert not Quote.objects.exists()
