@@ -97,3 +97,14 @@ def test_the_offerings_own_url_refuses_an_input_that_is_not_a_passed_request(
     assert (status, problem["code"]) == (422, "invalid_input")
     assert f"/x402/{passing_slug}/<path>" in problem["detail"]
     assert not Quote.objects.exists()
+
+
+def test_discovery_names_the_prefix_and_its_methods(asgi_server: str, passing_slug: str) -> None:
+    status, document = send(asgi_server, "GET", "/.well-known/x402")
+    assert status == 200
+    item = next(i for i in document["items"] if i["resource"].endswith(f"/x402/{passing_slug}"))
+    assert item["metadata"]["passesRequest"] == {
+        "pathPrefix": f"{asgi_server}/x402/{passing_slug}/",
+        "methods": ["GET", "POST", "PUT", "PATCH", "DELETE"],
+    }
+    assert "get" not in item["metadata"]
