@@ -7,6 +7,7 @@ from doors.x402.views import (
     ReceiptKeysApi,
     X402DiscoveryApi,
     X402PaidApi,
+    X402PassThroughApi,
     X402PurchaseCapabilityApi,
 )
 
@@ -18,6 +19,12 @@ urlpatterns = [
         "x402/purchases/<str:ref>/<str:token>",
         X402PurchaseCapabilityApi.as_view(),
         name="x402-purchase-capability",
+    ),
+    # After the capability URLs, which share its shape: an existing API sold path by path.
+    path(
+        "x402/<slug:offering>/<path:rest>",
+        X402PassThroughApi.as_view(),
+        name="x402-paid-passed",
     ),
     path(".well-known/x402", X402DiscoveryApi.as_view(), name="x402-discovery"),
     path(".well-known/tollbooth-receipts", ReceiptKeysApi.as_view(), name="receipt-keys"),

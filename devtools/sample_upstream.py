@@ -14,6 +14,9 @@ its own SQLite file, so a killed and restarted upstream still knows what it did.
                    "size": bytes of result to return,
                    "slow": seconds to wait before EVERY answer, repeats included (an
                    upstream slower than its caller's timeout, however often it is asked).
+  ANY /api/...     an existing API sold path by path (an upstream in `request` mode):
+                   signed like /work; its effect echoes the request as it arrived
+                   {"method", "target" (path and query), "content_type", "body"}.
   GET /health      unsigned dry-run target: no effect.
   GET /stats       {"effects", "calls", "replayed", "refused"}.
   PUT /keys        a JSON list of key ids, among those it was started with: the secrets it
@@ -122,6 +125,12 @@ def make_handler(store: Store, secrets: dict[str, bytes]) -> type[BaseHTTPReques
         def do_PUT(self) -> None:
             self._route()
 
+        def do_PATCH(self) -> None:
+            self._route()
+
+        def do_DELETE(self) -> None:
+            self._route()
+
         def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
             self.send_response(status)
             self.send_header("Content-Type", ctype)
@@ -138,9 +147,36 @@ def make_handler(store: Store, secrets: dict[str, bytes]) -> type[BaseHTTPReques
                 return self._keys(body)
             if path == "/health":
                 return self._send(200, b'{"ok": true}')
+            if path.startswith("/api/"):
+                return self._api(body)
             if path != "/work":
                 return self._send(404, b'{"error": "no such route"}')
             return self._work(body)
+
+        def _signed_key(self, body: bytes) -> str | None:
+            """The call's Idempotency-Key, if it is signed by a secret accepted now."""
+            store.counts["calls"] += 1
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            key = headers.get("idempotency-key", "")
+            accepted = {kid: secrets[kid] for kid in store.accepted}
+            if not verify(accepted, headers, self.command, self.path, body) or not key:
+                store.counts["refused"] += 1
+                return None
+            return key
+
+        def _api(self, body: bytes) -> None:
+            key = self._signed_key(body)
+            if key is None:
+                return self._send(401, b'{"error": "bad signature or no key"}')
+            seen: dict[str, object] = {
+                "method": self.command,
+                "target": self.path,
+                "content_type": self.headers.get("Content-Type", ""),
+                "body": body.decode("utf-8", "replace"),
+            }
+            answer, replayed = store.effect(key, seen)
+            store.counts["replayed"] += int(replayed)
+            return self._send(200, answer)
 
         def _keys(self, body: bytes) -> None:
             wanted = json.loads(body)
@@ -150,12 +186,8 @@ def make_handler(store: Store, secrets: dict[str, bytes]) -> type[BaseHTTPReques
             return self._send(200, json.dumps(store.accepted).encode())
 
         def _work(self, body: bytes) -> None:
-            store.counts["calls"] += 1
-            headers = {k.lower(): v for k, v in self.headers.items()}
-            key = headers.get("idempotency-key", "")
-            accepted = {kid: secrets[kid] for kid in store.accepted}
-            if not verify(accepted, headers, self.command, self.path, body) or not key:
-                store.counts["refused"] += 1
+            key = self._signed_key(body)
+            if key is None:
                 return self._send(401, b'{"error": "bad signature or no key"}')
             query = dict(parse_qsl(urlsplit(self.path).query))
             data: dict[str, object] = json.loads(body) if body else dict(query)

@@ -212,6 +212,9 @@ class Upstream(models.Model):
     class InputMode(models.TextChoices):
         JSON = "json", "JSON body"
         QUERY = "query", "Query parameters"
+        # An existing API sold as it is: /x402/<offering>/<rest> is sent to the URL's <rest>
+        # with the paid request's method, query string and body (docs/upstreams.md).
+        REQUEST = "request", "The paid request itself (passes the path through)"
 
     offering = models.OneToOneField(
         "purchases.Offering", on_delete=models.CASCADE, related_name="upstream"
@@ -317,6 +320,8 @@ def upstream_validate(upstream: Upstream) -> None:
         errors["method"] = f"One of {', '.join(sorted(METHODS))}."
     if upstream.secret_env and not ENV_NAME.fullmatch(upstream.secret_env):
         errors[secret_field] = "An environment variable NAME (A-Z, 0-9, _), not the secret."
+    if upstream.input_mode == "request" and upstream.kind != "http":
+        errors["input_mode"] = "Only an http upstream passes the paid request through."
     if upstream.kind == "http" and not upstream.secret_env:
         errors[secret_field] = "An http upstream signs every call: name its secret's variable."
     errors.update(_rotation_errors(upstream))

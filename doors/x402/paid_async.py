@@ -38,7 +38,7 @@ from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from doors.x402.views import HandedOff, X402PaidApi
+from doors.x402.views import HandedOff, X402PaidApi, X402PassThroughApi
 from doors.x402.waiting import Waiting, waits_returned
 from purchases.services.checkout.flow import purchase_pay_resume
 
@@ -46,6 +46,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _PAID_VIEW = X402PaidApi.as_view()
+_PASSED_VIEW = X402PassThroughApi.as_view()
 _ON_EVENT_LOOP: ContextVar[bool] = ContextVar("x402_paid_on_event_loop", default=False)
 _EXECUTORS: dict[tuple[int, int], ThreadPoolExecutor] = {}
 _EXECUTORS_LOCK = threading.Lock()
@@ -100,12 +101,19 @@ async def _look(work: Callable[[], T]) -> T:
 
 
 @csrf_exempt
-async def x402_paid(request: HttpRequest, offering: str) -> HttpResponseBase:
-    """X402PaidApi, with its wait for the block on the event loop."""
+async def x402_paid(
+    request: HttpRequest, offering: str, rest: str | None = None
+) -> HttpResponseBase:
+    """X402PaidApi (X402PassThroughApi below the offering's URL), with its wait for the
+    block on the event loop."""
 
     def first_part() -> HttpResponseBase:
         with waits_returned():
-            response: HttpResponseBase = _PAID_VIEW(request, offering=offering)
+            response: HttpResponseBase = (
+                _PAID_VIEW(request, offering=offering)
+                if rest is None
+                else _PASSED_VIEW(request, offering=offering, rest=rest)
+            )
             return response
 
     response = await _run_sync(first_part)

@@ -11,9 +11,11 @@ from typing import Any
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
 from doors.rest.answers import COPY_HEADER
@@ -27,6 +29,7 @@ from doors.x402.answers import (
     x402_sign_in_answer,
 )
 from doors.x402.waiting import Waiting, returns_wait
+from fulfillment.executors.passthrough import PassedRequest
 from fulfillment.receipt_signing import receipt_keys_document
 from payments.rails.x402.sign_in import SIGN_IN_HEADER
 from purchases.models import Buyer, Offering
@@ -39,6 +42,7 @@ from purchases.services.x402.offers import (
     x402_offer_from_query,
     x402_offer_price_only,
 )
+from purchases.services.x402.passthrough import x402_passed_input
 
 PAYMENT_SIGNATURE = OpenApiParameter(
     "PAYMENT-SIGNATURE",
@@ -133,10 +137,17 @@ class X402PaidApi(APIView):
         )
 
     def _pay(
-        self, request: Request, offering: str, header: str, from_query: bool
+        self,
+        request: Request,
+        offering: str,
+        header: str,
+        from_query: bool,
+        passed: dict[str, Any] | None = None,
     ) -> Response | HttpResponse:
         def carried(sold: Offering) -> Any:
             # Read only for a quote the 402 signed instead of writing: its input comes back.
+            if passed is not None:
+                return passed
             if from_query:
                 return input_from_query(sold, request.query_params.dict())
             return request.data
@@ -226,6 +237,86 @@ class X402PaidApi(APIView):
             offering_slug=offering, resource_url=request.build_absolute_uri(request.path)
         )
         return _render(x402_offer_answer(offer))
+
+
+def _raw_path(request: Request) -> str | None:
+    """The request target as sent, before the server decoded it: gunicorn's RAW_URI, or the
+    ASGI scope's raw_path (uvicorn). None where the server keeps only the decoded path."""
+    raw = request.META.get("RAW_URI") or request.META.get("REQUEST_URI")
+    if raw is None:
+        scope = getattr(request._request, "scope", None) or {}
+        target = scope.get("raw_path")
+        raw = target.decode("latin-1") if isinstance(target, bytes) else None
+    return None if raw is None else str(raw).partition("?")[0]
+
+
+class _QueryPassedThrough(DefaultContentNegotiation):
+    """The query string is the upstream's: DRF's `?format=` override would answer 404 to a
+    paid call of `/export?format=csv`."""
+
+    settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment,arg-type]  # only this one is read
+
+
+class X402PassThroughApi(X402PaidApi):
+    """Buy one call of an existing API: `/x402/<offering>/<rest>` is the upstream's `<rest>`,
+    its method, query string and body passed through (docs/upstreams.md). The request is the
+    input: a retry of the same request is the same purchase."""
+
+    content_negotiation_class = _QueryPassedThrough
+
+    def _through(self, request: Request, offering: str, rest: str) -> Response | HttpResponse:
+        passed = PassedRequest(
+            method=str(request.method),
+            path="/" + rest,
+            query=request.META.get("QUERY_STRING", ""),
+            content_type=request.META.get("CONTENT_TYPE", ""),
+            body=request.body,  # bounded by DATA_UPLOAD_MAX_MEMORY_SIZE (request_too_large)
+        )
+        raw_input = x402_passed_input(
+            offering_slug=offering, request=passed, raw_path=_raw_path(request)
+        )
+        header = request.headers.get("PAYMENT-SIGNATURE")
+        if header:
+            return self._pay(request, offering, header, from_query=False, passed=raw_input)
+        sign_in = request.headers.get(SIGN_IN_HEADER)
+        if sign_in:
+            return self._sign_in(request, offering, sign_in, raw_input, from_query=False)
+        offer = x402_offer(
+            offering_slug=offering,
+            raw_input=raw_input,
+            buyer=_buyer(request),
+            resource_url=request.build_absolute_uri(request.path),
+        )
+        return _render(x402_offer_answer(offer))
+
+    @extend_schema(
+        request=OpenApiTypes.BINARY,
+        parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY],
+        responses=POST_RESPONSES,
+        summary="x402 paid call of an existing API, passed through to the offering's upstream",
+    )
+    def post(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:  # type: ignore[override]
+        return self._through(request, offering, rest)
+
+    @extend_schema(parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY], responses=POST_RESPONSES)
+    def get(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:  # type: ignore[override]
+        return self._through(request, offering, rest)
+
+    @extend_schema(parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY], responses=POST_RESPONSES)
+    def put(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:
+        return self._through(request, offering, rest)
+
+    @extend_schema(parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY], responses=POST_RESPONSES)
+    def patch(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:
+        return self._through(request, offering, rest)
+
+    @extend_schema(parameters=[PAYMENT_SIGNATURE, SIGN_IN, COPY], responses=POST_RESPONSES)
+    def delete(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:
+        return self._through(request, offering, rest)
+
+    @extend_schema(exclude=True)
+    def head(self, request: Request, offering: str, rest: str = "") -> Response | HttpResponse:  # type: ignore[override]
+        return super().head(request, offering)
 
 
 class X402PurchaseCapabilityApi(APIView):

@@ -30,6 +30,7 @@ from fulfillment.executors.base import (
     Started,
     UpstreamSpec,
 )
+from fulfillment.executors.passthrough import request_from_input, upstream_target
 
 SIGNATURE_VERSION = "v1"
 _REF_PREFIX = "http_"
@@ -92,14 +93,14 @@ class HttpExecutor:
         if not job.idempotency_key.strip():
             # Never a call without the key: without it the upstream cannot drop a repeat.
             raise ExecutorError("upstream_unavailable", "no idempotency key: no call made")
-        method, url, path, body = _request_parts(up, job)
+        method, url, path, body, content_type = _request_parts(up, job)
         headers = {
             "Idempotency-Key": job.idempotency_key,
             "Tollbooth-Purchase": job.purchase_ref,
             **signed_headers(up, method, path, body),
         }
         if body:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
         try:
             with self.session.request(
                 method, url, data=body or None, headers=headers, timeout=up.timeout, stream=True
@@ -117,10 +118,20 @@ class HttpExecutor:
         raise ExecutorError("result_unavailable", "call start() again with the same key")
 
 
-def _request_parts(up: UpstreamSpec, job: JobSpec) -> tuple[str, str, str, bytes]:
-    """Method, full URL, the signed path (with query) and the body."""
+def _request_parts(up: UpstreamSpec, job: JobSpec) -> tuple[str, str, str, bytes, str]:
+    """Method, full URL, the signed path (with query), the body and its content type."""
     parts = urlsplit(up.url)
     path, query = parts.path or "/", parts.query
+    if up.input_mode == "request":
+        try:
+            passed = request_from_input(job.input)
+        except ValueError as exc:
+            # Nothing was sent: the stored input cannot become a request.
+            raise ExecutorError("upstream_rejected", str(exc), definitive=True) from exc
+        target = upstream_target(parts.path, query, passed)
+        url = f"{parts.scheme}://{parts.netloc}{target}"
+        content_type = passed.content_type or "application/octet-stream"
+        return passed.method, url, target, passed.body, content_type
     body = b""
     if up.input_mode == "query":
         extra = urlencode(
@@ -131,7 +142,7 @@ def _request_parts(up: UpstreamSpec, job: JobSpec) -> tuple[str, str, str, bytes
         body = json.dumps(job.input, sort_keys=True, separators=(",", ":")).encode()
     signed_path = f"{path}?{query}" if query else path
     url = f"{parts.scheme}://{parts.netloc}{signed_path}"
-    return up.method, url, signed_path, body
+    return up.method, url, signed_path, body, "application/json"
 
 
 def _answer(up: UpstreamSpec, job: JobSpec, response: requests.Response) -> Started:

@@ -18,6 +18,8 @@ from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
 from core.refs import new_ref
+from fulfillment.executors.passthrough import request_from_input
+from fulfillment.models import Upstream
 from payments.rails import QuoteTerms
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
@@ -31,9 +33,21 @@ class QuoteOutcome:
     created: bool
 
 
-# Every quote and every paid call reads its offering: compiled once per process.
+# Every quote and every paid call reads its offering: compiled once per process. Whether its
+# upstream passes the paid request through comes in the same statement (the input's shape).
 _ACTIVE_OFFERING = PreparedQuery(
-    lambda slug: Offering.objects.filter(slug=slug, is_active=True).order_by("pk")[:1], slug=str
+    lambda slug: (
+        Offering.objects.filter(slug=slug, is_active=True)
+        .annotate(
+            passes_request=Exists(
+                Upstream.objects.filter(
+                    offering_id=OuterRef("pk"), input_mode=Upstream.InputMode.REQUEST
+                )
+            )
+        )
+        .order_by("pk")[:1]
+    ),
+    slug=str,
 )
 
 
@@ -72,6 +86,17 @@ def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str,
                 ]
             },
         )
+    if getattr(offering, "passes_request", False):
+        try:
+            request_from_input(raw_input)
+        except (ValueError, TypeError) as exc:
+            # Another door's input would be refused by the worker after payment: refuse it
+            # before anything is quoted.
+            raise DomainError(
+                ErrorCode.INVALID_INPUT,
+                f"{offering.slug} sells calls of an API: buy a path below its paid URL, "
+                f"/x402/{offering.slug}/<path>.",
+            ) from exc
     return strip_volatile(raw_input, list(offering.volatile_fields or []))
 
 

@@ -23,6 +23,7 @@ from core.canonical import canonical_json
 from core.clock import now_or
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
+from fulfillment.executors.passthrough import METHODS as PASSED_METHODS
 from fulfillment.models import Upstream
 from payments.rails.x402.discovery import BAZAAR_KEY, bazaar_declaration, input_example
 from payments.rails.x402.networks import UnknownNetwork, network_config, network_is_settled
@@ -412,7 +413,13 @@ def _discovery_item(offering: Offering, network: NetworkConfig, base_url: str) -
         "duplicateWindowSeconds": int(offering.duplicate_window.total_seconds()),
         "expectedRunTimeSeconds": int(offering.expected_run_time.total_seconds()),
     }
-    if _is_flat(schema):
+    if getattr(offering, "passes_request", False):
+        # An existing API sold as it is: any path below the URL (docs/upstreams.md).
+        metadata["passesRequest"] = {
+            "pathPrefix": f"{base_url}/x402/{offering.slug}/",
+            "methods": list(PASSED_METHODS),
+        }
+    elif _is_flat(schema):
         # Flat inputs are bought by GET too: the same example as query parameters.
         metadata["get"] = {"method": "GET", "queryParams": input_example(schema)}
     return {
@@ -434,7 +441,11 @@ def _discovery_item(offering: Offering, network: NetworkConfig, base_url: str) -
 def x402_catalog(*, base_url: str) -> dict[str, Any]:
     """Every offering sold over x402, each as a bazaar discovery item (discovery)."""
     items = []
-    for offering in Offering.objects.filter(is_active=True).order_by("slug"):
+    passes = Upstream.objects.filter(
+        offering_id=OuterRef("pk"), input_mode=Upstream.InputMode.REQUEST
+    )
+    offerings = Offering.objects.filter(is_active=True).annotate(passes_request=Exists(passes))
+    for offering in offerings.order_by("slug"):
         try:
             network = network_config(offering.network)
         except UnknownNetwork:
