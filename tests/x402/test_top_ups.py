@@ -10,10 +10,10 @@ from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired, PaymentRequirements
 
 from payments.models import LedgerEntry, PaymentAttempt
-from purchases.models import Purchase, Quote
+from purchases.models import Offering, Purchase, Quote
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
 from purchases.services.shared.buyers import api_key_issue
-from tests.factories import BuyerFactory, fund
+from tests.factories import BuyerFactory, OfferingFactory, PurchaseFactory, fund
 from tests.x402.e2e import NETWORK, MakeWorld, X402World, sign_payment
 
 # Also run on the embedded SQLite default (`make test`'s second pass).
@@ -186,3 +186,15 @@ def test_another_buyer_cannot_pay_into_a_quote_it_does_not_own(world, keyed):
     assert response.status_code == 404, response.content
     assert response.json()["code"] == "quote_not_found"
     assert world.seller_balance() == 0 and not Purchase.objects.exists()
+
+
+def test_a_top_up_runs_only_on_a_settled_payment_even_if_told_verified(db):
+    told = {"delivery_condition": Offering.DeliveryCondition.VERIFIED}
+    top_up = PurchaseFactory.create(
+        quote__offering=OfferingFactory.create(top_up=True, **told), settlement_pending=True
+    )
+    assert top_up.is_payment_sufficient_for_execution() is False
+    other = PurchaseFactory.create(
+        quote__offering=OfferingFactory.create(**told), settlement_pending=True
+    )
+    assert other.is_payment_sufficient_for_execution() is True
