@@ -4,7 +4,10 @@ the payment is settled; the balance is read back through GET /api/v1/balance."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from django.db import transaction
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_required_header
 from x402.schemas import PaymentRequired, PaymentRequirements
@@ -12,6 +15,7 @@ from x402.schemas import PaymentRequired, PaymentRequirements
 from payments.models import LedgerEntry, PaymentAttempt
 from purchases.models import Offering, Purchase, Quote
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
+from purchases.services.fulfil.top_ups import top_up_credit
 from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, OfferingFactory, PurchaseFactory, fund
 from tests.x402.e2e import NETWORK, MakeWorld, X402World, sign_payment
@@ -198,3 +202,35 @@ def test_a_top_up_runs_only_on_a_settled_payment_even_if_told_verified(db):
         quote__offering=OfferingFactory.create(**told), settlement_pending=True
     )
     assert other.is_payment_sufficient_for_execution() is True
+
+
+def _pay_and_credit(world: X402World, client: APIClient, url: str, copy: str = "") -> Purchase:
+    offer = client.get(url)
+    payment = sign_payment(offer["PAYMENT-REQUIRED"], world.payers[0], None)
+    if copy:
+        paid = client.get(url, HTTP_PAYMENT_SIGNATURE=payment, HTTP_TOLLBOOTH_COPY=copy)
+    else:
+        paid = client.get(url, HTTP_PAYMENT_SIGNATURE=payment)
+    assert paid.status_code == 202, paid.content
+    purchase = Purchase.objects.get(ref=paid.json()["purchase"])
+    assert purchase_execute(purchase_id=purchase.pk, worker="t") == ExecutionOutcome.SUCCEEDED
+    return purchase
+
+
+def test_the_same_amount_again_on_purpose_is_a_copy_label(world, keyed):
+    url = f"{world.paid_url}?amount={AMOUNT}"
+    first = _pay_and_credit(world, keyed, url)
+    second = _pay_and_credit(world, keyed, url, copy="second")
+    assert second.pk != first.pk
+    assert balance(keyed, world.token) == 2 * AMOUNT
+    assert world.seller_balance() == 2 * AMOUNT
+    assert LedgerEntry.objects.filter(kind=LedgerEntry.Kind.TOP_UP).count() == 2
+
+
+def test_a_second_credit_of_one_top_up_posts_nothing(world, buyer, keyed):
+    purchase = _pay_and_credit(world, keyed, f"{world.paid_url}?amount={AMOUNT}")
+    with transaction.atomic():
+        again = top_up_credit(purchase=Purchase.objects.get(pk=purchase.pk))
+    assert json.loads(again.content)["top_up"]["balance"] == str(AMOUNT)
+    assert LedgerEntry.objects.filter(buyer=buyer).count() == 1
+    assert balance(keyed, world.token) == AMOUNT
