@@ -234,3 +234,13 @@ def test_a_second_credit_of_one_top_up_posts_nothing(world, buyer, keyed):
     assert json.loads(again.content)["top_up"]["balance"] == str(AMOUNT)
     assert LedgerEntry.objects.filter(buyer=buyer).count() == 1
     assert balance(keyed, world.token) == AMOUNT
+
+
+def test_the_offerings_list_shows_what_a_top_up_takes(world, keyed):
+    listed = {o["offering"]: o for o in keyed.get("/api/v1/offerings").json()["offerings"]}
+    amount = listed["top-up"]["input_schema"]["properties"]["amount"]
+    assert (amount["type"], amount["minimum"], amount["maximum"]) == (
+        "integer",
+        100_000,
+        50_000_000,
+    )
