@@ -1,9 +1,11 @@
 """The books: what a period earned, paid back and spent on gas, read from the record.
 
 A sale is a settled payment, timed by its settling block's timestamp (UTC; a prepaid
-purchase by its debit); a refund paid back on chain and a credit to a prepaid balance are
-timed by when they were paid. Amounts stay integers of the smallest unit here; they become
-decimals (the asset's decimals, never a float) only when written (backoffice.books_export).
+purchase by its debit); an x402 top-up's settlement is a deposit, not revenue (it is earned
+as the balance is spent, a prepaid sale); a refund paid back on chain and a credit to a
+prepaid balance are timed by when they were paid. Amounts stay integers of the smallest
+unit here; they become decimals (the asset's decimals, never a float) only when written
+(backoffice.books_export).
 A payment from one of the seller's own wallets is flagged: it moves the seller's money from
 one pocket to another and is no revenue. Reads only: the export service records the file.
 """
@@ -37,6 +39,7 @@ from django.db.models import (
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, Collate, Lower, TruncDate
 
+from fulfillment.executors.top_up import TOP_UP_EXECUTOR
 from payments.models import LedgerEntry, PaymentAttempt, Rail, Refund, RelayerAccount
 from payments.signers import relayer_address
 from purchases.selectors import seller_wallets
@@ -101,7 +104,9 @@ def utc_text(value: datetime) -> str:
 class BookLine:
     """One sale, refund or credit, in the smallest unit of its asset."""
 
-    record: str  # "sale", "refund" (paid back on chain) or "credit" (to a prepaid balance)
+    # "sale", "deposit" (an x402 top-up's settlement: held for the buyer, earned only when the
+    # balance is spent), "refund" (paid back on chain) or "credit" (to a prepaid balance)
+    record: str
     at: datetime
     offering: str
     purchase: str
@@ -128,7 +133,7 @@ class BookLine:
         wallet paid: the gas column speaks of it."""
         if self.record == "refund":
             return self.gas_wei is not None
-        return self.record == "sale" and self.rail == Rail.X402
+        return self.record in ("sale", "deposit") and self.rail == Rail.X402
 
     @property
     def sort_key(self) -> tuple[Any, ...]:
@@ -137,7 +142,8 @@ class BookLine:
 
 # Rows per round trip of the server-side cursor.
 EXPORT_CHUNK_ROWS = 5000
-RECORD_ORDER = {"sale": 0, "refund": 1, "credit": 2}
+# A deposit is read with the sales (one stream, one order): it sorts as one.
+RECORD_ORDER = {"sale": 0, "deposit": 0, "refund": 1, "credit": 2}
 FACILITATOR_GAS = "gas paid by the facilitator (facilitator mode): none of ours"
 PAYBACK_GAS_SHARED = "gas of this transaction counted once, on its first refund"
 
@@ -169,7 +175,7 @@ _SALE_FIELDS = (
     "pk", "rail", "network", "asset", "payer", "amount", "tx_hash", "block_number",
     "at", "gas_used", "effective_gas_price", "sent_by", "is_final",
     "purchase__ref", "purchase__offering__slug", "purchase__offering__asset_symbol",
-    "purchase__offering__asset_decimals",
+    "purchase__offering__asset_decimals", "purchase__offering__executor",
 )  # fmt: skip
 _REFUND_FIELDS = (
     "pk", "method", "network", "asset", "payer", "amount", "paid_reference", "paid_at",
@@ -259,8 +265,9 @@ def _sale(row: dict[str, Any], ours: dict[str, set[str]], wallets: set[str]) -> 
         gas_wei = int(row["gas_used"]) * int(row["effective_gas_price"])
     elif is_chain and row["sent_by"]:
         gas_note = FACILITATOR_GAS
+    is_deposit = row["purchase__offering__executor"] == TOP_UP_EXECUTOR
     return BookLine(
-        record="sale",
+        record="deposit" if is_deposit else "sale",
         at=row["at"],
         offering=row["purchase__offering__slug"],
         purchase=row["purchase__ref"],
@@ -368,6 +375,8 @@ class Totals:
     def add(self, line: BookLine, *, include_self_payments: bool) -> None:
         if line.record == "refund":
             self.refunds += line.amount
+        elif line.record == "deposit":
+            pass  # no revenue: the prepaid rows count it (deposits), then what is consumed
         elif line.record == "credit":
             self.credits += line.amount
         elif line.self_payment and not include_self_payments:
@@ -441,7 +450,9 @@ def books_daily(*, now: datetime, days: int = 14) -> list[BooksDay]:
     prepaid = settled.filter(
         rail=Rail.PREPAID, created_at__gte=period.start, created_at__lt=period.end
     )
-    sales = [(chain, "block_at"), (prepaid, "created_at")]
+    # A top-up's settlement is a deposit: earned when the balance is spent (the prepaid sales).
+    deposits = Q(purchase__offering__executor=TOP_UP_EXECUTOR)
+    sales = [(chain.exclude(deposits), "block_at"), (prepaid, "created_at")]
     for rows, when in sales:
         bought = rows.annotate(wallet=Lower("payer")).exclude(wallet__in=wallets)
         _add_daily(found, "revenue", _per_day(bought, when, "amount"))

@@ -6,7 +6,8 @@ re-export of a closed period is byte-identical, and its batch shows the same SHA
 refund CSV's). What makes a period's file change is said in its notes lines: settlements not
 final yet, and settlements whose block time the chain has not told us yet.
 
-Rows (`record`): a note; a `sale` (settled payment), `refund` (paid back on chain) or
+Rows (`record`): a note; a `sale` (settled payment), a `deposit` (an x402 top-up's
+settlement: no revenue, counted in the prepaid rows), `refund` (paid back on chain) or
 `credit` (credited to a prepaid balance); an `offering_total` per offering and asset and a
 `total` per asset; and the prepaid balances per asset (held at the start, deposits,
 consumption, credits, adjustments, held at the end).
@@ -196,6 +197,9 @@ def _note(text: str) -> dict[str, str]:
     return {"record": "note", "note": text}
 
 
+DEPOSIT_NOTE = "prepaid top-up: held, owed to the buyer; earned as consumed (prepaid rows)"
+
+
 def _line_row(line: BookLine, include_self_payments: bool) -> dict[str, str]:
     totals = Totals()
     totals.add(line, include_self_payments=include_self_payments)
@@ -204,6 +208,8 @@ def _line_row(line: BookLine, include_self_payments: bool) -> dict[str, str]:
         note = "; ".join(filter(None, ["from the seller's own wallet", note]))
     if not line.is_final:
         note = "; ".join(filter(None, [note, "not final yet"]))
+    if line.record == "deposit":
+        note = "; ".join(filter(None, [DEPOSIT_NOTE, note]))
     return {
         "record": line.record,
         "time_utc": utc_text(line.at),

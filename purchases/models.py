@@ -12,6 +12,7 @@ from django_fsm import ConcurrentTransitionMixin, transition
 
 from core.fsm import FSMField
 from core.refs import new_ref
+from fulfillment.executors.top_up import TOP_UP_EXECUTOR
 from payments.models import Rail
 
 
@@ -341,6 +342,10 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         if state == self.PaymentState.PAID:
             return True
         on_verification = self.offering.delivery_condition == Offering.DeliveryCondition.VERIFIED
+        # A top-up's work is a credit that can be spent at once: only a settled payment, never
+        # one merely verified, whatever the offering says (docs/x402.md#top-ups).
+        if self.offering.executor == TOP_UP_EXECUTOR:
+            return False
         return on_verification and state in (
             self.PaymentState.PAYING,
             self.PaymentState.SETTLEMENT_PENDING,

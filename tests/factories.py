@@ -60,6 +60,15 @@ class OfferingFactory(factory.django.DjangoModelFactory[Offering]):
             },
         )
         escalating = factory.Trait(refund_policy=Offering.RefundPolicy.ESCALATE)
+        # The built-in top-up kind (docs/x402.md#top-ups): the price is the amount asked for.
+        top_up = factory.Trait(
+            executor="top_up",
+            title="Prepaid top-up",
+            price=100_000,
+            input_schema={},
+            volatile_fields=[],
+            late_payment_policy=Offering.LatePaymentPolicy.FULFIL,
+        )
 
 
 class BuyerFactory(factory.django.DjangoModelFactory[Buyer]):

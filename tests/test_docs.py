@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
         "docs/examples/x402-buy.mjs",
         "docs/examples/x402_buy_with_payment_id.py",
         "docs/examples/x402_sign_in.py",
+        "docs/examples/x402_top_up.py",
     ],
 )
 def test_x402_guide_embeds_the_example_that_ci_runs(example: str) -> None:

@@ -325,6 +325,11 @@ TOLLBOOTH = {
     ),
     # How often a running execution polls its executor (and renews its lease).
     "EXECUTION_POLL_INTERVAL": env.float("TOLLBOOTH_EXECUTION_POLL_SECONDS", default=0.5),
+    # Prepaid top-ups over x402 (docs/x402.md#top-ups): the smallest and largest amount one
+    # top-up may credit, in the asset's atomic units (USDC: 0.10 and 500.00). x402 pays
+    # exactly what a 402 offers, so every amount inside these is a quote of its own.
+    "TOP_UP_MIN": env.int("TOLLBOOTH_TOP_UP_MIN_ATOMIC", default=100_000),
+    "TOP_UP_MAX": env.int("TOLLBOOTH_TOP_UP_MAX_ATOMIC", default=500_000_000),
     # Spend caps count payments over this rolling window.
     "SPEND_CAP_WINDOW": timedelta(hours=env.int("TOLLBOOTH_SPEND_CAP_WINDOW_HOURS", default=24)),
     # Rows waiting on a task longer than this are re-enqueued by the sweeper.

@@ -5,8 +5,10 @@
 
 x402 (BUYER_KEY, TOKEN, NETWORK set): over SSE the SDK's own factory,
 `create_x402_mcp_client(client, BASE_URL + "/mcp")` (it appends `/sse`); over Streamable HTTP
-the SDK's `x402MCPSession` around the MCP SDK's own client session. Prepaid (API_KEY set, no
-x402): a plain MCP client session with `Authorization: Bearer <API_KEY>` on the connection.
+the SDK's `x402MCPSession` around the MCP SDK's own client session; with API_KEY set too, the
+key rides on the connection (a top-up tool credits its balance). Prepaid (API_KEY set, no
+BUYER_KEY): a plain MCP client session with `Authorization: Bearer <API_KEY>` on the
+connection.
 TIMEOUT (seconds) bounds the call. Prints what the caller got as one JSON line. The tests run
 this file as it is (tests/mcp/test_mcp_stock_client.py).
 """
@@ -54,7 +56,8 @@ async def x402_call():
             result = await session.call_tool(tool, arguments, read_timeout_seconds=timeout)
     else:
         async with (
-            streamable_http_client(f"{base}/mcp") as (read, write, _),
+            keyed_http() as http,
+            streamable_http_client(f"{base}/mcp", http_client=http) as (read, write, _),
             ClientSession(read, write) as mcp_session,
         ):
             session = x402MCPSession(mcp_session, payment_client())
@@ -64,11 +67,16 @@ async def x402_call():
     return printed(result.content, result.is_error, raw.meta if raw else None, result.payment_made)
 
 
+def keyed_http():
+    """The connection's HTTP client, with the API key when one is set."""
+    key = os.environ.get("API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
+
+
 async def prepaid_call():
-    headers = {"Authorization": f"Bearer {os.environ['API_KEY']}"}
-    http = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300))
     async with (
-        http,
+        keyed_http() as http,
         streamable_http_client(f"{base}/mcp", http_client=http) as (read, write, _),
         ClientSession(read, write) as session,
     ):
@@ -77,5 +85,5 @@ async def prepaid_call():
     return printed(result.content, result.isError, result.meta, False)
 
 
-got = asyncio.run(prepaid_call() if os.environ.get("API_KEY") else x402_call())
+got = asyncio.run(x402_call() if os.environ.get("BUYER_KEY") else prepaid_call())
 print(json.dumps(got))

@@ -8,8 +8,9 @@ A call paid over x402 may leave its wait for the block to the server's event loo
 - `_meta["x402/payment"]` present: x402_pay, exactly the x402 paid URL's flow (settle, then
   run; the same keys and duplicate window), with the MCP channel on the purchase.
 - an API key on the connection (`Authorization: Bearer`, as the REST API takes it): the
-  buyer's balance pays (tool_buy_prepaid).
-- neither: the offer, a PaymentRequired naming the quote it opened.
+  buyer's balance pays (tool_buy_prepaid); for a top-up tool the key names the balance
+  credited instead, and the call is answered with the x402 offer.
+- neither: the offer, a PaymentRequired naming the quote it opened (a top-up needs the key).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from purchases.services.checkout.flow import PaymentPending
 from purchases.services.shared.buyers import api_key_authenticate
 from purchases.services.x402.checkout import x402_pay
 from purchases.services.x402.offers import x402_offer
-from purchases.services.x402.tool_checkout import tool_buy_prepaid
+from purchases.services.x402.tool_checkout import tool_buy_prepaid, tool_is_top_up
 from purchases.services.x402.tool_offers import ToolOffer, mcp_tool_offers
 
 PAYMENT_META = "x402/payment"
@@ -130,12 +131,12 @@ def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResu
                 ),
             )
         return answer_result(answer, base_url=call.base_url)
-    if buyer is not None:
+    if buyer is not None and not tool_is_top_up(name=call.name):
         return _prepaid(call, buyer, copy)
     offer = x402_offer(
         offering_slug=call.name,
         raw_input=call.arguments,
-        buyer=None,
+        buyer=buyer,  # a top-up's: the balance it credits (None for any other tool here)
         resource_url=call.endpoint_url,
         # Wallet sign-in is an HTTP header: the MCP door takes no proofs, so offers none.
         sign_in=False,

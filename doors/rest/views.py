@@ -37,6 +37,7 @@ from purchases.services.fulfil.delivery import (
     receipt_public,
 )
 from purchases.services.quote.quotes import quote_create
+from purchases.services.quote.top_ups import offering_input_schema
 
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -69,7 +70,7 @@ class OfferingListApi(APIView):
                         "asset_symbol": o.asset_symbol,
                         "decimals": o.asset_decimals,
                         "network": o.network,
-                        "input_schema": o.input_schema,
+                        "input_schema": offering_input_schema(o),
                         "stock": o.stock,
                     }
                     for o in offerings

@@ -12,8 +12,10 @@ from fulfillment.executors.base import (
     register,
     registered_names,
 )
+from fulfillment.executors.top_up import TOP_UP_EXECUTOR
 
 __all__ = [
+    "TOP_UP_EXECUTOR",
     "Executor",
     "ExecutorError",
     "JobOutput",

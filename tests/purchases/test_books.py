@@ -300,3 +300,26 @@ def test_a_large_period_streams_and_its_recorded_hash_is_of_the_bytes_downloaded
     assert sales == sorted(sales)  # merged from three cursors, in the file's order
     # The same bytes as the in-memory export of the same period.
     assert books_export(period=NOVEMBER, created_by="finance", now=AFTER).content == content
+
+
+def test_an_x402_top_up_is_a_deposit_not_revenue_and_its_spending_is(settings):
+    """An x402 top-up's settlement is held for the buyer (a deposit line, no revenue); the
+    prepaid rows count it as a deposit, and only what the balance buys is earned."""
+    RelayerAccount.objects.create(network=NETWORK, address=RELAYER)
+    top_up = OfferingFactory.create(slug="top-up", top_up=True)
+    report = OfferingFactory.create(slug="report", price=250_000)
+    yesterday = timezone.now() - timedelta(days=1)
+    deposit = _sale(top_up, payer="0x" + "b1" * 20, block_at=yesterday, sent_by=RELAYER)
+    _sale(report, payer="0x" + "b2" * 20, block_at=yesterday, sent_by=RELAYER)
+    day = yesterday.astimezone(UTC).date()
+    export = books_export(period=Period.days(day, day), created_by="finance", now=timezone.now())
+    rows = _rows(export.content)
+    (line,) = [r for r in rows if r["record"] == "deposit"]
+    assert (line["purchase"], line["revenue"], line["net"]) == (
+        deposit.purchase.ref, "0.000000", "0.000000"
+    )  # fmt: skip
+    assert line["gas"] == "0.000080000000000000" and "prepaid top-up" in line["note"]
+    (total,) = [r for r in rows if r["record"] == "total"]
+    assert total["revenue"] == "0.250000"  # the report only
+    page = _staff("finance").get(reverse("admin:purchases_purchase_dashboard")).content.decode()
+    assert f'data-series="revenue" data-day="{day:%Y-%m-%d}" data-value="0.25"' in page

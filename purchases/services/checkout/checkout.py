@@ -34,7 +34,7 @@ from core.actors import Actor
 from core.bulk import insert_unless_conflict
 from core.errors import DomainError, ErrorCode
 from core.prepared import PreparedQuery
-from payments.models import PaymentAttempt
+from payments.models import PaymentAttempt, Rail
 from payments.rails import Charge, PaymentRail, Presentation, QuoteTerms
 from purchases import event_subjects as subjects
 from purchases.events import (
@@ -63,6 +63,7 @@ from purchases.services.checkout.idempotency import (
 from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
 from purchases.services.quote.quotes import quote_terms
+from purchases.services.quote.top_ups import offering_is_top_up
 from purchases.services.shared.buyers import buyer_spend_cap_check
 
 A = TypeVar("A")
@@ -410,6 +411,11 @@ def _record_once(
     being open, which is then the lock; ConcurrentTransition if it is not."""
     request, rail = checkout.request, checkout.rail
     actor, now = request.actor, request.now
+    if request.presentation.rail == Rail.PREPAID and offering_is_top_up(quote.offering):
+        raise DomainError(
+            ErrorCode.UNSUPPORTED_RAIL,
+            "A top-up is paid over x402, never from the balance it credits.",
+        )
     # A rail that settles when recorded runs this inside _record_and_answer's transaction:
     # no savepoint there (two round trips), since anything raised ends that whole one.
     with transaction.atomic(savepoint=not rail.settles_when_recorded), events_batched():

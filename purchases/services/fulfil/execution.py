@@ -21,6 +21,7 @@ from core.locks import locking
 from core.prepared import PreparedQuery
 from fulfillment import services as fulfillment_services
 from fulfillment.executors import (
+    TOP_UP_EXECUTOR,
     Executor,
     ExecutorError,
     JobOutput,
@@ -41,6 +42,7 @@ from purchases.events import event_record_change, events_batched, purchase_trans
 from purchases.models import Purchase
 from purchases.services.fulfil.receipts import receipt_facts, receipt_resource_url
 from purchases.services.fulfil.result_notify import fulfillment_notify
+from purchases.services.fulfil.top_ups import top_up_credit
 from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
 from purchases.services.remedy.remedies import purchase_remedy_after_failure
 
@@ -296,6 +298,9 @@ def _succeed_once(
             else:
                 purchase = known
             now = now_or(None)
+            if claimed.executor_name == TOP_UP_EXECUTOR:
+                # The top-up's credit is its work: posted here, with its result (top_ups).
+                output = top_up_credit(purchase=purchase)
             change = fulfillment_services.execution_success_change(
                 claim=claim, output=output, job_ref=job_ref
             )

@@ -24,6 +24,11 @@ from payments.rails import QuoteTerms
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.quote.offerings import offering_stock_release, offering_stock_take
+from purchases.services.quote.top_ups import (
+    offering_is_top_up,
+    top_up_input_canonicalize,
+    top_up_price,
+)
 from purchases.sql import event_after_insert
 
 
@@ -63,6 +68,8 @@ def quote_input_canonicalize(*, offering: Offering, raw_input: Any) -> dict[str,
 
     Raises DomainError: input_too_large, invalid_input (listing every schema violation).
     """
+    if offering_is_top_up(offering):
+        return top_up_input_canonicalize(raw_input=raw_input)
     if not isinstance(raw_input, dict):
         raise DomainError(ErrorCode.INVALID_INPUT, "The input must be a JSON object.")
     # Measured before the schema runs, so an oversized input costs no validation either.
@@ -201,7 +208,7 @@ def _quote_new(
         quote_key=key,
         canonical_input=canonical,
         input_hash=input_hash,
-        price=offering.price,
+        price=top_up_price(offering=offering, canonical_input=canonical),
         asset=offering.asset,
         network=offering.network,
         pay_to=offering.pay_to,

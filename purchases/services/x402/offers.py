@@ -41,6 +41,11 @@ from purchases.services.quote.quotes import (
     quote_create,
     quote_input_canonicalize,
 )
+from purchases.services.quote.top_ups import (
+    offering_input_schema,
+    offering_is_top_up,
+    top_up_require_buyer,
+)
 from purchases.services.x402.outcomes import x402_requirements, x402_requirements_for_offering
 from purchases.services.x402.quote_seal import quote_seal, quote_unwritten
 from purchases.services.x402.tool_offers import mcp_discovery_items
@@ -234,10 +239,12 @@ def x402_offer(
     sign-in challenge for this input unless `sign_in` is False (a door that takes no
     proofs: MCP). `error`: the PaymentRequired's `error` (why a sign-in was refused).
 
-    Raises DomainError: offering_not_found, invalid_input, sold_out.
+    Raises DomainError: offering_not_found, invalid_input, sold_out, not_authenticated (a
+    top-up without an API key).
     """
     now = now_or(now)
     route = x402_route(offering_slug=offering_slug)
+    top_up_require_buyer(offering=route.offering, has_buyer=buyer is not None)
     signed_quote: tuple[tuple[str, int | str], ...] = ()
     if buyer is not None:
         quote = quote_create(
@@ -316,7 +323,7 @@ def x402_offer_price_only(
         description=route.offering.title,
         extensions=_bazaar_for_402(route.offering),
     )
-    return X402Offer(header, document, None, route.offering.input_schema, input_errors)
+    return X402Offer(header, document, None, offering_input_schema(route.offering), input_errors)
 
 
 def x402_offer_from_query(
@@ -329,14 +336,19 @@ def x402_offer_from_query(
     error: str | None = None,
 ) -> X402Offer:
     """An unpaid GET: a quoted offer when the query string is a valid input, else price-only.
+    A top-up's invalid amount is refused instead (422): its price is the amount, so a
+    price-only offer would ask a paying client for an amount nobody chose.
 
-    Raises DomainError: offering_not_found, sold_out.
+    Raises DomainError: offering_not_found, sold_out; for a top-up invalid_input and
+    not_authenticated.
     """
     route = x402_route(offering_slug=offering_slug)
     raw_input = input_from_query(route.offering, params)
     try:
         quote_input_canonicalize(offering=route.offering, raw_input=raw_input)
     except DomainError as invalid:
+        if offering_is_top_up(route.offering):
+            raise
         return x402_offer_price_only(
             offering_slug=offering_slug,
             resource_url=resource_url,
@@ -358,7 +370,7 @@ def input_from_query(offering: Offering, params: Mapping[str, str]) -> dict[str,
     Anything the schema does not type as a scalar stays a string and fails validation, so
     nested inputs can only be bought with a JSON body.
     """
-    properties = (offering.input_schema or {}).get("properties") or {}
+    properties = offering_input_schema(offering).get("properties") or {}
     result: dict[str, Any] = {}
     for name, value in params.items():
         declared = (properties.get(name) or {}).get("type")
@@ -374,7 +386,7 @@ def input_from_query(offering: Offering, params: Mapping[str, str]) -> dict[str,
 def _bazaar(offering: Offering) -> dict[str, Any]:
     """The bazaar description of buying `offering` (POST its input as JSON, with an example
     input), as every 402 and every discovery item declares it."""
-    return {BAZAAR_KEY: bazaar_declaration(input_schema=offering.input_schema or {})}
+    return {BAZAAR_KEY: bazaar_declaration(input_schema=offering_input_schema(offering))}
 
 
 def _bazaar_for_402(offering: Offering) -> dict[str, Any]:
@@ -405,7 +417,7 @@ def _discovery_item(offering: Offering, network: NetworkConfig, base_url: str) -
     """One paid URL as the bazaar lists it (x402.extensions.bazaar's DiscoveryResource):
     `resource`, `type`, `x402Version`, `accepts`, `description`, `mimeType` and the bazaar
     extension; our own facts under `metadata`."""
-    schema = offering.input_schema or {}
+    schema = offering_input_schema(offering)
     requirements = x402_requirements_for_offering(offering=offering)
     metadata: dict[str, Any] = {
         "title": offering.title,

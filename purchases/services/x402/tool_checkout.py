@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from core.errors import DomainError
 from purchases.models import Buyer, Purchase
 from purchases.services.checkout.checkout import CheckoutAnswers
 from purchases.services.checkout.idempotency import StoredAnswer
 from purchases.services.checkout.prepaid_checkout import purchase_buy_prepaid
 from purchases.services.quote.quotes import offering_get_active
+from purchases.services.quote.top_ups import offering_is_top_up
 from purchases.services.x402.outcomes import (
     X402Outcome,
     x402_outcome_for_ref,
@@ -60,3 +62,12 @@ def tool_buy_prepaid(
         if stored.status >= 300 or not stored.purchase_ref:
             return PrepaidToolOutcome(stored, None)
         return PrepaidToolOutcome(stored, x402_outcome_for_ref(ref=stored.purchase_ref))
+
+
+def tool_is_top_up(*, name: str) -> bool:
+    """Whether the tool tops up a balance: an API key on the connection then names the
+    balance credited (the call is paid over x402), never the balance that pays."""
+    try:
+        return offering_is_top_up(offering_get_active(slug=name))
+    except DomainError:
+        return False  # no such tool: the call's own path says so

@@ -12,6 +12,7 @@ from typing import Any
 from payments.rails.x402.networks import UnknownNetwork, network_config
 from payments.rails.x402.wire import requirements_wire
 from purchases.models import Offering
+from purchases.services.quote.top_ups import offering_input_schema
 from purchases.services.x402.outcomes import x402_requirements_for_offering
 
 # The two MCP transports a tool is served on, and where under the site each listens.
@@ -60,7 +61,7 @@ def mcp_tool_offers() -> list[ToolOffer]:
                 name=offering.slug,
                 title=offering.title,
                 description=offering.description or offering.title,
-                input_schema=offering.input_schema or {"type": "object"},
+                input_schema=offering_input_schema(offering) or {"type": "object"},
                 meta={PRICE_META: price, **({ACCEPTS_META: accepts} if accepts else {})},
                 accepts=accepts,
             )
