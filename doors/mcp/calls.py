@@ -126,10 +126,10 @@ def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResu
             return Waiting(
                 answer,
                 lambda resumed: _refusals_as_results(
-                    lambda: answer_result(resumed(), base_url=call.base_url)
+                    lambda: answer_result(resumed(), base_url=call.base_url, tool=call.name)
                 ),
             )
-        return answer_result(answer, base_url=call.base_url)
+        return answer_result(answer, base_url=call.base_url, tool=call.name)
     if buyer is not None:
         return _prepaid(call, buyer, copy)
     offer = x402_offer(
@@ -156,7 +156,7 @@ def _prepaid(call: ToolCall, buyer: Buyer, copy: str | None) -> types.CallToolRe
         return prepaid_refusal_result(bought.stored)
     answer = x402_answer(bought.outcome)
     answer.headers.pop(PAYMENT_RESPONSE, None)  # nothing was settled on a chain
-    return answer_result(answer, base_url=call.base_url)
+    return answer_result(answer, base_url=call.base_url, tool=call.name)
 
 
 def _as_header(payment: Any) -> str:
