@@ -19,7 +19,11 @@ from typing import Any
 from mcp import types
 
 from core.clock import now_or
-from purchases.selectors import purchase_status_of
+from purchases.selectors import purchase_capability_token, purchase_status_of
+
+# The free tool any MCP agent polls a purchase with (doors.mcp.calls): a name no offering's
+# slug can take (slugs have no dot).
+POLL_TOOL = "tollbooth.purchase_status"
 
 # A purchase's payment is not settled either way yet (purchases.models.Purchase.PaymentState).
 _SETTLING = ("paying", "settlement_pending")
@@ -130,6 +134,8 @@ def pending_result(
         execution.get("next_check_at")
         or (now_or(None) + timedelta(seconds=retry_after)).isoformat()
     )
+    ref = status["purchase"]
+    poll = {"purchase": ref, "token": purchase_capability_token(ref=ref)}
     document = {
         "state": "pending",
         "is_result": False,
@@ -141,12 +147,19 @@ def pending_result(
         "network": status.get("network"),
         "retry_after_seconds": retry_after,
         "ask_again_at": ask_at,
-        "ask_again": {"tool": tool, "same_arguments": True, "status_url": status_url},
+        "ask_again": {
+            "poll": {"tool": POLL_TOOL, "arguments": poll},
+            "tool": tool,
+            "same_arguments": True,
+            "status_url": status_url,
+        },
         "status": status,
     }
+    how = f"call {POLL_TOOL} with {json.dumps(poll)} (free)"
+    if tool != POLL_TOOL:
+        how += f", or {tool} again with the same arguments (never charged twice)"
     sentence = (
-        f"Not the result yet. Purchase {status['purchase']}: {situation} Ask again in "
-        f"{retry_after} s (at {ask_at}): call {tool} again with the same arguments (answered "
-        f"from this purchase, never charged twice), or GET {status_url}."
+        f"Not the result yet. Purchase {ref}: {situation} Ask again in {retry_after} s "
+        f"(at {ask_at}): {how}, or GET {status_url}."
     )
     return _result(sentence, document, meta, links)

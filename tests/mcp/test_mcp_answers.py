@@ -20,6 +20,7 @@ from x402 import x402Client
 from x402.mcp import MCPToolCallResult, create_x402_mcp_client, x402MCPSession
 from x402.mechanisms.evm.exact import ExactEvmClientScheme
 
+from doors.mcp.states import POLL_TOOL
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from purchases.models import Purchase
@@ -73,6 +74,20 @@ def meta(result: MCPToolCallResult) -> dict[str, Any]:
     return dict(result.raw_result.meta or {})
 
 
+async def _plain_call(base: str, name: str, arguments: dict) -> Any:
+    async with (
+        streamable_http_client(f"{base}/mcp") as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return await session.call_tool(name, arguments)
+
+
+def poll(base: str, arguments: dict) -> Any:
+    """The free status tool, called by a plain MCP client (no x402, no key)."""
+    return asyncio.run(_plain_call(base, POLL_TOOL, arguments))
+
+
 def charged_once(world: X402World) -> Purchase:
     assert world.seller_balance() == PRICE and world.relayer_sent() == 1
     assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
@@ -90,7 +105,7 @@ def test_paid_work_not_done_is_pending_never_the_result_and_calling_again_never_
     purchase = charged_once(world)
     attempt = PaymentAttempt.objects.get()
     assert words.startswith(f"Not the result yet. Purchase {purchase.ref}: you are charged")
-    assert f"call {world.offering.slug} again with the same arguments" in words
+    assert f"or {world.offering.slug} again with the same arguments" in words
     assert (pending["state"], pending["is_result"], pending["awaiting"]) == (
         "pending",
         False,
@@ -108,6 +123,14 @@ def test_paid_work_not_done_is_pending_never_the_result_and_calling_again_never_
     assert got.payment_response.success is True
     assert got.payment_response.transaction == attempt.tx_hash
     assert "tollbooth/receipt" not in meta(got)
+    asked = pending["ask_again"]["poll"]
+    assert asked["tool"] == POLL_TOOL and asked["arguments"]["purchase"] == purchase.ref
+    assert f"call {POLL_TOOL} with {json.dumps(asked['arguments'])} (free)" in words
+
+    # An agent that speaks MCP only polls with the free tool: still pending, nothing paid.
+    polled = poll(asgi_server, asked["arguments"])
+    assert polled.isError is True and said(polled)[1]["state"] == "pending"
+    assert said(polled)[1]["ask_again"]["tool"] == POLL_TOOL
 
     # The agent calls again: the client probes, gets an offer and re-signs. Same purchase.
     again = buy(asgi_server, world, INPUT, sse=True)
@@ -121,8 +144,36 @@ def test_paid_work_not_done_is_pending_never_the_result_and_calling_again_never_
     assert done.is_error is False, done.content
     assert json.loads(done.content[0].text)["title"] == "Sales"
     assert meta(done)["tollbooth/duplicate-of"] == purchase.ref
+    ready = poll(asgi_server, asked["arguments"])  # the free tool now gives the result too
+    assert ready.isError is False and json.loads(ready.content[0].text)["title"] == "Sales"
     charged_once(world)
     assert ExecutionAttempt.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{}, {"purchase": 7, "token": []}, {"purchase": "pur_x" * 100, "token": "t"}],
+)
+def test_status_tool_refuses_what_is_no_reference_and_token(asgi_server, arguments):
+    got = poll(asgi_server, arguments)
+    assert got.isError is True
+    words, refused = said(got)
+    assert (refused["code"], refused["charged"]) == ("invalid_input", False)
+    assert "`purchase` and `token`" in words
+
+
+def test_status_tool_with_a_wrong_token_says_no_more_than_not_found(
+    make_x402_world, settings, asgi_server
+):
+    world = make_x402_world()
+    settings.X402_RESULT_WAIT_SECONDS = 30
+    assert buy(asgi_server, world, INPUT).is_error is False
+    purchase = Purchase.objects.get()
+    got = poll(asgi_server, {"purchase": purchase.ref, "token": "0" * 64})
+    words, refused = said(got)
+    assert (refused["code"], refused["state"]) == ("purchase_not_found", "refused")
+    assert words.startswith("Refused: purchase_not_found")
+    assert "Sales" not in got.content[0].text + got.content[1].text
 
 
 def test_work_rejected_after_payment_says_charged_and_refund_owed_and_is_never_paid_twice(
