@@ -98,6 +98,9 @@ def refusal_result(problem: dict[str, Any], meta: dict[str, Any]) -> types.CallT
     about = f" Purchase {ref}." if ref else ""
     move = f" Next: {problem.get('next_action')} ({problem.get('owner')})."
     sentence = f"{state.capitalize()}: {code}{detail}{about} {_charge_sentence(charge, status)}"
+    if code == "payment_failed" and charge == "not_charged":
+        # Whoever holds a signed authorization may broadcast it until it lapses.
+        sentence += " If your signed authorization still lands before it lapses, it is owed back."
     return _result(sentence + move, document, meta, [])
 
 

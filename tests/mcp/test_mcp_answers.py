@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
+from django.utils import timezone
 from eth_account import Account
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -24,6 +26,7 @@ from doors.mcp.states import POLL_TOOL
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from purchases.models import Purchase
+from purchases.services.jobs import reconcile
 from purchases.services.shared.buyers import api_key_issue
 from tests.factories import BuyerFactory, fund
 from tests.x402.e2e import NETWORK, PRICE, X402World
@@ -208,6 +211,39 @@ def test_work_rejected_after_payment_says_charged_and_refund_owed_and_is_never_p
     assert meta(again)["tollbooth/duplicate-of"] == purchase.ref
     charged_once(world)
     assert Refund.objects.count() == 1 and ExecutionAttempt.objects.count() == 1
+
+
+def test_payment_that_failed_for_good_says_failed_and_not_charged(make_x402_world, asgi_server):
+    world = make_x402_world(no_mining=True)
+    got = buy(asgi_server, world, INPUT)  # broadcast, never mined within the call's wait
+    words, pending = said(got)
+    assert (pending["awaiting"], pending["charged"]) == ("settlement", None)
+    assert "Whether you are charged" not in words  # said once, as what is awaited
+    attempt = PaymentAttempt.objects.get()
+    # The broadcast is lost and the authorization's window closes, its nonce unused.
+    world.node.drop_transaction(attempt.tx_hash)
+    world.node.increase_time(3 * 3600)
+    world.node.mine()
+    reconcile.reconcile_pending_settlements(now=timezone.now() + timedelta(hours=3))
+    purchase = Purchase.objects.get()
+    assert purchase.payment_state == Purchase.PaymentState.FAILED
+
+    # Polled with the free tool: failed for sure, and not charged.
+    polled = poll(asgi_server, pending["ask_again"]["poll"]["arguments"])
+    words, failed = said(polled)
+    assert (failed["state"], failed["code"], failed["charge"], failed["charged"]) == (
+        "failed",
+        "payment_failed",
+        "not_charged",
+        False,
+    )
+    assert f"Purchase {purchase.ref}. You were not charged for this call." in words
+    assert "If your signed authorization still lands before it lapses, it is owed back." in words
+    assert world.seller_balance() == 0
+
+    # Polled again: the same answer, from the purchase as it is; still nothing moved.
+    assert said(poll(asgi_server, pending["ask_again"]["poll"]["arguments"]))[1] == failed
+    assert world.seller_balance() == 0 and Purchase.objects.count() == 1
 
 
 def test_refused_payment_says_not_charged_and_calling_again_is_never_charged(
