@@ -26,9 +26,10 @@ from doors.mcp.states import POLL_TOOL
 from fulfillment.models import ExecutionAttempt
 from payments.models import LedgerEntry, PaymentAttempt, Refund
 from purchases.models import Purchase
+from purchases.selectors import purchase_capability_token
 from purchases.services.jobs import reconcile
 from purchases.services.shared.buyers import api_key_issue
-from tests.factories import BuyerFactory, fund
+from tests.factories import BuyerFactory, PaymentAttemptFactory, PurchaseFactory, fund
 from tests.x402.e2e import NETWORK, PRICE, X402World
 
 INPUT = {"title": "Sales", "csv": "region,units\nnorth,3\nsouth,5\n"}
@@ -151,6 +152,44 @@ def test_paid_work_not_done_is_pending_never_the_result_and_calling_again_never_
     assert ready.isError is False and json.loads(ready.content[0].text)["title"] == "Sales"
     charged_once(world)
     assert ExecutionAttempt.objects.count() == 1
+
+
+def test_work_whose_outcome_is_unknown_is_pending_until_the_next_check_never_failed(
+    make_x402_world, asgi_server
+):
+    world = make_x402_world()
+    purchase = PurchaseFactory.create(
+        paid=True,
+        quote__offering=world.offering,
+        fulfillment_state=Purchase.FulfillmentState.UNKNOWN,
+    )
+    PaymentAttemptFactory.create(purchase=purchase, succeeded=True)
+    now = timezone.now()
+    next_check = now + timedelta(seconds=90)
+    ExecutionAttempt.objects.create(
+        purchase=purchase,
+        executor="report",
+        worker="w",
+        lease_token="t",
+        lease_expires_at=now,
+        job_idempotency_key=f"tollbooth-{purchase.ref}",
+        started_at=now,
+        state="unknown",
+        next_check_at=next_check,
+    )
+    arguments = {"purchase": purchase.ref, "token": purchase_capability_token(ref=purchase.ref)}
+    got = poll(asgi_server, arguments)
+    assert got.isError is True
+    words, pending = said(got)
+    assert (pending["state"], pending["awaiting"], pending["charged"]) == (
+        "pending",
+        "executor",
+        True,
+    )
+    assert pending["ask_again_at"] == next_check.isoformat()
+    assert 60 <= pending["retry_after_seconds"] <= 90
+    assert "the work's outcome is not known yet (it has not failed)" in words
+    assert "fail" not in pending["status"]["execution"]["state"]
 
 
 @pytest.mark.parametrize(
