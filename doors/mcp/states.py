@@ -118,6 +118,9 @@ def pending_result(
     execution = status.get("execution") or {}
     settlement = status.get("settlement") or {}
     transaction = status.get("transaction") or settlement.get("transaction")
+    # A flow that runs the work before taking the money (issue 34, part 1) is pending and
+    # not charged yet: say which.
+    paid = "you are charged" if _charged(charge) else "your payment is not taken yet"
     if charge == "settling":
         awaiting = "settlement"
         situation = (
@@ -127,12 +130,12 @@ def pending_result(
     elif execution.get("state") == "unknown":
         awaiting = "executor"
         situation = (
-            "you are charged; the work's outcome is not known yet (it has not failed): the "
+            f"{paid}; the work's outcome is not known yet (it has not failed): the "
             f"seller asks its executor again at {execution.get('next_check_at')}."
         )
     else:
         awaiting = "work"
-        situation = f"you are charged; the work is {execution.get('state', 'pending')}."
+        situation = f"{paid}; the work is {execution.get('state', 'pending')}."
     ask_at = (
         execution.get("next_check_at")
         or (now_or(None) + timedelta(seconds=retry_after)).isoformat()
