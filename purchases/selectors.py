@@ -801,6 +801,13 @@ def purchase_duplicate_find(
     return repeated.select_related("offering", "quote").first()
 
 
+def purchase_status_of(*, ref: str, now: datetime) -> dict[str, Any] | None:
+    """The status document of purchase `ref` (None if there is none): for a door whose
+    refusal names a purchase and must say whether its buyer was charged."""
+    purchase = Purchase.objects.select_related("offering", "quote").filter(ref=ref).first()
+    return None if purchase is None else purchase_status(purchase=purchase, now=now)
+
+
 def purchase_reload(*, purchase: Purchase) -> Purchase:
     # A fresh instance, not refresh_from_db(): django-fsm's refresh toggles `protected` on
     # the shared field object, which is not safe with threads serving requests.

@@ -167,10 +167,11 @@ def buy_over_mcp() -> int:
         result = asyncio.run(_mcp_call(chain))
         meta = (result.raw_result.meta if result.raw_result else None) or {}
         text = result.content[0].text
-        body = json.loads(text) if text.startswith("{") else {}
-        if result.is_error or "status_url" not in body:
+        # Pending is an error result that says so (docs/mcp.md): never taken for the result.
+        said = (result.raw_result.structuredContent if result.raw_result else None) or {}
+        if said.get("state") != "pending":
             break
-        print("  pending:", body.get("status"), body.get("next_action"))
+        print("  pending:", said.get("awaiting"), "ask again in", said.get("retry_after_seconds"))
         time.sleep(int(meta.get("tollbooth/retry-after", 1)))
     settle = meta.get("x402/payment-response") or {}
     print("paid", "error" if result.is_error else "ok", "settlement", settle.get("transaction"))

@@ -11,6 +11,10 @@ A call paid over x402 may leave its wait for the block to the server's event loo
   buyer's balance pays (tool_buy_prepaid); for a top-up tool the key names the balance
   credited instead, and the call is answered with the x402 offer.
 - neither: the offer, a PaymentRequired naming the quote it opened (a top-up needs the key).
+
+One more tool is free: POLL_TOOL, a purchase's status (or its result once ready) by the
+reference and token a pending answer names, as the status URL answers it, for an agent
+that speaks MCP only.
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ from doors.mcp.results import (
     prepaid_refusal_result,
     problem_result,
 )
+from doors.mcp.states import POLL_TOOL
 from doors.rest.prepaid_answers import PrepaidAnswers
-from doors.x402.answers import PAYMENT_RESPONSE, X402Answers, x402_answer
+from doors.x402.answers import (
+    PAYMENT_RESPONSE,
+    X402Answers,
+    x402_answer,
+    x402_capability_answer,
+)
 from doors.x402.waiting import Waiting, returns_wait
 from purchases.models import Buyer, Purchase
 from purchases.services.checkout.flow import PaymentPending
@@ -67,10 +77,31 @@ class ToolCall:
         return PAYMENT_META in self.meta
 
 
+_POLL_OFFER = ToolOffer(
+    name=POLL_TOOL,
+    title="Purchase status (free)",
+    description=(
+        "Free. Where a purchase stands, or its result once ready: pass the `purchase` and "
+        "`token` a pending answer gives in structuredContent.ask_again.poll.arguments."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "purchase": {"type": "string", "maxLength": 64},
+            "token": {"type": "string", "maxLength": 128},
+        },
+        "required": ["purchase", "token"],
+        "additionalProperties": False,
+    },
+    meta={},
+    accepts=[],
+)
+
+
 def tools_list() -> list[ToolOffer]:
     close_old_connections()
     try:
-        return mcp_tool_offers()
+        return [*mcp_tool_offers(), _POLL_OFFER]
     finally:
         close_old_connections()
 
@@ -109,6 +140,8 @@ def _buyer(authorization: str | None) -> Buyer | None:
 
 
 def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResult]:
+    if call.name == POLL_TOOL:  # free: a payment sent with it is never used
+        return _poll(call)
     buyer = _buyer(call.authorization)
     copy = call.meta.get(COPY_META)
     payment = call.meta.get(PAYMENT_META)
@@ -127,10 +160,10 @@ def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResu
             return Waiting(
                 answer,
                 lambda resumed: _refusals_as_results(
-                    lambda: answer_result(resumed(), base_url=call.base_url)
+                    lambda: answer_result(resumed(), base_url=call.base_url, tool=call.name)
                 ),
             )
-        return answer_result(answer, base_url=call.base_url)
+        return answer_result(answer, base_url=call.base_url, tool=call.name)
     if buyer is not None and not tool_is_top_up(name=call.name):
         return _prepaid(call, buyer, copy)
     offer = x402_offer(
@@ -157,7 +190,19 @@ def _prepaid(call: ToolCall, buyer: Buyer, copy: str | None) -> types.CallToolRe
         return prepaid_refusal_result(bought.stored)
     answer = x402_answer(bought.outcome)
     answer.headers.pop(PAYMENT_RESPONSE, None)  # nothing was settled on a chain
-    return answer_result(answer, base_url=call.base_url)
+    return answer_result(answer, base_url=call.base_url, tool=call.name)
+
+
+def _poll(call: ToolCall) -> types.CallToolResult:
+    """Raises DomainError: invalid_input, purchase_not_found (a wrong token says no more)."""
+    ref, token = call.arguments.get("purchase"), call.arguments.get("token")
+    if not (isinstance(ref, str) and isinstance(token, str)) or len(ref) + len(token) > 192:
+        raise DomainError(
+            ErrorCode.INVALID_INPUT,
+            "Send `purchase` and `token`, the strings of a pending answer's ask_again.poll.",
+        )
+    answer = x402_capability_answer(ref=ref, token=token)
+    return answer_result(answer, base_url=call.base_url, tool=POLL_TOOL)
 
 
 def _as_header(payment: Any) -> str:

@@ -5,9 +5,10 @@ carried in the x402 MCP transport's shape.
 - result: its bytes as text (JSON also as `structuredContent`), the settle response in
   `_meta["x402/payment-response"]`, the receipt as a resource link and, once the payment
   is final, signed in `_meta["tollbooth/receipt"]` (docs/receipts.md);
-- pending (settlement or work): not an error; the status document, and the status URL as a
-  resource link: the same call again (re-signed or not) answers from the same purchase;
-- refusal: `isError`, the problem document (code, purchase, next_action, retryable).
+- pending (settlement or work): `isError` (never the result), saying so in words, with what
+  is awaited, when and how to ask again, and the status URL as a resource link (doors.mcp.states);
+- refusal or failure: `isError`, the problem document (code, purchase, next_action, retryable)
+  and whether the buyer was charged (doors.mcp.states).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mcp import types
 from pydantic import AnyUrl
 
 from core.errors import DomainError
+from doors.mcp.states import pending_result, refusal_result
 from doors.rest.answers import DUPLICATE_HEADER, RECEIPT_HEADER, sent_bytes
 from doors.x402.answers import PAYMENT_RESPONSE, X402Answer
 from fulfillment.receipt_signing import receipt_decode
@@ -31,6 +33,7 @@ PURCHASE_META = "tollbooth/purchase"
 DUPLICATE_META = "tollbooth/duplicate-of"
 RETRY_AFTER_META = "tollbooth/retry-after"
 RECEIPT_META = "tollbooth/receipt"
+_RETRY_AFTER_DEFAULT = 2  # every pending answer has Retry-After; this is only a floor
 
 
 def _json_result(
@@ -60,7 +63,9 @@ def problem_result(error: DomainError) -> types.CallToolResult:
     meta: dict[str, Any] = {RETRY_AFTER_META: error.retry_after} if error.retry_after else {}
     if isinstance(error.extra.get("signed_receipt"), dict):
         meta[RECEIPT_META] = error.extra["signed_receipt"]
-    return _json_result(error.as_problem(), is_error=True, meta=meta or None)
+    if error.purchase:
+        meta[PURCHASE_META] = error.purchase
+    return refusal_result(error.as_problem(), meta)
 
 
 def _settle_response(headers: dict[str, str]) -> dict[str, Any] | None:
@@ -100,22 +105,27 @@ def _link(uri: str, name: str, description: str) -> types.ResourceLink:
     )
 
 
-def answer_result(answer: X402Answer, *, base_url: str) -> types.CallToolResult:
-    """The paid URL's answer as a tool result (see the module docstring)."""
+def answer_result(answer: X402Answer, *, base_url: str, tool: str) -> types.CallToolResult:
+    """The paid URL's answer as a tool result of `tool` (see the module docstring)."""
     headers = dict(answer.headers)
     if answer.status == 202:
         body = answer.body
         status_url = _absolute(base_url, body["status_url"])
         meta = _meta(headers, body.get("purchase"))
         link = _link(status_url, "status", "Poll this purchase, or call the tool again.")
-        return _json_result(
-            {**body, "status_url": status_url}, is_error=False, meta=meta, links=[link]
+        return pending_result(
+            {**body, "status_url": status_url},
+            meta=meta,
+            tool=tool,
+            status_url=status_url,
+            retry_after=int(headers.get("Retry-After") or _RETRY_AFTER_DEFAULT),
+            links=[link],
         )
     if answer.status >= 300:
         body = answer.body
         if isinstance(body, bytes | bytearray | memoryview):
             body = json.loads(bytes(body))
-        return _json_result(body, is_error=True, meta=_meta(headers, body.get("purchase")))
+        return refusal_result(body, _meta(headers, body.get("purchase")))
     return _delivered(answer, headers, base_url)
 
 
@@ -153,4 +163,4 @@ def _delivered(answer: X402Answer, headers: dict[str, str], base_url: str) -> ty
 def prepaid_refusal_result(stored: StoredAnswer) -> types.CallToolResult:
     """A prepaid payment refused (insufficient funds, spend cap...), as stored."""
     body = json.loads(sent_bytes(stored))
-    return _json_result(body, is_error=True, meta=_meta(dict(stored.headers), stored.purchase_ref))
+    return refusal_result(body, _meta(dict(stored.headers), stored.purchase_ref))

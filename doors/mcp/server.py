@@ -91,7 +91,11 @@ _INSTRUCTIONS = (
     "(isError, structuredContent); pay with _meta['x402/payment'], or send "
     "'Authorization: Bearer <api key>' on the connection to pay from a prepaid balance. "
     "Calling again with the same input (even re-signed) inside the duplicate window is "
-    "answered with the same purchase, never charged twice."
+    "answered with the same purchase, never charged twice. A paid call with no result is an "
+    "error result that says why: structuredContent.state 'pending' (not the result yet: ask "
+    "again after retry_after_seconds, the same call or the status URL), or 'failed' / "
+    "'refused' with 'charged' (true, false, or null while the payment settles) and 'charge' "
+    "(not_charged, settling, charged, refund_owed, refunded, under_review)."
 )
 
 

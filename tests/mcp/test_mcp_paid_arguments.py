@@ -83,7 +83,8 @@ def buy(
 
 
 def problem(result: Any) -> dict[str, Any]:
-    return json.loads(result.content[0].text)
+    # content[0] says it in words; content[1] is the problem document's JSON (doors.mcp.states).
+    return json.loads([item for item in result.content if item.type == "text"][-1].text)
 
 
 def nothing_charged(world: X402World) -> None:
@@ -119,9 +120,11 @@ def test_paid_call_whose_arguments_are_not_the_quotes_input_is_refused(
 
 
 def test_same_arguments_buy_once_and_the_same_payment_with_other_arguments_is_refused(
-    make_x402_world, asgi_server
+    make_x402_world, settings, asgi_server
 ):
     world = make_x402_world()
+    # The report runs in the call: a result, not a pending answer (an error result).
+    settings.X402_RESULT_WAIT_SECONDS = 30
     bought, swapped = buy(asgi_server, world, INPUT)
     assert bought.is_error is False, problem(bought)
     purchase = Purchase.objects.get()

@@ -177,13 +177,24 @@ def test_pending_settlement_says_so_runs_nothing_and_the_repeated_call_gets_the_
     start_worker("w1")
     # The broadcast waits in the pool: the server's wait for its receipt (2 s) runs out.
     got = buy(asgi_server, world.offering.slug, world, "sse")
-    assert got["is_error"] is False, got
-    status, link = got["content"]
-    body = json.loads(status["text"])
+    # Never the result: an error result that says so, and carries no offer to pay again.
+    assert got["is_error"] is True and got["payment_made"] is True, got
+    said, document, link = got["content"]
+    assert said["text"].startswith("Not the result yet.")
+    pending = json.loads(document["text"])
+    assert "accepts" not in pending and "x402Version" not in pending
+    body = pending["status"]
     purchase = Purchase.objects.get()
     attempt = PaymentAttempt.objects.get()
+    assert (pending["state"], pending["awaiting"], pending["charged"]) == (
+        "pending",
+        "settlement",
+        None,
+    )
+    assert pending["purchase"] == purchase.ref and pending["transaction"] == attempt.tx_hash
     assert body["status"] == "settlement_pending" and body["purchase"] == purchase.ref
     assert body["transaction"] == attempt.tx_hash and body["next_action"] == "poll_status_url"
+    assert pending["ask_again"]["status_url"] == body["status_url"]
     assert link["type"] == "resource_link" and link["uri"] == body["status_url"]
     assert link["uri"].startswith(f"{asgi_server}/x402/purchases/{purchase.ref}/")
     settle = got["meta"]["x402/payment-response"]
@@ -209,8 +220,15 @@ def test_payment_that_cannot_settle_is_refused_and_no_work_runs(make_x402_world,
     env = {"BUYER_KEY": "0x" + bytes(broke.key).hex(), "TOKEN": world.token, "NETWORK": NETWORK}
     got = buy(asgi_server, world.offering.slug, None, "streamable-http", **env)
     assert got["is_error"] is True and got["payment_made"] is True, got
-    problem = json.loads(got["content"][0]["text"])
+    said, document = got["content"]
+    problem = json.loads(document["text"])
     assert problem["code"] == "insufficient_balance", problem
+    assert (problem["state"], problem["charge"], problem["charged"]) == (
+        "refused",
+        "not_charged",
+        False,
+    )
+    assert "You were not charged" in said["text"]
     assert "accepts" not in problem  # a refusal, not a new offer: the client does not re-pay
     assert not ExecutionAttempt.objects.exists()
     assert world.seller_balance() == 0 and world.relayer_sent() == 0
