@@ -104,5 +104,5 @@ def test_the_tool_takes_an_amount_and_needs_the_key(world, asgi_server):
     assert schema["required"] == ["amount"] and schema["properties"]["amount"]["type"] == "integer"
     result = mcp(asgi_server, "call_tool", "top-up", {"amount": AMOUNT})
     assert result.isError is True
-    assert json.loads(result.content[0].text)["code"] == "not_authenticated"
+    assert json.loads(result.content[1].text)["code"] == "not_authenticated"
     assert not Purchase.objects.exists()
