@@ -48,7 +48,12 @@ def payment_evidence_of_purchase() -> dict[str, Subquery]:
         Case(When(is_settled, then=Value(0)), default=Value(1)),
         Case(When(is_settled, then=F("pk")), default=-F("pk")),
     )
-    reference = Coalesce(NullIf("tx_hash", Value("")), "settlement_reference")
+    # A held authorization (the authorization flow) has no transaction yet: its nonce.
+    reference = Coalesce(
+        NullIf("tx_hash", Value("")),
+        NullIf("settlement_reference", Value("")),
+        "authorization_nonce",
+    )
     final = attempts.filter(is_settled, final_at__isnull=False)
     return {
         "payment_reference": Subquery(attempts.values(reference=reference)[:1]),

@@ -116,6 +116,11 @@ class QuoteTerms:
     amount: int
     pay_to: str
     duplicate_window_seconds: int
+    # x402 #3053: "upfront" (settled before the work runs) is written in the 402's
+    # `extra.paymentFlow`; "authorization" (settled after) is the wire default, never written.
+    payment_flow: str = "upfront"
+    # The window the buyer is asked to sign (maxTimeoutSeconds); None: the network's default.
+    max_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,13 @@ from purchases.services.fulfil.receipts import receipt_facts, receipt_resource_u
 from purchases.services.fulfil.result_notify import fulfillment_notify
 from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
 from purchases.services.remedy.remedies import purchase_remedy_after_failure
+from purchases.services.settle.authorization import (
+    WORK_SUCCEEDED,
+    WORK_UNKNOWN,
+    authorization_capture,
+    authorization_release,
+    purchase_is_held,
+)
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -306,6 +313,11 @@ def _succeed_once(
                 actor=actor,
                 update_fields=["reason_code"],
             )
+            if purchase_is_held(purchase):
+                # The authorization flow's terminal move: settle it, with the result stored.
+                authorization_capture(
+                    purchase=purchase, actor=actor, reason_code=WORK_SUCCEEDED, now=now
+                )
             result, receipt, _ = fulfillment_services.execution_succeed(
                 purchase_id=purchase.pk,
                 claim=claim,
@@ -350,6 +362,15 @@ def _end(
             arguments={"reason_code": reason_code},
             update_fields=["reason_code"],
         )
+        if purchase_is_held(purchase) and is_known_failure:
+            # Nothing was charged: never settle it, and there is nothing to refund.
+            authorization_release(purchase=purchase, actor=actor, reason_code=reason_code)
+            fulfillment_notify(purchase=purchase)
+            return
+        if purchase_is_held(purchase):
+            # Unknown with the tries spent: settled now and kept unknown (a refund is owed if
+            # it later proves failed), while the authorization can still land.
+            authorization_capture(purchase=purchase, actor=actor, reason_code=WORK_UNKNOWN, now=now)
         purchase_remedy_after_failure(
             purchase=purchase,
             reason_code=reason_code,
