@@ -23,7 +23,6 @@ from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execu
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from purchases.services.settle.authorization import authorizations_held_sweep
 from purchases.services.settle.settlement import purchase_settle_attempt
-from tests.fixtures.anvil import erc20_transfer
 from tests.x402.e2e import FUNDED, PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -154,26 +153,23 @@ def test_the_held_sweep_settles_an_unfinished_run_at_its_margin(make_x402_world,
 def test_a_settlement_that_cannot_land_after_the_work_escalates_work_done_unpaid(
     make_x402_world, db, settings
 ):
-    """The buyer moved its funds away while the work ran: the work is done, the money never
-    comes; support is told, once, under a reason that is counted."""
-    world = make_x402_world(offering=AUTHORIZATION)
+    """The work ran, then its authorization could no longer land (here its window closed
+    before the settlement: a worker down that long): the work is done, the money never
+    comes; support is told under a reason that is counted, and nothing is refunded."""
+    world = make_x402_world(no_mining=True, offering=AUTHORIZATION)
+    world.node.set_automine(True)
     client = APIClient()
-    payer = world.payers[0]
-    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], payer, PAY_ID)
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], PAY_ID)
     assert ask(client, world, payment=payment).status_code == 202
     purchase = Purchase.objects.get()
-    _drain(world, payer)
     assert purchase_execute(purchase_id=purchase.pk, worker="w1") == ExecutionOutcome.SUCCEEDED
     attempt = PaymentAttempt.objects.get()
-    purchase_settle_attempt(attempt_id=attempt.pk)
+    world.node.increase_time(3600)
+    world.node.mine()
+    purchase_settle_attempt(attempt_id=attempt.pk, now=attempt.valid_before_at + timedelta(hours=1))
     purchase.refresh_from_db()
     assert purchase.payment_state == "failed" and purchase.fulfillment_state == "succeeded"
     escalation = Escalation.objects.get(purchase=purchase, reason_code="work_done_unpaid")
     assert escalation.owner == "support"
-    assert world.seller_balance() == 0
+    assert world.seller_balance() == 0 and _payer_balance(world) == FUNDED
     assert not Refund.objects.exists()
-
-
-def _drain(world: X402World, payer) -> None:
-    """The payer sends its whole balance elsewhere (an ordinary transfer)."""
-    erc20_transfer(world.w3, world.token, payer, world.deployer.address, _payer_balance(world))
