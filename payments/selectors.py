@@ -37,6 +37,13 @@ def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | N
     )
 
 
+def payment_attempt_held(*, purchase_id: int) -> PaymentAttempt | None:
+    """The purchase's held attempt (the authorization flow), if its work has not ended."""
+    return PaymentAttempt.objects.filter(
+        purchase_id=purchase_id, state=PaymentAttempt.State.HELD
+    ).first()
+
+
 def payment_evidence_of_purchase() -> dict[str, Subquery]:
     """For annotating a purchase query (`OuterRef("pk")`): the transaction reference and the
     network of its settled attempt (the first), else of its live one (the latest). One

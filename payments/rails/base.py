@@ -248,6 +248,12 @@ class PaymentRail(Protocol):
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
         """What the timeline says about how this attempt reaches the money."""
 
+    def held_can_land(self, *, attempt: PaymentAttempt, now: datetime) -> str:
+        """A held attempt (the authorization flow), just before its work runs: "" while it
+        can still be settled (or nobody can say now), else the reason it cannot (its
+        authorization used, the payer's balance below it, its window closing). No
+        transaction may be open."""
+
     def refund(
         self,
         *,

@@ -23,6 +23,7 @@ from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execu
 from purchases.services.jobs.reconcile import reconcile_pending_settlements
 from purchases.services.settle.authorization import authorizations_held_sweep
 from purchases.services.settle.settlement import purchase_settle_attempt
+from tests.fixtures.anvil import erc20_transfer
 from tests.x402.e2e import FUNDED, PRICE, X402World, ask, sign_payment
 
 pytestmark = pytest.mark.embedded
@@ -172,4 +173,27 @@ def test_a_settlement_that_cannot_land_after_the_work_escalates_work_done_unpaid
     escalation = Escalation.objects.get(purchase=purchase, reason_code="work_done_unpaid")
     assert escalation.owner == "support"
     assert world.seller_balance() == 0 and _payer_balance(world) == FUNDED
+    assert not Refund.objects.exists()
+
+
+def test_a_payer_drained_before_the_work_runs_gets_no_work_and_no_charge(
+    make_x402_world, db, settings
+):
+    """The balance and authorizationState are read again just before the work starts: a
+    payer who moved its funds away after the 402 gets nothing run and nothing charged."""
+    world = make_x402_world(offering=AUTHORIZATION)
+    client = APIClient()
+    payer = world.payers[0]
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], payer, PAY_ID)
+    assert ask(client, world, payment=payment).status_code == 202
+    erc20_transfer(world.w3, world.token, payer, world.deployer.address, FUNDED)
+    purchase = Purchase.objects.get()
+    assert purchase_execute(purchase_id=purchase.pk, worker="w1") == ExecutionOutcome.FAILED
+    purchase.refresh_from_db()
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("released", "failed")
+    assert purchase.reason_code == "insufficient_balance"
+    assert not Result.objects.filter(purchase=purchase).exists()
+    answer = ask(client, world, payment=payment)  # the buyer's resend is told, not charged
+    assert answer.status_code == 409 and answer.json()["charged"] is False
+    assert world.relayer_sent() == 0 and world.seller_balance() == 0
     assert not Refund.objects.exists()

@@ -38,7 +38,7 @@ def buy(url: str, world: X402World, body: dict[str, Any]) -> dict[str, Any]:
         "NETWORK": NETWORK,
         "TIMEOUT": "60",
     }
-    done = subprocess.run(  # noqa: S603 - our own example, as the docs show it
+    done = subprocess.run(
         [sys.executable, str(ROOT / "docs/examples/x402_buy.py"), url, json.dumps(body)],
         cwd=ROOT,
         env=env,

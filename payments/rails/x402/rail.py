@@ -383,6 +383,23 @@ class X402Rail:
             described[FACILITATOR_PAYMENT_ID] = attempt.facilitator_payment_id
         return described
 
+    def held_can_land(self, *, attempt: PaymentAttempt, now: datetime) -> str:
+        """The nonce unused and the payer's balance enough, on chain, and the window open
+        past the settlement margin. A chain that does not answer says nothing ("")."""
+        authorization = x402_context(attempt=attempt).authorization
+        if authorization.valid_before < now.timestamp() + SETTLEMENT_MARGIN_SECONDS:
+            return "authorization_expired"
+        try:
+            verify_payment_funds(
+                authorization=authorization,
+                reader=ChainReader(x402_context(attempt=attempt).network),
+            )
+        except VerificationFailed as failure:
+            return failure.reason_code
+        except ChainUnavailable:
+            return ""
+        return ""
+
     def refund(
         self,
         *,

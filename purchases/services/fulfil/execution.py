@@ -37,6 +37,7 @@ from fulfillment.services import (
 )
 from payments import selectors as payment_selectors
 from payments.models import Rail
+from payments.rails import rail_for
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.fulfil.receipts import receipt_facts, receipt_resource_url
@@ -112,6 +113,12 @@ def purchase_execute_keeping(*, purchase_id: int, worker: str) -> Executed:
         # A try ended without recording its failure (crash, kill): the budget is spent anyway.
         _end(purchase_id, claimed.claim, claimed.claim.spent_reason, is_known_failure=False)
         return Executed(ExecutionOutcome.ESCALATED)
+    refused = _held_payment_refused(claimed)
+    if refused:
+        # Nothing ran: the held authorization can no longer pay for it (the buyer cancelled
+        # it or moved the funds away), so the work is not done for nothing.
+        _end(purchase_id, claimed.claim, refused, is_known_failure=True)
+        return Executed(ExecutionOutcome.FAILED)
     try:
         executor = get_executor(claimed.executor_name, claimed.spec.upstream)
         output, job_ref = _run(executor, claimed)
@@ -128,6 +135,18 @@ def purchase_execute_keeping(*, purchase_id: int, worker: str) -> Executed:
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
         return Executed(ExecutionOutcome.FAILED)
     return _succeed(claimed, output, job_ref)
+
+
+def _held_payment_refused(claimed: _Claimed) -> str:
+    """Under the authorization flow, just before the work first starts: why the held
+    payment could no longer be settled ("" when it still can, or nobody can say now)."""
+    purchase = claimed.purchase
+    if not purchase_is_held(purchase) or claimed.claim.job_ref:
+        return ""
+    attempt = payment_selectors.payment_attempt_held(purchase_id=purchase.pk)
+    if attempt is None:
+        return ""
+    return rail_for(attempt.rail).held_can_land(attempt=attempt, now=now_or(None))
 
 
 def _retry_or_give_up(
