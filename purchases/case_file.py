@@ -337,6 +337,10 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     "execution_outcome_unknown": (SUPPORT, "Reconcile execution now (asks the job service about "
                                   "the saved job); refund only once the job is known not to "
                                   "have run."),
+    "work_done_unpaid": (SUPPORT, "Ask the buyer for a new payment, or write it off; never "
+                         "settle another authorization of theirs for it unasked."),
+    "authorization_released": (NOBODY, "None: nothing was charged. A transfer that lands before "
+                               "its validBefore becomes a refund owed back."),
     "settlement_unresolved_reconciliation": (RECON, "Wait; re-check settlement now. Never ask "
                                              "the buyer to sign again."),
     "settlement_unresolved_support": (SUPPORT, "Re-check settlement now; look the tx hash up "
