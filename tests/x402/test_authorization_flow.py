@@ -15,8 +15,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 from x402.http.utils import decode_payment_required_header
 
+from devtools.test_token import cancel_authorization
 from fulfillment.models import Result
-from payments.chain.token import balance_of
+from payments.chain.token import authorization_state, balance_of
 from payments.models import PaymentAttempt, Refund
 from purchases.models import Escalation, OutboxMessage, Purchase, PurchaseEvent
 from purchases.services.fulfil.execution import ExecutionOutcome, purchase_execute
@@ -197,3 +198,30 @@ def test_a_payer_drained_before_the_work_runs_gets_no_work_and_no_charge(
     assert answer.status_code == 409 and answer.json()["charged"] is False
     assert world.relayer_sent() == 0 and world.seller_balance() == 0
     assert not Refund.objects.exists()
+
+
+def test_the_buyer_cancelling_while_the_work_runs_is_work_done_unpaid(
+    make_x402_world, db, settings
+):
+    """The bounded risk of the flow: the buyer cancels its authorization on chain after the
+    pre-work check (cancelAuthorization, as real USDC has). The work is done; the settlement
+    cannot land; the purchase is failed with its work succeeded, escalated to support under
+    `work_done_unpaid`, and nothing moved."""
+    world = make_x402_world(offering=AUTHORIZATION)
+    client = APIClient()
+    payer = world.payers[0]
+    payment = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], payer, PAY_ID)
+    assert ask(client, world, payment=payment).status_code == 202
+    purchase = Purchase.objects.get()
+    assert purchase_execute(purchase_id=purchase.pk, worker="w1") == ExecutionOutcome.SUCCEEDED
+    attempt = PaymentAttempt.objects.get()
+    cancel_authorization(world.w3, world.token, payer, attempt.authorization_nonce)
+    assert authorization_state(world.w3, world.token, payer.address, attempt.authorization_nonce)
+
+    purchase_settle_attempt(attempt_id=attempt.pk)
+    purchase.refresh_from_db()
+    assert (purchase.payment_state, purchase.fulfillment_state) == ("failed", "succeeded")
+    assert Escalation.objects.filter(purchase=purchase, reason_code="work_done_unpaid").count() == 1
+    assert _payer_balance(world) == FUNDED and world.seller_balance() == 0
+    delivered = ask(client, world, payment=payment)  # never released unpaid
+    assert delivered.status_code != 200
