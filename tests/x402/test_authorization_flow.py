@@ -225,3 +225,20 @@ def test_the_buyer_cancelling_while_the_work_runs_is_work_done_unpaid(
     assert _payer_balance(world) == FUNDED and world.seller_balance() == 0
     delivered = ask(client, world, payment=payment)  # never released unpaid
     assert delivered.status_code != 200
+
+
+def test_a_re_signed_retry_while_the_work_runs_gets_the_same_purchase(
+    make_x402_world, db, settings
+):
+    world = make_x402_world(offering=AUTHORIZATION)
+    client = APIClient()
+    first = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    assert ask(client, world, payment=first).status_code == 202
+    purchase = Purchase.objects.get()
+    # The stock clients re-sign on retry: a new nonce against a new 402, same input.
+    again = sign_payment(ask(client, world)["PAYMENT-REQUIRED"], world.payers[0], None)
+    retry = ask(client, world, payment=again)
+    assert retry.status_code == 202, retry.content
+    assert retry["Tollbooth-Duplicate-Of"] == purchase.ref
+    assert Purchase.objects.count() == 1 and PaymentAttempt.objects.count() == 1
+    assert PaymentAttempt.objects.get().state == "held" and world.relayer_sent() == 0
