@@ -59,6 +59,8 @@ EVENT_LABELS: dict[str, Label] = {
             "failed": "Payment failed",
             "void": "Failure made final",
             "reversed": "Delivered, payment reversed",
+            "authorized": "Authorization verified and held while the work runs",
+            "released": "Work failed: authorization released, never charged",
         },
     ),
     "purchase.fulfillment": Label(
@@ -77,8 +79,14 @@ EVENT_LABELS: dict[str, Label] = {
         by_reason={
             "chain_unavailable": "Chain unreachable during look-up",
             "settlement_reorged": "Settled transfer undone by a reorg: pending again",
+            "authorization_held": "Authorization held: settled only after the work",
+            "work_succeeded": "Work succeeded: held authorization sent to settle",
+            "work_outcome_unknown": "Work outcome unknown: held authorization sent to settle",
+            "settle_margin_reached": "Window closing: held authorization sent to settle",
+            "authorization_released": "Work failed: authorization released, never charged",
         },
         by_state={
+            "held": "Payment verified and held",
             "recorded": "Payment recorded",
             "settlement_pending": "Broadcast, awaiting confirmation",
             "succeeded": "Payment settled",

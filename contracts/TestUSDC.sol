@@ -27,6 +27,8 @@ contract TestUSDC {
     bytes32 public constant RECEIVE_WITH_AUTHORIZATION_TYPEHASH = keccak256(
         "ReceiveWithAuthorization(address from,address to,uint256 value,uint256 validAfter,uint256 validBefore,bytes32 nonce)"
     );
+    bytes32 public constant CANCEL_AUTHORIZATION_TYPEHASH =
+        keccak256("CancelAuthorization(address authorizer,bytes32 nonce)");
     // ERC-1271 magic value: isValidSignature(bytes32,bytes) selector.
     bytes4 private constant ERC1271_MAGIC = 0x1626ba7e;
     // Upper bound for s (EIP-2): rejects the malleable twin of every signature.
@@ -36,6 +38,7 @@ contract TestUSDC {
     event Transfer(address indexed from, address indexed to, uint256 value);
     event Approval(address indexed owner, address indexed spender, uint256 value);
     event AuthorizationUsed(address indexed authorizer, bytes32 indexed nonce);
+    event AuthorizationCanceled(address indexed authorizer, bytes32 indexed nonce);
 
     constructor(string memory name_, string memory version_) {
         name = name_;
@@ -163,7 +166,34 @@ contract TestUSDC {
         );
     }
 
+    /// @dev As Circle's USDC: the authorizer burns an unused nonce, so the authorization it
+    /// signed can never be used (a buyer withdrawing a payment it handed out).
+    function cancelAuthorization(address authorizer, bytes32 nonce, uint8 v, bytes32 r, bytes32 s)
+        external
+    {
+        _cancelAuthorization(authorizer, nonce, abi.encodePacked(r, s, v));
+    }
+
+    function cancelAuthorization(address authorizer, bytes32 nonce, bytes memory signature)
+        external
+    {
+        _cancelAuthorization(authorizer, nonce, signature);
+    }
+
     // --- internals ------------------------------------------------------------------------
+
+    function _cancelAuthorization(address authorizer, bytes32 nonce, bytes memory signature)
+        private
+    {
+        require(
+            !_authorizationStates[authorizer][nonce], "FiatTokenV2: authorization is used or canceled"
+        );
+        bytes32 structHash = keccak256(abi.encode(CANCEL_AUTHORIZATION_TYPEHASH, authorizer, nonce));
+        bytes32 digest = keccak256(abi.encodePacked("\x19\x01", DOMAIN_SEPARATOR(), structHash));
+        require(_isValidSignature(authorizer, digest, signature), "FiatTokenV2: invalid signature");
+        _authorizationStates[authorizer][nonce] = true;
+        emit AuthorizationCanceled(authorizer, nonce);
+    }
 
     function _useAuthorization(
         bytes32 typeHash,

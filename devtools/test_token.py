@@ -153,6 +153,32 @@ def send_transfer_with_authorization(
     return _send(w3, sender_account, tx, nonce=nonce)
 
 
+def cancel_authorization(
+    w3: Web3, token: str, authorizer: LocalAccount, nonce: str, *, timeout: float = 30.0
+) -> HexStr:
+    """The authorizer cancels its unused authorization `nonce` (EIP-3009 cancelAuthorization,
+    as on Circle's USDC), signing it and paying the gas itself; waits for the receipt."""
+    contract = token_contract(w3, token)
+    domain = {
+        "name": contract.functions.name().call(),
+        "version": contract.functions.version().call(),
+        "chainId": w3.eth.chain_id,
+        "verifyingContract": Web3.to_checksum_address(token),
+    }
+    types = {"CancelAuthorization": [
+        {"name": "authorizer", "type": "address"}, {"name": "nonce", "type": "bytes32"},
+    ]}  # fmt: skip
+    message = {"authorizer": authorizer.address, "nonce": HexBytes(nonce)}
+    signed = authorizer.sign_typed_data(domain, types, message)
+    call = contract.functions.cancelAuthorization(
+        authorizer.address, HexBytes(nonce), signed.signature
+    )
+    tx = call.build_transaction(cast(TxParams, {"from": authorizer.address}))
+    tx_hash = _send(w3, authorizer, tx)
+    _wait_ok(w3, tx_hash, timeout)
+    return tx_hash
+
+
 # TestUSDC keeps its EIP-712 `name` and `version` in storage slots 0 and 1 (the first two
 # state variables; `owner` is immutable, so it lives in the runtime code): code copied alone
 # to another address reads "" for both and signs under an empty domain.

@@ -11,8 +11,9 @@ from django_fsm import ConcurrentTransitionMixin, transition
 
 from core.fsm import FSMField
 
-LIVE_ATTEMPT_STATES = ("recorded", "settlement_pending", "succeeded")
-# Money not yet proven moved or not: what settlement and reconciliation look after.
+LIVE_ATTEMPT_STATES = ("held", "recorded", "settlement_pending", "succeeded")
+# Money not yet proven moved or not: what settlement and reconciliation look after. A held
+# attempt is not among them: nobody may broadcast it until its work's terminal move says so.
 PENDING_ATTEMPT_STATES = ("recorded", "settlement_pending")
 
 
@@ -27,6 +28,9 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
     """One try to pay a purchase, under one payment id (its key, which holds the id)."""
 
     class State(models.TextChoices):
+        # The authorization flow: verified and kept while the paid work runs; never broadcast
+        # until the work's terminal move captures it (back to recorded) or releases it.
+        HELD = "held", "Verified, held until the work ends"
         RECORDED = "recorded", "Recorded, not yet settled"
         SETTLEMENT_PENDING = "settlement_pending", "Broadcast, finality unknown"
         SUCCEEDED = "succeeded"
@@ -179,6 +183,19 @@ class PaymentAttempt(ConcurrentTransitionMixin, models.Model):
                 name="one_live_attempt_per_authorization",
             ),
         ]
+
+    @transition(field=state, source=State.RECORDED, target=State.HELD)
+    def hold(self) -> None:
+        """Recorded under the authorization flow: kept, not settled, while the work runs."""
+
+    @transition(field=state, source=State.HELD, target=State.RECORDED)
+    def capture(self) -> None:
+        """The work ended (succeeded, or unknown at the margin): settle it now."""
+
+    @transition(field=state, source=State.HELD, target=State.FAILED)
+    def release(self) -> None:
+        """The work provably failed: this authorization is never settled by us."""
+        self.reason_code = "authorization_released"
 
     @transition(field=state, source=State.RECORDED, target=State.SETTLEMENT_PENDING)
     def pend(self, *, tx_hash: str | None) -> None:

@@ -37,6 +37,13 @@ def payment_attempt_for_key(*, idempotency_record_id: int) -> PaymentAttempt | N
     )
 
 
+def payment_attempt_held(*, purchase_id: int) -> PaymentAttempt | None:
+    """The purchase's held attempt (the authorization flow), if its work has not ended."""
+    return PaymentAttempt.objects.filter(
+        purchase_id=purchase_id, state=PaymentAttempt.State.HELD
+    ).first()
+
+
 def payment_evidence_of_purchase() -> dict[str, Subquery]:
     """For annotating a purchase query (`OuterRef("pk")`): the transaction reference and the
     network of its settled attempt (the first), else of its live one (the latest). One
@@ -48,7 +55,12 @@ def payment_evidence_of_purchase() -> dict[str, Subquery]:
         Case(When(is_settled, then=Value(0)), default=Value(1)),
         Case(When(is_settled, then=F("pk")), default=-F("pk")),
     )
-    reference = Coalesce(NullIf("tx_hash", Value("")), "settlement_reference")
+    # A held authorization (the authorization flow) has no transaction yet: its nonce.
+    reference = Coalesce(
+        NullIf("tx_hash", Value("")),
+        NullIf("settlement_reference", Value("")),
+        "authorization_nonce",
+    )
     final = attempts.filter(is_settled, final_at__isnull=False)
     return {
         "payment_reference": Subquery(attempts.values(reference=reference)[:1]),

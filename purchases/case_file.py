@@ -170,6 +170,15 @@ CASE_TABLE: tuple[Row, ...] = (
     R("settlement_pending", ANY, "facilitator_unresolved:*", PENDING_SAY + "The facilitator "
       "refused for a reason that does not prove the transfer failed.", RECON,
       Deadline.NEXT_CHECK, PAY_ACTIONS),
+    # --- the authorization flow: held while the work runs, settled after -----------------
+    R("authorized", ANY, ANY, "Authorization verified and held (the authorization flow): the "
+      "work runs before any money moves. It is settled when the work succeeds (or, still "
+      "unknown, at the settle margin before its validBefore), never if the work provably "
+      "fails.", RECON, Deadline.AUTHORIZATION_WINDOW, RUN_ACTIONS),
+    R("released", ANY, ANY, "The work provably failed under the authorization flow: the "
+      "authorization was never settled and the buyer was told so. It lapses at its "
+      "validBefore; a transfer landing before then is owed back.", NOBODY,
+      Deadline.AUTHORIZATION_WINDOW, (Action.ASSIGN,), Finality.FINAL_AT_DEADLINE),
     # --- paid: the work ----------------------------------------------------------------
     R("paid", "not_started", ANY, "Paid; the work is not queued yet.", RECON,
       Deadline.EXECUTION_CHECK, RUN_ACTIONS),
@@ -280,6 +289,11 @@ CASE_TABLE: tuple[Row, ...] = (
 REASON_CODES: dict[str, str] = {
     "execution_failed": "The paid work failed; a refund or an escalation is linked.",
     "execution_outcome_unknown": "The work may have run; support inspects the job.",
+    "work_done_unpaid": "The authorization flow ran the work, then its authorization could "
+    "not land (cancelled, funds moved, window closed): done, unpaid. Support asks the buyer "
+    "for a payment or writes it off.",
+    "authorization_released": "The work provably failed: the held authorization was never "
+    "settled (nothing charged).",
     "settlement_unresolved_reconciliation": "A settlement stayed unresolved past the "
     "reconciliation deadline.",
     "settlement_unresolved_support": "A settlement stayed unresolved past the support deadline.",
@@ -323,6 +337,10 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     "execution_outcome_unknown": (SUPPORT, "Reconcile execution now (asks the job service about "
                                   "the saved job); refund only once the job is known not to "
                                   "have run."),
+    "work_done_unpaid": (SUPPORT, "Ask the buyer for a new payment, or write it off; never "
+                         "settle another authorization of theirs for it unasked."),
+    "authorization_released": (NOBODY, "None: nothing was charged. A transfer that lands before "
+                               "its validBefore becomes a refund owed back."),
     "settlement_unresolved_reconciliation": (RECON, "Wait; re-check settlement now. Never ask "
                                              "the buyer to sign again."),
     "settlement_unresolved_support": (SUPPORT, "Re-check settlement now; look the tx hash up "

@@ -28,6 +28,9 @@ class Offering(models.Model):
     class DeliveryCondition(models.TextChoices):
         SETTLED = "settled", "After confirmed settlement"
         VERIFIED = "verified", "After payment verification"
+        # Verify and hold the authorization, run the work, settle only if it did not provably
+        # fail; the result is released once settled (docs/x402.md, "Payment flows").
+        AUTHORIZATION = "authorization", "Run first, settle after (authorization flow)"
 
     slug = models.SlugField(max_length=64, unique=True, help_text="Operation name agents ask for.")
     title = models.CharField(max_length=200)
@@ -96,6 +99,16 @@ class Offering(models.Model):
     # The stock the file said when last applied: sales take stock down, so a file's stock is
     # written again only when the file's own number changes (a restock), never on each apply.
     catalog_stock = models.PositiveIntegerField(null=True, blank=True, editable=False)
+
+    @property
+    def settles_after_work(self) -> bool:
+        """The authorization flow: verify and hold, run the work, settle only what it earned.
+        Never for a top-up, whose credit can be spent at once: settled first, whatever the
+        offering says (docs/x402.md#top-ups)."""
+        return (
+            self.delivery_condition == self.DeliveryCondition.AUTHORIZATION
+            and self.executor != TOP_UP_EXECUTOR
+        )
 
     def __str__(self) -> str:
         return self.slug
@@ -214,6 +227,12 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         # The result was delivered, then a reorg undid the payment and its authorization
         # could no longer be settled again (window closed, or nonce spent elsewhere).
         REVERSED = "reversed"
+        # The authorization flow: verified and held while the work runs (never broadcast).
+        AUTHORIZED = "authorized"
+        # The work provably failed under the authorization flow: we never settle it. Not
+        # failed (which reopens the quote) nor void: a landing by anyone holding the
+        # authorization before its validBefore is late money, owed back.
+        RELEASED = "released"
 
     class FulfillmentState(models.TextChoices):
         NOT_STARTED = "not_started"
@@ -285,6 +304,22 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
         self.reason_code = ""
 
     @transition(
+        field=payment_state,
+        source=[PaymentState.UNPAID, PaymentState.FAILED],
+        target=PaymentState.AUTHORIZED,
+    )
+    def payment_authorize(self) -> None:
+        self.reason_code = ""
+
+    @transition(field=payment_state, source=PaymentState.AUTHORIZED, target=PaymentState.PAYING)
+    def payment_capture(self) -> None:
+        pass
+
+    @transition(field=payment_state, source=PaymentState.AUTHORIZED, target=PaymentState.RELEASED)
+    def payment_release(self, reason_code: str) -> None:
+        self.reason_code = reason_code
+
+    @transition(
         field=payment_state, source=PaymentState.PAYING, target=PaymentState.SETTLEMENT_PENDING
     )
     def payment_pend(self, reason_code: str = "settlement_pending") -> None:
@@ -337,19 +372,32 @@ class Purchase(ConcurrentTransitionMixin, models.Model):
 
     # --- execute boundary -------------------------------------------------------
     def is_payment_sufficient_for_execution(self) -> bool:
-        """Settled, or verified and broadcast when the offering delivers on verification."""
+        """Settled; verified and broadcast when the offering delivers on verification; or
+        verified and held under the authorization flow (its work runs before the money)."""
         state = str(self.payment_state)
         if state == self.PaymentState.PAID:
             return True
-        on_verification = self.offering.delivery_condition == Offering.DeliveryCondition.VERIFIED
         # A top-up's work is a credit that can be spent at once: only a settled payment, never
-        # one merely verified, whatever the offering says (docs/x402.md#top-ups).
+        # one merely verified or held, whatever the offering says (docs/x402.md#top-ups).
         if self.offering.executor == TOP_UP_EXECUTOR:
             return False
-        return on_verification and state in (
-            self.PaymentState.PAYING,
-            self.PaymentState.SETTLEMENT_PENDING,
+        if self.offering.settles_after_work:
+            return state == self.PaymentState.AUTHORIZED
+        return (
+            self.offering.delivery_condition == Offering.DeliveryCondition.VERIFIED
+            and state
+            in (
+                self.PaymentState.PAYING,
+                self.PaymentState.SETTLEMENT_PENDING,
+            )
         )
+
+    def is_payment_sufficient_for_delivery(self) -> bool:
+        """The result may be released: as for execution, except that under the
+        authorization flow only a settled payment releases it."""
+        if self.offering.settles_after_work:
+            return str(self.payment_state) == self.PaymentState.PAID
+        return self.is_payment_sufficient_for_execution()
 
     @transition(
         field=fulfillment_state,

@@ -759,7 +759,9 @@ def refund_search_ids(*, term: str, kinds: Iterable[str] = REFUND_SEARCH_KINDS) 
 # Reads the services ask for (they only query and return).
 
 # A payment in one of these states is the purchase a retry repeats; a failed one is not.
-DUPLICATE_REPEATABLE_STATES = (PAY.PAYING, PAY.SETTLEMENT_PENDING, PAY.PAID)
+# A held authorization (its work running) is repeated too; a released one (the work provably
+# failed, nothing charged) is not: a retry is a fair new attempt.
+DUPLICATE_REPEATABLE_STATES = (PAY.AUTHORIZED, PAY.PAYING, PAY.SETTLEMENT_PENDING, PAY.PAID)
 
 
 def purchases_repeated(

@@ -17,6 +17,8 @@ from purchases.services.fulfil.sweeper import purchases_sweep_stalled
 from purchases.services.jobs import housekeeping, reconcile
 from purchases.services.remedy import paybacks, payout_reconcile
 from purchases.services.settle import finality
+from purchases.services.settle.authorization import authorizations_held_sweep
+from purchases.services.settle.settlement import purchase_settle_attempt
 from purchases.services.shared import outbox
 from purchases.services.shared.alerts import (
     escalation_alert,
@@ -47,6 +49,20 @@ def purchase_execute_task(self: Any, *, purchase_id: int) -> str:
 @shared_task(acks_late=True, soft_time_limit=120, time_limit=150)
 def purchase_execution_recheck_task(*, purchase_id: int) -> str:
     return purchase_execution_recheck(purchase_id=purchase_id).value
+
+
+# The settlement a captured authorization's terminal move staged (a backstop for the paying
+# request, which settles at once if still there): a settled attempt is left alone, so a
+# redelivery does nothing; an unknown outcome is reconciliation's.
+@shared_task(acks_late=True, soft_time_limit=120, time_limit=150)
+def payment_settle_captured_task(*, attempt_id: int) -> bool:
+    return purchase_settle_attempt(attempt_id=attempt_id) is not None
+
+
+@shared_task(acks_late=True)
+def authorizations_held_sweep_task() -> int:
+    stats = authorizations_held_sweep()
+    return stats["captured"] + stats["released"]
 
 
 @shared_task(acks_late=True)

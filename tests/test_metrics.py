@@ -152,6 +152,8 @@ def test_purchases_by_payment_state_includes_zeros(client, world):
         "failed": 1.0,
         "void": 1.0,
         "reversed": 0.0,
+        "authorized": 0.0,
+        "released": 0.0,
     }
 
 

@@ -362,6 +362,18 @@ TOLLBOOTH = {
     "FAILED_FINAL_AFTER": timedelta(
         hours=env.int("TOLLBOOTH_FAILED_FINAL_AFTER_HOURS", default=24)
     ),
+    # The authorization flow (docs/x402.md, "Payment flows"): a held authorization whose
+    # work has not ended this long before its validBefore is settled anyway (its outcome
+    # kept unknown; a refund is owed if it later proves failed), so it can still land.
+    "AUTHORIZATION_SETTLE_MARGIN": timedelta(
+        seconds=env.int("TOLLBOOTH_AUTHORIZATION_SETTLE_MARGIN_SECONDS", default=120)
+    ),
+    # The longest window an authorization-flow 402 asks for (its maxTimeoutSeconds: the
+    # work's deadline + the settle margin + the network's confirmation timeout, capped
+    # here): a long window is a long time for the buyer's funds to move away.
+    "AUTHORIZATION_MAX_WINDOW": timedelta(
+        seconds=env.int("TOLLBOOTH_AUTHORIZATION_MAX_WINDOW_SECONDS", default=3600)
+    ),
     # The paying request owns a fresh broadcast this long before the reconciler looks too.
     "SETTLEMENT_GRACE": timedelta(
         seconds=env.int("TOLLBOOTH_SETTLEMENT_GRACE_SECONDS", default=120)
@@ -604,6 +616,7 @@ LOGGING = {
 OUTBOX_JOBS = {
     "purchase_execute": "purchases.tasks.purchase_execute_task",
     "purchase_execution_recheck": "purchases.tasks.purchase_execution_recheck_task",
+    "payment_settle_captured": "purchases.tasks.payment_settle_captured_task",
     "refund_alert": "purchases.tasks.refund_alert_task",
     "payout_broadcast": "purchases.tasks.payout_broadcast_task",
     "escalation_alert": "purchases.tasks.escalation_alert_task",
@@ -645,6 +658,12 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-stalled-executions": {
         "task": "purchases.tasks.purchase_sweep_stalled_task",
         "schedule": env.float("TOLLBOOTH_SWEEP_EVERY_SECONDS", default=30.0),
+    },
+    # Held authorizations (the authorization flow) whose work ended without its terminal
+    # move capturing or releasing them (a worker killed), or whose settle margin nears.
+    "sweep-held-authorizations": {
+        "task": "purchases.tasks.authorizations_held_sweep_task",
+        "schedule": env.float("TOLLBOOTH_HELD_SWEEP_EVERY_SECONDS", default=30.0),
     },
     # Executions that ended unknown (the job service was down through every try): ask the
     # job again once its next check is due, so the buyer's paid work completes when the

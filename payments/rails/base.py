@@ -116,6 +116,11 @@ class QuoteTerms:
     amount: int
     pay_to: str
     duplicate_window_seconds: int
+    # x402 #3053: "upfront" (settled before the work runs) is written in the 402's
+    # `extra.paymentFlow`; "authorization" (settled after) is the wire default, never written.
+    payment_flow: str = "upfront"
+    # The window the buyer is asked to sign (maxTimeoutSeconds); None: the network's default.
+    max_timeout_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -242,6 +247,12 @@ class PaymentRail(Protocol):
 
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
         """What the timeline says about how this attempt reaches the money."""
+
+    def held_can_land(self, *, attempt: PaymentAttempt, now: datetime) -> str:
+        """A held attempt (the authorization flow), just before its work runs: "" while it
+        can still be settled (or nobody can say now), else the reason it cannot (its
+        authorization used, the payer's balance below it, its window closing). No
+        transaction may be open."""
 
     def refund(
         self,

@@ -140,6 +140,9 @@ class PrepaidRail:
     def describe(self, *, attempt: PaymentAttempt) -> dict[str, Any]:
         return {"ledger_entry": attempt.settlement_reference}
 
+    def held_can_land(self, *, attempt: PaymentAttempt, now: datetime) -> str:
+        return ""  # debited as recorded: never held
+
     def refund(
         self,
         *,

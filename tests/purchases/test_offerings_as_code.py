@@ -518,3 +518,15 @@ def test_apply_holds_the_admins_rule_that_x402_pays_in_the_networks_token(
     assert not Offering.objects.exists()
     _apply(_file(tmp_path, CATALOG.replace(USDC_LOCAL, token)))
     assert Offering.objects.filter(asset=token).count() == 2
+
+
+def test_an_offering_may_run_first_and_settle_after(tmp_path: Path) -> None:
+    """The authorization flow is chosen per offering in the file; the others stay settled."""
+    text = CATALOG.replace(
+        "      max_tries: 3\n", "      max_tries: 3\n    delivery_condition: authorization\n"
+    )
+    _apply(_file(tmp_path, text))
+    conditions = dict(Offering.objects.values_list("slug", "delivery_condition"))
+    assert conditions == {"echo": "authorization", "lookup": "settled"}
+    with pytest.raises(CommandError, match="catalog_invalid"):
+        _apply(_file(tmp_path, text.replace("condition: authorization", "condition: escrow")))

@@ -204,6 +204,17 @@ def test_a_top_up_runs_only_on_a_settled_payment_even_if_told_verified(db):
     assert other.is_payment_sufficient_for_execution() is True
 
 
+def test_a_top_up_told_to_settle_after_the_work_still_settles_first(world, keyed):
+    """Its credit can be spent at once: never held, and its 402 says upfront."""
+    Offering.objects.filter(pk=world.offering.pk).update(
+        delivery_condition=Offering.DeliveryCondition.AUTHORIZATION
+    )
+    world.offering.refresh_from_db()
+    assert world.offering.settles_after_work is False
+    response = keyed.get(f"{world.paid_url}?amount={AMOUNT}")
+    assert accepted(response).extra["paymentFlow"] == "upfront"
+
+
 def _pay_and_credit(world: X402World, client: APIClient, url: str, copy: str = "") -> Purchase:
     offer = client.get(url)
     payment = sign_payment(offer["PAYMENT-REQUIRED"], world.payers[0], None)

@@ -56,7 +56,7 @@ from web3.types import BlockIdentifier
 
 from payments.chain.token import token_contract
 from payments.rails.x402.chain import (
-    AUTHORIZATION_USED_TOPIC,
+    NONCE_SPENT_TOPICS,
     BlockRef,
     ChainReader,
     ChainUnavailable,
@@ -225,11 +225,12 @@ def _decode_known(raw: Any) -> bool:
 
 
 def _logs_by_key(logs: list[dict[str, Any]], token: str) -> dict[LogKey, list[dict[str, Any]]]:
-    """The AuthorizationUsed logs of `token` by (payer, nonce), each list oldest first."""
+    """The logs that spent a nonce of `token` (used, or canceled) by (payer, nonce), each
+    list oldest first."""
     grouped: dict[LogKey, list[dict[str, Any]]] = {}
     for log in logs:
         topics = [t.lower() for t in log["topics"]]
-        if log["address"] == token and len(topics) >= 3 and topics[0] == AUTHORIZATION_USED_TOPIC:
+        if log["address"] == token and len(topics) >= 3 and topics[0] in NONCE_SPENT_TOPICS:
             grouped.setdefault((topics[1], topics[2]), []).append(log)
     return grouped
 
@@ -238,7 +239,7 @@ def _log_topics(keys: set[LogKey]) -> list[Any]:
     """Topic filter for all `keys` at once; a position with too many alternatives stays open."""
     payers, nonces = sorted({k[0] for k in keys}), sorted({k[1] for k in keys})
     return [
-        AUTHORIZATION_USED_TOPIC,
+        NONCE_SPENT_TOPICS,
         payers if len(payers) <= MAX_TOPIC_ALTERNATIVES else None,
         nonces if len(nonces) <= MAX_TOPIC_ALTERNATIVES else None,
     ]

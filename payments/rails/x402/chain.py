@@ -44,6 +44,12 @@ from payments.rails.x402.types import NetworkConfig
 RPC_TIMEOUT_SECONDS = 5.0
 
 AUTHORIZATION_USED_TOPIC = Web3.keccak(text="AuthorizationUsed(address,bytes32)").to_0x_hex()
+# EIP-3009's cancelAuthorization (Circle's USDC has it): the authorizer burns the nonce.
+AUTHORIZATION_CANCELED_TOPIC = Web3.keccak(
+    text="AuthorizationCanceled(address,bytes32)"
+).to_0x_hex()
+# What spends a nonce: a use, or its authorizer's cancellation.
+NONCE_SPENT_TOPICS = [AUTHORIZATION_USED_TOPIC, AUTHORIZATION_CANCELED_TOPIC]
 TRANSFER_TOPIC = Web3.keccak(text="Transfer(address,address,uint256)").to_0x_hex()
 AUTHORIZATION_STATE_SELECTOR = Web3.keccak(text="authorizationState(address,bytes32)")[:4]
 BALANCE_OF_SELECTOR = Web3.keccak(text="balanceOf(address)")[:4]
@@ -259,7 +265,8 @@ class ChainReader:
         from_block: int = 0,
         to_block: BlockIdentifier = "latest",
     ) -> list[dict[str, Any]]:
-        """AuthorizationUsed(authorizer, nonce) events of our token, oldest first.
+        """AuthorizationUsed (or AuthorizationCanceled) (authorizer, nonce) events of our
+        token, oldest first: whatever spent the nonce.
 
         Both arguments are indexed, so the filter is exact. Public RPCs often cap the block
         range of eth_getLogs: such a refusal surfaces as ChainUnavailable.
@@ -269,7 +276,7 @@ class ChainReader:
             "fromBlock": BlockNumber(from_block),
             "toBlock": to_block,
             "topics": [
-                AUTHORIZATION_USED_TOPIC,
+                NONCE_SPENT_TOPICS,
                 address_topic(authorizer),
                 _hash32_hex(nonce).lower(),
             ],
@@ -324,7 +331,9 @@ def _address_hex(value: str) -> str:
 
 
 __all__ = [
+    "AUTHORIZATION_CANCELED_TOPIC",
     "AUTHORIZATION_USED_TOPIC",
+    "NONCE_SPENT_TOPICS",
     "TRANSFER_TOPIC",
     "BlockRef",
     "ChainReader",

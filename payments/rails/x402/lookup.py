@@ -41,7 +41,7 @@ LOOKUP_REASONS: dict[str, str] = {
     "authorization_used_untraced": "The nonce is used (or canceled) but no transaction "
     "using it could be read; a person must reconcile it.",
     "authorization_used_elsewhere": "The nonce was used by a transaction that did not pay "
-    "this transfer; this authorization can never settle.",
+    "this transfer (or canceled by its authorizer); this authorization can never settle.",
     "authorization_expired_unused": "validBefore passed with the nonce unused: the payment "
     "provably never happened.",
     "chain_unavailable": "The node could not be read; nothing is known, ask again later.",

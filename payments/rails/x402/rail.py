@@ -150,6 +150,10 @@ def _client_payment_id(decoded: DecodedPayment) -> str | None:
     return client_id
 
 
+# The x402 payment flow that is the wire default (x402 #3053): never written in `extra`.
+AUTHORIZATION = "authorization"
+
+
 def x402_requirements(*, terms: QuoteTerms, network: NetworkConfig) -> Requirements:
     """The `accepts` entry a quote stands for (quote_id "" : the price-only offer)."""
     return Requirements(
@@ -157,10 +161,18 @@ def x402_requirements(*, terms: QuoteTerms, network: NetworkConfig) -> Requireme
         asset=terms.asset,
         amount=terms.amount,
         pay_to=terms.pay_to,
-        max_timeout_seconds=network.max_timeout_seconds,
+        max_timeout_seconds=terms.max_timeout_seconds or network.max_timeout_seconds,
         quote_id=terms.quote_id or None,
-        # Stated so an agent can tell a re-signed retry will not be charged again.
-        terms=(("duplicateWindowSeconds", terms.duplicate_window_seconds),),
+        # Stated so an agent can tell a re-signed retry will not be charged again, and (the
+        # flow) whether it is charged before the work runs.
+        terms=(
+            ("duplicateWindowSeconds", terms.duplicate_window_seconds),
+            *(
+                (("paymentFlow", terms.payment_flow),)
+                if terms.payment_flow != "authorization"
+                else ()
+            ),
+        ),
     )
 
 
@@ -370,6 +382,23 @@ class X402Rail:
         if attempt.facilitator_payment_id:
             described[FACILITATOR_PAYMENT_ID] = attempt.facilitator_payment_id
         return described
+
+    def held_can_land(self, *, attempt: PaymentAttempt, now: datetime) -> str:
+        """The nonce unused and the payer's balance enough, on chain, and the window open
+        past the settlement margin. A chain that does not answer says nothing ("")."""
+        authorization = x402_context(attempt=attempt).authorization
+        if authorization.valid_before < now.timestamp() + SETTLEMENT_MARGIN_SECONDS:
+            return "authorization_expired"
+        try:
+            verify_payment_funds(
+                authorization=authorization,
+                reader=ChainReader(x402_context(attempt=attempt).network),
+            )
+        except VerificationFailed as failure:
+            return failure.reason_code
+        except ChainUnavailable:
+            return ""
+        return ""
 
     def refund(
         self,

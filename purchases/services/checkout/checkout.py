@@ -64,6 +64,7 @@ from purchases.services.fulfil.sweeper import purchase_execution_stage
 from purchases.services.quote.offerings import offering_stock_take
 from purchases.services.quote.quotes import quote_terms
 from purchases.services.quote.top_ups import offering_is_top_up
+from purchases.services.settle.authorization import authorization_hold
 from purchases.services.shared.buyers import buyer_spend_cap_check
 
 A = TypeVar("A")
@@ -441,10 +442,15 @@ def _record_once(
         is_new = purchase.pk is None
         # The moves are made before the row is written (a new purchase is one INSERT) and
         # put on the timeline after the attempt they name.
+        held = _is_held_flow(rail, quote.offering)
         if rail.settles_when_recorded:
             pay = purchase_move(
                 purchase=purchase, transition=purchase.payment_complete, arguments={"paid_at": now}
             )
+            run = purchase_move(purchase=purchase, transition=purchase.fulfillment_queue)
+        elif held:
+            # The authorization flow: held, and the work queued before any money moves.
+            pay = purchase_move(purchase=purchase, transition=purchase.payment_authorize)
             run = purchase_move(purchase=purchase, transition=purchase.fulfillment_queue)
         else:
             pay, run = purchase_move(purchase=purchase, transition=purchase.payment_begin), None
@@ -481,6 +487,13 @@ def _record_once(
             actor=actor,
             evidence={"rail": purchase.rail, "attempt": attempt.pk},
         )
+        if held:
+            authorization_hold(purchase=purchase, attempt=attempt, actor=actor)
+            assert run is not None
+            purchase_move_record(purchase=purchase, move=run, actor=actor)
+            payment_id_mark_recorded(claim=claim, purchase=purchase)
+            purchase_execution_stage(purchase_id=purchase.pk, now=now)
+            return purchase, attempt, None
         if run is None:
             payment_id_mark_recorded(claim=claim, purchase=purchase)
             return purchase, attempt, None
@@ -489,6 +502,12 @@ def _record_once(
         payment_id_store_answer(claim=claim, answer=stored, purchase=purchase, now=now)
         purchase_execution_stage(purchase_id=purchase.pk, now=now)
         return purchase, attempt, stored
+
+
+def _is_held_flow(rail: PaymentRail, offering: Offering) -> bool:
+    """Recorded held, settled after the work (Offering.DeliveryCondition.AUTHORIZATION):
+    only a rail that settles after recording can hold; a prepaid balance settles at once."""
+    return not rail.settles_when_recorded and offering.settles_after_work
 
 
 _MOVED_FIELDS = [
@@ -641,7 +660,7 @@ def _answer_duplicate(
 
 def _payment_in_flight(purchase: Purchase, now: datetime) -> bool:
     return (
-        purchase.payment_state == Purchase.PaymentState.PAYING
+        purchase.payment_state in (Purchase.PaymentState.PAYING, Purchase.PaymentState.AUTHORIZED)
         and IdempotencyRecord.objects.filter(
             purchase=purchase, state=IdempotencyRecord.State.IN_FLIGHT, locked_until__gt=now
         ).exists()

@@ -8,6 +8,9 @@ claims the key, or takes over the claim of one that died, and goes on from there
       started            verify, answer a repeat, record the payment        (transaction 1)
       payment recorded   settle over the rail, record the outcome           (transaction 2)
                          answer from the purchase, store the answer         (transaction 3)
+        ... held         (the authorization flow: the attempt recorded held, the work queued)
+                         wait for the work's terminal move, which captures or releases the
+                         authorization; settle a captured one as above, answer a released one
 
 No transaction is open while the money moves: the settlement runs after the recording
 committed, and a request that dies there is resumed by the next one from `payment
@@ -24,10 +27,14 @@ records and answers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Generic, Literal, TypeVar, overload
 
+from django.conf import settings
+
 from core.waits import Awaiting
+from payments.models import PaymentAttempt
 from payments.rails import SettlementOutcome, rail_for
 from payments.selectors import payment_attempt_for_key
 from purchases.models import IdempotencyRecord, Purchase
@@ -47,6 +54,7 @@ from purchases.services.checkout.idempotency import (
     payment_id_store_answer,
     payment_id_work,
 )
+from purchases.services.fulfil.result_wait import purchase_await_result
 from purchases.services.settle.settlement import (
     Settled,
     SettlementUnderWay,
@@ -137,6 +145,8 @@ def _from_recovery_point(checkout: Checkout[A], claim: KeyClaim) -> A | PaymentP
             attempt = payment_attempt_for_key(idempotency_record_id=claim.record_id)
             if attempt is None:
                 return _record_and_settle(checkout, claim)
+            if attempt.state == PaymentAttempt.State.HELD:
+                return _work_then_settle(checkout, claim, attempt.purchase, attempt.pk, fresh=False)
             return _settle(checkout, claim, attempt.purchase, attempt.pk, None, fresh=False)
 
 
@@ -145,7 +155,42 @@ def _record_and_settle(checkout: Checkout[A], claim: KeyClaim) -> A | PaymentPen
     if not isinstance(recorded, Recorded):
         return recorded  # answered: a repeat, or a rail that settled as it recorded
     purchase, attempt = recorded.purchase, recorded.attempt
+    if attempt.state == PaymentAttempt.State.HELD:
+        return _work_then_settle(checkout, claim, purchase, attempt.pk, fresh=True)
     return _settle(checkout, claim, purchase, attempt.pk, recorded, fresh=True)
+
+
+def _work_then_settle(
+    checkout: Checkout[A], claim: KeyClaim, purchase: Purchase, attempt_id: int, *, fresh: bool
+) -> A | PaymentPending[A]:
+    """The authorization flow: the work first, inside the request's budget (run here when
+    it is fast), then the settlement its terminal move captured. Work still running, or a
+    released authorization, is answered from the purchase as it is."""
+    request = checkout.request
+    until = request.settle_wait_until
+    wait = (until - time.monotonic()) if until is not None else _work_wait_seconds(purchase)
+    purchase_await_result(purchase=purchase, wait_seconds=max(0.0, wait))
+    attempt = PaymentAttempt.objects.get(pk=attempt_id)
+    if attempt.state != PaymentAttempt.State.RECORDED:
+        return _answer(checkout, claim, purchase, None, fresh=fresh)
+    if until is not None:
+        # The work took the budget: its settlement still gets a block's wait.
+        until = max(until, time.monotonic() + SETTLE_AFTER_WORK_FLOOR_SECONDS)
+        checkout = replace(checkout, request=replace(request, settle_wait_until=until))
+    return _settle(checkout, claim, purchase, attempt_id, None, fresh=fresh)
+
+
+# A captured authorization's settlement is given this long after the work however much of
+# the request's budget the work used: on a fast chain the block lands within it.
+SETTLE_AFTER_WORK_FLOOR_SECONDS = 2.0
+
+
+def _work_wait_seconds(purchase: Purchase) -> float:
+    """No door budget: the offering's expected run time, never past the server-wide cap."""
+    return min(
+        purchase.offering.expected_run_time.total_seconds(),
+        float(settings.X402_RESULT_WAIT_SECONDS),
+    )
 
 
 def _settle(

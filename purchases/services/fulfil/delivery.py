@@ -73,7 +73,14 @@ def purchase_result_deliver(
     (the executor said so for sure), result_expired (naming the receipt).
     """
     now = now_or(now)
-    if not purchase.is_payment_sufficient_for_execution():
+    if (
+        purchase.is_payment_sufficient_for_execution()
+        and purchase.fulfillment_state in PENDING_RUN_STATES
+    ):
+        status = purchase_status(purchase=purchase, now=now, created_with=created_with)
+        raise DeliveryPending(status, pending_retry_after(status=status, now=now))
+    # The authorization flow runs on a held payment but releases only a settled one.
+    if not purchase.is_payment_sufficient_for_delivery():
         raise DomainError(
             ErrorCode.PAYMENT_NOT_COMPLETE,
             purchase=purchase.ref,

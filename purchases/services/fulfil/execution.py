@@ -38,6 +38,7 @@ from fulfillment.services import (
 )
 from payments import selectors as payment_selectors
 from payments.models import Rail
+from payments.rails import rail_for
 from purchases.events import event_record_change, events_batched, purchase_transition
 from purchases.models import Purchase
 from purchases.services.fulfil.receipts import receipt_facts, receipt_resource_url
@@ -45,6 +46,13 @@ from purchases.services.fulfil.result_notify import fulfillment_notify
 from purchases.services.fulfil.top_ups import top_up_credit
 from purchases.services.fulfil.upstreams import offering_executor, purchase_job_spec
 from purchases.services.remedy.remedies import purchase_remedy_after_failure
+from purchases.services.settle.authorization import (
+    WORK_SUCCEEDED,
+    WORK_UNKNOWN,
+    authorization_capture,
+    authorization_release,
+    purchase_is_held,
+)
 
 logger = logging.getLogger(__name__)
 RUN = Purchase.FulfillmentState
@@ -107,6 +115,12 @@ def purchase_execute_keeping(*, purchase_id: int, worker: str) -> Executed:
         # A try ended without recording its failure (crash, kill): the budget is spent anyway.
         _end(purchase_id, claimed.claim, claimed.claim.spent_reason, is_known_failure=False)
         return Executed(ExecutionOutcome.ESCALATED)
+    refused = _held_payment_refused(claimed)
+    if refused:
+        # Nothing ran: the held authorization can no longer pay for it (the buyer cancelled
+        # it or moved the funds away), so the work is not done for nothing.
+        _end(purchase_id, claimed.claim, refused, is_known_failure=True)
+        return Executed(ExecutionOutcome.FAILED)
     try:
         executor = get_executor(claimed.executor_name, claimed.spec.upstream)
         output, job_ref = _run(executor, claimed)
@@ -123,6 +137,18 @@ def purchase_execute_keeping(*, purchase_id: int, worker: str) -> Executed:
         _end(purchase_id, claimed.claim, error.reason_code, is_known_failure=True)
         return Executed(ExecutionOutcome.FAILED)
     return _succeed(claimed, output, job_ref)
+
+
+def _held_payment_refused(claimed: _Claimed) -> str:
+    """Under the authorization flow, just before the work first starts: why the held
+    payment could no longer be settled ("" when it still can, or nobody can say now)."""
+    purchase = claimed.purchase
+    if not purchase_is_held(purchase) or claimed.claim.job_ref:
+        return ""
+    attempt = payment_selectors.payment_attempt_held(purchase_id=purchase.pk)
+    if attempt is None:
+        return ""
+    return rail_for(attempt.rail).held_can_land(attempt=attempt, now=now_or(None))
 
 
 def _retry_or_give_up(
@@ -311,6 +337,11 @@ def _succeed_once(
                 actor=actor,
                 update_fields=["reason_code"],
             )
+            if purchase_is_held(purchase):
+                # The authorization flow's terminal move: settle it, with the result stored.
+                authorization_capture(
+                    purchase=purchase, actor=actor, reason_code=WORK_SUCCEEDED, now=now
+                )
             result, receipt, _ = fulfillment_services.execution_succeed(
                 purchase_id=purchase.pk,
                 claim=claim,
@@ -355,6 +386,15 @@ def _end(
             arguments={"reason_code": reason_code},
             update_fields=["reason_code"],
         )
+        if purchase_is_held(purchase) and is_known_failure:
+            # Nothing was charged: never settle it, and there is nothing to refund.
+            authorization_release(purchase=purchase, actor=actor, reason_code=reason_code)
+            fulfillment_notify(purchase=purchase)
+            return
+        if purchase_is_held(purchase):
+            # Unknown with the tries spent: settled now and kept unknown (a refund is owed if
+            # it later proves failed), while the authorization can still land.
+            authorization_capture(purchase=purchase, actor=actor, reason_code=WORK_UNKNOWN, now=now)
         purchase_remedy_after_failure(
             purchase=purchase,
             reason_code=reason_code,

@@ -21,6 +21,7 @@ from core.refs import new_ref
 from fulfillment.executors.passthrough import request_from_input
 from fulfillment.models import Upstream
 from payments.rails import QuoteTerms
+from payments.rails.x402.networks import network_config
 from purchases.events import event_record
 from purchases.models import Buyer, Offering, Purchase, PurchaseEvent, Quote
 from purchases.services.quote.offerings import offering_stock_release, offering_stock_take
@@ -296,4 +297,33 @@ def quote_terms(*, quote: Quote) -> QuoteTerms:
         amount=quote.price,
         pay_to=quote.pay_to,
         duplicate_window_seconds=int(quote.offering.duplicate_window.total_seconds()),
+        payment_flow=offering_payment_flow(offering=quote.offering),
+        max_timeout_seconds=offering_payment_window(offering=quote.offering),
     )
+
+
+def offering_payment_flow(*, offering: Offering) -> str:
+    """The x402 payment flow (x402 #3053) an offering's 402 announces: `authorization` when
+    it settles after the work, else `upfront` (settled, or verified and broadcast, first)."""
+    if offering.settles_after_work:
+        return "authorization"
+    return "upfront"
+
+
+def offering_payment_window(*, offering: Offering) -> int | None:
+    """The authorization flow's maxTimeoutSeconds: the work's deadline, the settle margin
+    and the network's confirmation timeout, capped by AUTHORIZATION_MAX_WINDOW. None (the
+    network's default) for an upfront offering."""
+    if not offering.settles_after_work:
+        return None
+    tollbooth = settings.TOLLBOOTH
+    deadline = tollbooth["EXECUTION_DEADLINE"].total_seconds()
+    upstream = getattr(offering, "upstream", None)
+    if upstream is not None and upstream.deadline_seconds:
+        deadline = upstream.deadline_seconds
+    window = (
+        deadline
+        + tollbooth["AUTHORIZATION_SETTLE_MARGIN"].total_seconds()
+        + network_config(offering.network).confirmation_timeout
+    )
+    return int(min(window, tollbooth["AUTHORIZATION_MAX_WINDOW"].total_seconds()))

@@ -33,10 +33,10 @@ from purchases.events import (
     events_of_one_row,
     purchase_transition,
 )
-from purchases.models import Offering, Purchase
+from purchases.models import Escalation, Offering, Purchase
 from purchases.services.fulfil.sweeper import purchase_execution_stage, purchase_executions_stage
 from purchases.services.quote.quotes import quote_terms
-from purchases.services.remedy.remedies import escalation_open_payment_reversed
+from purchases.services.remedy.remedies import escalation_open, escalation_open_payment_reversed
 from purchases.services.settle.late_payments import settlement_unexpected
 from purchases.services.settle.resubmit import payment_resubmit_if_due
 from purchases.services.settle.settlement_events import (
@@ -115,7 +115,9 @@ def purchase_settle_attempt_or_wait(
         attempt = PaymentAttempt.objects.select_related("purchase__quote__offering").get(
             pk=attempt_id
         )
-        if attempt.state in TERMINAL_ATTEMPT_STATES:
+        if attempt.state in TERMINAL_ATTEMPT_STATES or attempt.state == PaymentAttempt.State.HELD:
+            # A held authorization is never broadcast: only its work's terminal move (or the
+            # held sweep) captures it for settlement (purchases.services.settle.authorization).
             return None
         terms = quote_terms(quote=attempt.purchase.quote)
     sent = rail_for(attempt.rail).settle(
@@ -309,12 +311,35 @@ def _apply(
             escalation_open_payment_reversed(
                 purchase=purchase, attempt=attempt, now=now, actor=actor
             )
+        if _is_work_done_unpaid(purchase):
+            escalation_open(
+                purchase=purchase,
+                owner=Escalation.OwnerRole.SUPPORT,
+                reason_code=WORK_DONE_UNPAID,
+                now=now,
+                actor=actor,
+                details={"attempt": attempt.pk, "reason": outcome.reason_code},
+            )
     queued = can_proceed(purchase.fulfillment_queue)
     if queued:
         moved += purchase_transition(
             purchase=purchase, transition=purchase.fulfillment_queue, actor=actor, save=False
         )
     return _Applied(change, moved, queued)
+
+
+# The authorization flow's bounded risk: the work ran, then its authorization could not
+# land (the buyer cancelled it, drained the wallet, or the window closed). Counted by reason.
+WORK_DONE_UNPAID = "work_done_unpaid"
+
+
+def _is_work_done_unpaid(purchase: Purchase) -> bool:
+    return (
+        purchase.payment_state == PAY.FAILED
+        and purchase.offering.settles_after_work
+        and purchase.fulfillment_state
+        in (Purchase.FulfillmentState.SUCCEEDED, Purchase.FulfillmentState.UNKNOWN)
+    )
 
 
 # One transaction per this many rows: its locks and statements, not one per row.

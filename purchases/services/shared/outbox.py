@@ -85,10 +85,17 @@ _MARK_RETIRED = PreparedUpdate(
 
 
 def outbox_stage(
-    *, job: str, kwargs: dict[str, Any], dedup_key: str | None = None, now: datetime | None = None
+    *,
+    job: str,
+    kwargs: dict[str, Any],
+    dedup_key: str | None = None,
+    now: datetime | None = None,
+    relay_at_commit: bool = True,
 ) -> int | None:
     """Stage `job(**kwargs)` in the caller's transaction; it is relayed after the commit
     (inside `outbox_relay_held` for its job, the caller settles it instead).
+    `relay_at_commit=False`: a backstop for work someone is expected to do at once; the
+    relay loop sends it only after its grace (its job re-checks and finds nothing to do).
 
     Returns the message id, or None when a message with this `dedup_key` is already waiting
     to be relayed (that one carries the job). Raises RuntimeError outside a transaction (a
@@ -113,6 +120,8 @@ def outbox_stage(
     if not written:
         return None
     message_id = written[0]
+    if not relay_at_commit:
+        return message_id
     hold = _HOLD.get()
     after_commit = (
         partial(hold.keep, message_id=message_id, dedup_key=dedup_key, kwargs=kwargs)

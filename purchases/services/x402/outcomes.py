@@ -30,6 +30,7 @@ from purchases.services.fulfil.result_wait import (
     purchase_await_result,
     purchase_inline_execution_scope,
 )
+from purchases.services.quote.quotes import offering_payment_flow, offering_payment_window
 from purchases.services.settle.finality import settlement_finality_follow
 from purchases.services.settle.settlement import (
     purchase_settle_attempt,
@@ -103,6 +104,8 @@ def x402_requirements_for_offering(*, offering: Offering) -> Requirements:
         amount=offering.price,
         pay_to=offering.pay_to,
         duplicate_window_seconds=int(offering.duplicate_window.total_seconds()),
+        payment_flow=offering_payment_flow(offering=offering),
+        max_timeout_seconds=offering_payment_window(offering=offering),
     )
     return requirements_for_terms(terms=terms, network=network_config(offering.network))
 
@@ -146,6 +149,8 @@ def x402_outcome_for_purchase(
             extra={"reason": attempt.reason_code if attempt else purchase.reason_code},
         )
         return PaymentFailed(purchase, error)
+    if purchase.payment_state == PAY.RELEASED:
+        return ResultRefused(purchase, attempt, _released_error(purchase, attempt))
     created_with = attempt if fresh else None
     if not purchase.is_payment_sufficient_for_execution():
         return SettlementPending(purchase, attempt, created_with)
@@ -159,6 +164,23 @@ def x402_outcome_for_purchase(
     except DomainError as error:
         return ResultRefused(purchase, attempt, error)
     return ResultDelivered(purchase, attempt, delivery)
+
+
+def _released_error(purchase: Purchase, attempt: PaymentAttempt | None) -> DomainError:
+    """The authorization flow's provably failed work: nothing was or will be charged."""
+    lapses_at = attempt.valid_before_at if attempt is not None else None
+    when = lapses_at.isoformat() if lapses_at else "its validBefore"
+    return DomainError(
+        ErrorCode.EXECUTION_FAILED,
+        f"The work was refused ({purchase.reason_code}). We will not charge this "
+        f"authorization; it lapses at {when}.",
+        purchase=purchase.ref,
+        extra={
+            "charged": False,
+            "authorization_lapses_at": lapses_at.isoformat() if lapses_at else None,
+            "execution_reason": purchase.reason_code,
+        },
+    )
 
 
 def _is_watched(purchase: Purchase, attempt: PaymentAttempt | None) -> bool:
