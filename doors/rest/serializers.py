@@ -23,6 +23,17 @@ class PurchaseCreateInputSerializer(serializers.Serializer):
     rail = RailField(max_length=16)
 
 
+class WebhookCallbackInputSerializer(serializers.Serializer):
+    # Longer than the guard takes, so the guard names the reason (url_malformed).
+    url = serializers.CharField(max_length=2_000, help_text="https:// in production.")
+    event_types = serializers.ListField(
+        child=serializers.CharField(max_length=40),
+        required=False,
+        max_length=64,
+        help_text="Types to receive (docs/webhooks.md); left out or empty: every type.",
+    )
+
+
 class ProblemSerializer(serializers.Serializer):
     """RFC 9457 problem details, as every error is answered (for the OpenAPI schema)."""
 
