@@ -6,7 +6,8 @@ lost.
     .venv/bin/python bench/run.py --only bench.webhooks_load --scale smoke
 
 A real Celery worker (prefork, 2 processes, with beat) delivers, as deployed, to three local
-receivers: one that answers at once, one that answers after SLOW seconds, and one dead (its
+receivers (each in its own process: bench/webhook_receiver.py): one that answers at once,
+one that answers after SLOW seconds, and one dead (its
 port refuses every connection). This process buys prepaid purchases in-process (quote, then
 pay: the purchase's path, with its executor), timing each. Runs alternate: with webhooks
 (the three endpoints enabled: every purchase writes its events and their outbox messages,
@@ -22,21 +23,18 @@ each receiver must have every event's id, none failed, none pending.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from django.conf import settings
@@ -78,40 +76,34 @@ PLANS = {
 
 @dataclass
 class Receiver:
-    url: str = ""
-    delay: float = 0.0
-    ids: list[str] = field(default_factory=list)
+    url: str
+    ids_file: Path
+
+    @property
+    def ids(self) -> set[str]:
+        if not self.ids_file.exists():
+            return set()
+        return set(self.ids_file.read_text().split())
 
 
 @contextmanager
-def _receiving(delay: float = 0.0, port: int = 0) -> Iterator[Receiver]:
-    state = Receiver(delay=delay)
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if state.delay:
-                time.sleep(state.delay)
-            state.ids.append(json.loads(body)["id"])
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.daemon = True
-    thread.start()
+def _receiving(log_dir: Path, delay: float = 0.0, port: int = 0) -> Iterator[Receiver]:
+    """A receiver in its own process (bench/webhook_receiver.py)."""
+    port = port or free_port()
+    ids_file = log_dir / f"received-{port}.txt"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bench.webhook_receiver", str(port), str(delay), str(ids_file)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+    )
     try:
-        yield state
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != b"ready":
+            raise RuntimeError("bench: the webhook receiver did not start")
+        yield Receiver(url=f"http://127.0.0.1:{port}/hooks", ids_file=ids_file)
     finally:
-        server.shutdown()
-        server.server_close()
+        process.terminate()
+        process.wait(timeout=30)
 
 
 @contextmanager
@@ -230,11 +222,9 @@ def run(scale: Scale) -> list[Figure]:
     WebhookEndpoint.objects.update(enabled=False)  # a previous run's endpoints stay quiet
     offering = _offering()
     buyer = _buyer(offering)
-    with (
-        tempfile.TemporaryDirectory(prefix="bench-webhooks-") as tmp,
-        _receiving() as fast,
-        _receiving(delay=plan.slow_seconds) as slow,
-    ):
+    with tempfile.TemporaryDirectory(prefix="bench-webhooks-") as tmp, ExitStack() as stack:
+        fast = stack.enter_context(_receiving(Path(tmp)))
+        slow = stack.enter_context(_receiving(Path(tmp), delay=plan.slow_seconds))
         endpoints = [
             WebhookEndpoint.objects.create(url=url, secret_env=SECRET_ENV, key_id="bench")
             for url in (fast.url, slow.url, f"http://127.0.0.1:{dead_port}/hooks")
@@ -261,7 +251,7 @@ def run(scale: Scale) -> list[Figure]:
                     file=sys.stderr,
                 )
             _set_enabled(endpoints, True)
-            with _receiving(port=dead_port) as back:
+            with _receiving(Path(tmp), port=dead_port) as back:
                 # The admin's move once an endpoint is back: "Enable" makes its waiting
                 # deliveries due at once (otherwise their backoff, at most 6 h, decides).
                 came_back = time.monotonic()
@@ -275,7 +265,7 @@ def run(scale: Scale) -> list[Figure]:
                     )
                 )
                 lost = {
-                    name: len(events - set(receiver.ids))
+                    name: len(events - receiver.ids)
                     for name, receiver in (("fast", fast), ("slow", slow), ("dead", back))
                 }
         failed = WebhookDelivery.objects.filter(
