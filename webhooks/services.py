@@ -336,8 +336,8 @@ def _decide(delivery: WebhookDelivery, now: datetime, status: int | None, rng: A
 
 def webhook_deliveries_send_due(*, now: datetime | None = None, limit: int = DUE_BATCH) -> int:
     """The beat sweep: publish the events whose publication was lost (past PUBLISH_GRACE),
-    then try every pending delivery that is due, to an enabled endpoint. Returns how many
-    deliveries it tried."""
+    then send every enabled endpoint's due deliveries, the endpoints in lanes side by side
+    (at most `limit` a lane per pass). Returns how many deliveries it tried."""
     _publish_lost(now_or(now), limit)
     endpoint_ids = (
         WebhookDelivery.objects.filter(
