@@ -40,6 +40,7 @@ REGISTRY = (
     "bench.x402_seller",  # paid x402 call vs the x402 SDK's FastAPI seller; settlements
     "bench.scale",  # reconciliation of 10,000 pending; admin pages and CSV at 1M rows
     "bench.rpc_hot_path",  # a direct settlement's chain CPU: web3 (before) vs plain JSON-RPC
+    "bench.webhooks_load",  # purchases' p50 with webhooks (1 dead, 1 slow endpoint) vs without
 )
 DEFAULT_DATABASE = "tollbooth_bench"
 NOT_PRESENT = "not present"

@@ -10,3 +10,6 @@ from config.settings.production import *  # noqa: F403
 
 ROOT_URLCONF = "bench.urls"
 X402_REFUSE_LOCAL_NETWORKS = False  # the bench sells on anvil on purpose
+
+# bench/webhooks_load.py's receivers listen on loopback over plain http.
+WEBHOOKS = {**WEBHOOKS, "REQUIRE_HTTPS": False, "ALLOWED_NETWORKS": ["127.0.0.0/8"]}  # noqa: F405

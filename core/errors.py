@@ -92,6 +92,9 @@ class ErrorCode(StrEnum):
     PAYOUT_SECOND_APPROVER_REQUIRED = "payout_second_approver_required"
     PAYOUT_WALLET_UNCONFIGURED = "payout_wallet_unconfigured"
     PAYOUT_CHAIN_UNAVAILABLE = "payout_chain_unavailable"
+    # A buyer's webhook callback URL (per API key).
+    CALLBACK_URL_INVALID = "callback_url_invalid"
+    CALLBACK_NOT_SET = "callback_not_set"
     # Offerings as code (manage.py offerings): a catalog file refused as a whole.
     CATALOG_INVALID = "catalog_invalid"
     # A dependency (the database, the broker) cannot be reached right now.
@@ -403,6 +406,16 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "retry_later",
         True,
         "The chain could not be read to sign the payout; nothing was recorded.",
+    ),
+    ErrorCode.CALLBACK_URL_INVALID: CodeSpec(
+        400,
+        Owner.BUYER,
+        "fix_callback_url",
+        False,
+        "The callback URL is refused: malformed, not https, or not a public address.",
+    ),
+    ErrorCode.CALLBACK_NOT_SET: CodeSpec(
+        404, Owner.BUYER, "set_callback_url", False, "This API key has no callback URL."
     ),
     ErrorCode.CATALOG_INVALID: CodeSpec(
         422,

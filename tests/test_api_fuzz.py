@@ -26,6 +26,8 @@ EXAMPLES_PER_OPERATION = 200
 # NUL is outside the API's text (refused with 400 invalid_text, docs/security.md), so valid
 # data never holds it. A paid URL answers a schema-valid request whose PAYMENT-SIGNATURE is
 # not a signed payload with 400, and one without it with 402: both are its contract.
+# A callback URL that the schema allows can still name an address no webhook may reach (a
+# private one, or one not resolving): 400 callback_url_invalid is its contract too.
 CONFIG = SchemathesisConfig.from_str(
     """
 [generation]
@@ -34,6 +36,10 @@ allow-x00 = false
 [[operations]]
 include-path = "/x402/{offering}"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "402", "404", "409", "429"]
+
+[[operations]]
+include-path = "/api/v1/webhook-callback"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "429"]
 """
 )
 schema = schemathesis.openapi.from_wsgi("/api/schema/", application, config=CONFIG)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
-from urllib.parse import urlsplit
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -15,6 +13,7 @@ from django_fsm import ConcurrentTransitionMixin, transition
 
 from core.fsm import FSMField
 from core.refs import new_ref
+from webhooks.urlguard import UrlRefused, url_check
 
 # Every type an endpoint can subscribe to, with what it means (docs/webhooks.md).
 EVENT_TYPES: dict[str, str] = {
@@ -44,7 +43,11 @@ def new_event_id() -> str:
 
 class WebhookEndpoint(models.Model):
     """Where the seller's other systems hear of purchases. The signing secrets are named by
-    the environment variables holding them (like an upstream's), never stored."""
+    the environment variables holding them (like an upstream's), never stored.
+
+    With `api_key` set it is that key's callback URL: it hears of its buyer's purchases only,
+    set through the API (webhooks.services.webhook_callback_set); its secret is derived from
+    CALLBACK_SECRET_KEY and `secret_salt` (webhooks.services.callback_secret), never stored."""
 
     url = models.URLField(max_length=500, help_text="HTTPS in production; http only in DEBUG.")
     description = models.CharField(max_length=200, blank=True)
@@ -53,6 +56,7 @@ class WebhookEndpoint(models.Model):
     )
     secret_env = models.CharField(
         max_length=100,
+        blank=True,
         help_text="NAME of the environment variable holding the current signing secret.",
     )
     key_id = models.CharField(max_length=32, help_text="Key id sent with the signature (kid).")
@@ -69,16 +73,30 @@ class WebhookEndpoint(models.Model):
     # once it has failed for FAILING_ALERT_AFTER (webhooks.services.webhook_failing_alert).
     failing_since = models.DateTimeField(null=True, blank=True)
     failing_alerted_at = models.DateTimeField(null=True, blank=True)
+    api_key = models.OneToOneField(
+        "purchases.ApiKey",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="webhook_callback",
+        help_text="Set: this key's callback URL, for its buyer's purchases only.",
+    )
+    secret_salt = models.CharField(max_length=64, blank=True, editable=False)
+    # One sweep or publication at a time sends to an endpoint (its lane), until then.
+    lane_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     def clean(self) -> None:
-        """HTTPS unless WEBHOOKS["REQUIRE_HTTPS"] is off (DEBUG, tests); variable NAMES, not
-        secrets; key ids; known event types."""
+        """The URL guard's checks (webhooks.urlguard: https in production, no private
+        address); variable NAMES, not secrets; key ids; known event types."""
         errors: dict[str, str] = {}
-        scheme = urlsplit(self.url or "").scheme
-        if settings.WEBHOOKS["REQUIRE_HTTPS"] and scheme != "https":
-            errors["url"] = "An https:// URL is required."
+        try:
+            url_check(self.url or "")
+        except UrlRefused as refused:
+            errors["url"] = refused.message
+        if self.api_key_id is None and not self.secret_env:
+            errors["secret_env"] = "Name the variable holding the signing secret."  # noqa: S105
         for name in ("secret_env", "previous_secret_env"):
             value = getattr(self, name)
             if value and not ENV_NAME.fullmatch(value):
@@ -182,6 +200,12 @@ class WebhookDelivery(ConcurrentTransitionMixin, models.Model):
                 fields=["next_attempt_at"],
                 condition=Q(state="pending"),
                 name="webhook_delivery_due",
+            ),
+            # The pruning sweep's look-up of delivered deliveries past retention.
+            models.Index(
+                fields=["delivered_at"],
+                condition=Q(state="delivered"),
+                name="webhook_delivery_delivered",
             ),
         ]
 

@@ -3,7 +3,10 @@
 Phases, as everywhere (docs/architecture.md): decide and record, commit, call out with a
 bounded timeout and no transaction or lock open, then lock, re-check and record the outcome.
 A purchase's path only writes the event (webhooks.events); every POST happens here, in a
-Celery worker, so a slow or dead endpoint never slows a purchase.
+Celery worker, so a slow or dead endpoint never slows a purchase. Endpoints are sent to in
+lanes, one thread each, and one lane at a time per endpoint (`lane_until`), so a slow or
+dead endpoint holds one thread, never the others' deliveries. Every POST goes through the
+URL guard (webhooks.urlguard).
 """
 
 from __future__ import annotations
@@ -13,14 +16,13 @@ import logging
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
 
-import requests
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -32,7 +34,8 @@ from purchases.selectors import purchase_status
 from purchases.services.shared.outbox import outbox_stage
 from webhooks.events import PUBLISH_JOB, subscriptions_forget, webhook_event_record
 from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from webhooks.signing import HEADER, signature_header
+from webhooks.signing import HEADER, callback_secret, signature_header
+from webhooks.urlguard import guarded_post
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ RESPONSE_EXCERPT = 1_000
 # A claimed delivery is invisible to other sweeps this long past its timeout.
 CLAIM_MARGIN = timedelta(seconds=30)
 DUE_BATCH = 100
+PRUNE_BATCH = 1_000
 # An event not published this long after it was written lost its job (the broker lost it,
 # or its worker died mid-run): the due sweep publishes it. Far above the relay's seconds.
 PUBLISH_GRACE = timedelta(minutes=5)
@@ -103,12 +107,14 @@ def event_payload(event: WebhookEvent) -> bytes:
 
 def webhook_event_publish(*, event_id: int, now: datetime | None = None) -> list[int]:
     """Freeze the event's body (the purchase's API document) and give it one delivery per
-    enabled endpoint subscribing to its type; then try each at once. Retry-safe: a second
-    run adds only the deliveries missing. Returns the delivery ids."""
-    now = now_or(now)
-    delivery_ids = _publish_only(event_id, now)
-    for delivery_id in delivery_ids:
-        webhook_delivery_attempt(delivery_id=delivery_id, now=now)
+    enabled endpoint subscribing to its type (a callback URL: only for its buyer's
+    purchases); then send to each endpoint's lane at once. Retry-safe: a second run adds only
+    the deliveries missing. Returns the delivery ids."""
+    delivery_ids = _publish_only(event_id, now_or(now))
+    endpoint_ids = WebhookDelivery.objects.filter(pk__in=delivery_ids).values_list(
+        "endpoint_id", flat=True
+    )
+    _lanes_run(sorted(set(endpoint_ids)), now)
     return delivery_ids
 
 
@@ -123,6 +129,8 @@ def _publish_only(event_id: int, now: datetime) -> list[int]:
         endpoints = WebhookEndpoint.objects.filter(enabled=True)
         if event.only_endpoint_id is not None:
             endpoints = endpoints.filter(pk=event.only_endpoint_id)
+        else:
+            endpoints = endpoints.filter(_hears_of(event))
         WebhookDelivery.objects.bulk_create(
             [
                 WebhookDelivery(
@@ -139,6 +147,15 @@ def _publish_only(event_id: int, now: datetime) -> list[int]:
             .values_list("pk", flat=True)
         )
     return delivery_ids
+
+
+def _hears_of(event: WebhookEvent) -> Q:
+    """The admins' endpoints hear of every purchase; a callback URL of its buyer's only, and
+    not once its API key is revoked."""
+    buyer_id = event.purchase.buyer_id if event.purchase is not None else None
+    if buyer_id is None:
+        return Q(api_key__isnull=True)
+    return Q(api_key__isnull=True) | Q(api_key__buyer_id=buyer_id, api_key__revoked_at__isnull=True)
 
 
 def _body_of(event: WebhookEvent, now: datetime) -> dict[str, Any]:
@@ -222,7 +239,9 @@ def _claim(delivery_id: int, now: datetime) -> _Claimed | None:
 def _keys(endpoint: WebhookEndpoint) -> list[tuple[str, bytes]] | None:
     """(key id, secret), the current first; None when the current secret is not set (never
     send unsigned)."""
-    current = os.environ.get(endpoint.secret_env, "")
+    if endpoint.api_key_id is not None:
+        return [(endpoint.key_id, callback_secret(endpoint.secret_salt).encode())]
+    current = os.environ.get(endpoint.secret_env, "") if endpoint.secret_env else ""
     if not current:
         return None
     keys = [(endpoint.key_id, current.encode())]
@@ -238,25 +257,20 @@ def _post(claimed: _Claimed) -> tuple[int | None, str, str]:
     """(status, excerpt of the answer, error): never raises."""
     if claimed.keys is None:
         return None, "", "secret_missing"
-    # Checked again at send time: a row written around the form (a shell, a fixture) or
-    # before production's settings applied never goes out in clear.
-    if settings.WEBHOOKS["REQUIRE_HTTPS"] and urlsplit(claimed.url).scheme != "https":
-        return None, "", "https_required"
+    # The guard checks the URL again at send time (a row written around the form, or before
+    # production's settings applied, never goes out in clear) and resolves its host now.
+    connect_timeout, read_timeout = _timeouts()
     try:
-        with requests.post(
+        answer = guarded_post(
             claimed.url,
-            data=claimed.payload,
+            body=claimed.payload,
             headers=claimed.headers,
-            timeout=_timeouts(),
-            allow_redirects=False,
-            stream=True,
-        ) as response:
-            raw = response.raw.read(RESPONSE_EXCERPT, decode_content=True) or b""
-            return response.status_code, raw.decode("utf-8", "replace")[:RESPONSE_EXCERPT], ""
-    except requests.Timeout:
-        return None, "", "timeout"
-    except requests.ConnectionError:
-        return None, "", "connection_error"
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_bytes=RESPONSE_EXCERPT * 4,  # UTF-8: at most 4 bytes a character
+        )
+        text = answer.excerpt.decode("utf-8", "replace")[:RESPONSE_EXCERPT]
+        return answer.status, text, answer.error
     except Exception as exc:  # any other failure is one failed try, never a crashed task
         logger.warning("webhook delivery %s: %r", claimed.url, exc)
         return None, "", type(exc).__name__[:200]
@@ -327,24 +341,115 @@ def _decide(delivery: WebhookDelivery, now: datetime, status: int | None, rng: A
 
 def webhook_deliveries_send_due(*, now: datetime | None = None, limit: int = DUE_BATCH) -> int:
     """The beat sweep: publish the events whose publication was lost (past PUBLISH_GRACE),
-    then try every pending delivery that is due, to an enabled endpoint. Returns how many
-    deliveries it tried."""
-    now = now_or(now)
-    _publish_lost(now, limit)
-    due = list(
+    then send every enabled endpoint's due deliveries, the endpoints in lanes side by side
+    (at most `limit` a lane per pass). Returns how many deliveries it tried."""
+    _publish_lost(now_or(now), limit)
+    endpoint_ids = (
         WebhookDelivery.objects.filter(
             state=WebhookDelivery.State.PENDING,
-            next_attempt_at__lte=now,
+            next_attempt_at__lte=now_or(now),
             endpoint__enabled=True,
+        )
+        .order_by()
+        .values_list("endpoint_id", flat=True)
+        .distinct()
+    )
+    return _lanes_run(sorted(endpoint_ids), now, limit)
+
+
+# -- lanes: one thread per endpoint, one lane per endpoint at a time ------------------------
+
+
+def _lanes_run(endpoint_ids: list[int], now: datetime | None, limit: int = DUE_BATCH) -> int:
+    """Send each endpoint's due deliveries, the endpoints side by side (at most LANES
+    threads). Inside a transaction (tests), one after another in this thread: other threads
+    would not see its rows. Returns how many deliveries were tried."""
+    if not endpoint_ids:
+        return 0
+    if len(endpoint_ids) == 1 or connection.in_atomic_block:
+        return sum(_lane(endpoint_id, now, limit) for endpoint_id in endpoint_ids)
+    workers = min(len(endpoint_ids), settings.WEBHOOKS["LANES"])
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="webhook-lane") as pool:
+        return sum(pool.map(lambda eid: _lane_in_thread(eid, now, limit), endpoint_ids))
+
+
+def _lane_in_thread(endpoint_id: int, now: datetime | None, limit: int) -> int:
+    try:
+        return _lane(endpoint_id, now, limit)
+    except Exception:  # one endpoint's trouble never stops the other lanes
+        logger.exception("webhook lane of endpoint %s failed; the next sweep retries", endpoint_id)
+        return 0
+    finally:
+        connections.close_all()  # this thread's own connection
+
+
+def _lane(endpoint_id: int, now: datetime | None, limit: int) -> int:
+    """Take the endpoint's lane (skip it when another sweep holds it: that one sends what is
+    due) and send its due deliveries, oldest first, for at most LANE_BUDGET_SECONDS. With a
+    fixed `now` (tests), one pass."""
+    budget = settings.WEBHOOKS["LANE_BUDGET_SECONDS"]
+    tried, deadline = 0, time.monotonic() + budget
+    while time.monotonic() < deadline:
+        held_until = timezone.now() + timedelta(seconds=budget + sum(_timeouts())) + CLAIM_MARGIN
+        free = Q(lane_until__isnull=True) | Q(lane_until__lte=timezone.now())
+        if not WebhookEndpoint.objects.filter(free, pk=endpoint_id).update(lane_until=held_until):
+            return tried
+        try:
+            tried += _lane_drain(endpoint_id, now, limit, deadline)
+        finally:
+            WebhookEndpoint.objects.filter(pk=endpoint_id, lane_until=held_until).update(
+                lane_until=None
+            )
+        # A delivery written after our last look, whose sender found the lane still ours,
+        # is ours to send: look once more after letting go.
+        if now is not None or not _due(endpoint_id, now_or(now), 1):
+            break
+    return tried
+
+
+def _due(endpoint_id: int, at: datetime, limit: int) -> list[int]:
+    return list(
+        WebhookDelivery.objects.filter(
+            endpoint_id=endpoint_id, state=WebhookDelivery.State.PENDING, next_attempt_at__lte=at
         )
         .order_by("next_attempt_at", "pk")
         .values_list("pk", flat=True)[:limit]
     )
+
+
+def _lane_drain(endpoint_id: int, now: datetime | None, limit: int, deadline: float) -> int:
     tried = 0
-    for delivery_id in due:
-        if webhook_delivery_attempt(delivery_id=delivery_id, now=now) != Outcome.SKIPPED:
-            tried += 1
+    while time.monotonic() < deadline:
+        at = now_or(now)
+        due = _due(endpoint_id, at, limit)
+        for delivery_id in due:
+            if time.monotonic() >= deadline:
+                break
+            if webhook_delivery_attempt(delivery_id=delivery_id, now=at) != Outcome.SKIPPED:
+                tried += 1
+        if not due or now is not None:
+            break
     return tried
+
+
+def webhook_deliveries_prune(*, now: datetime | None = None, batch: int = PRUNE_BATCH) -> int:
+    """Delete the deliveries delivered more than DELIVERED_RETENTION_DAYS ago, with their
+    attempts, in batches. Events stay (they hold each purchase's last sequence, and are
+    small); failed and pending deliveries stay for a person. Returns how many were deleted."""
+    cutoff = now_or(now) - timedelta(days=settings.WEBHOOKS["DELIVERED_RETENTION_DAYS"])
+    deleted = 0
+    while True:
+        ids = list(
+            WebhookDelivery.objects.filter(
+                state=WebhookDelivery.State.DELIVERED, delivered_at__lt=cutoff
+            ).values_list("pk", flat=True)[:batch]
+        )
+        if not ids:
+            return deleted
+        with transaction.atomic():
+            WebhookAttempt.objects.filter(delivery_id__in=ids).delete()
+            WebhookDelivery.objects.filter(pk__in=ids).delete()
+        deleted += len(ids)
 
 
 def _publish_lost(now: datetime, limit: int) -> None:
@@ -468,6 +573,7 @@ __all__ = [
     "Outcome",
     "backoff",
     "event_payload",
+    "webhook_deliveries_prune",
     "webhook_deliveries_send_due",
     "webhook_delivery_attempt",
     "webhook_delivery_replay",

@@ -12,7 +12,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from django.conf import settings
+from django.utils.crypto import salted_hmac
+
 HEADER = "Tollbooth-Signature"
+CALLBACK_SALT = "tollbooth.webhooks.callback-secret"
 
 
 def signature_of(*, secret: bytes, timestamp: int, body: bytes) -> str:
@@ -25,3 +29,11 @@ def signature_header(*, keys: list[tuple[str, bytes]], timestamp: int, body: byt
     for kid, secret in keys:
         parts += [f"kid={kid}", f"v1={signature_of(secret=secret, timestamp=timestamp, body=body)}"]
     return ",".join(parts)
+
+
+def callback_secret(salt: str) -> str:
+    """A buyer's callback secret: derived from WEBHOOKS["CALLBACK_SECRET_KEY"] (or SECRET_KEY)
+    and the row's salt, so the database alone never holds a secret that signs."""
+    key = settings.WEBHOOKS["CALLBACK_SECRET_KEY"] or settings.SECRET_KEY
+    digest = salted_hmac(CALLBACK_SALT, salt, secret=key, algorithm="sha256").hexdigest()
+    return f"whsec_{digest}"

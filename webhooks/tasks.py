@@ -5,6 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from webhooks.services import (
+    webhook_deliveries_prune,
     webhook_deliveries_send_due,
     webhook_delivery_attempt,
     webhook_event_publish,
@@ -31,3 +32,8 @@ def webhook_deliveries_due_task() -> int:
 @shared_task(acks_late=True, soft_time_limit=120, time_limit=150)
 def webhook_failing_alert_task() -> int:
     return webhook_failing_alert()
+
+
+@shared_task(acks_late=True, soft_time_limit=600, time_limit=660)
+def webhook_deliveries_prune_task() -> int:
+    return webhook_deliveries_prune()

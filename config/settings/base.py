@@ -631,6 +631,21 @@ WEBHOOKS = {
     "REQUIRE_HTTPS": env.bool("TOLLBOOTH_WEBHOOKS_REQUIRE_HTTPS", default=not DEBUG),
     "CONNECT_TIMEOUT_SECONDS": env.float("TOLLBOOTH_WEBHOOKS_CONNECT_TIMEOUT", default=3.0),
     "READ_TIMEOUT_SECONDS": env.float("TOLLBOOTH_WEBHOOKS_READ_TIMEOUT", default=10.0),
+    # Networks a webhook may reach although not public (CIDRs, comma-separated): for tests and
+    # a local receiver (loopback under DEBUG). Empty: private, loopback, link-local ...
+    # addresses are refused.
+    "ALLOWED_NETWORKS": env.list(
+        "TOLLBOOTH_WEBHOOKS_ALLOWED_NETWORKS", default=["127.0.0.0/8", "::1/128"] if DEBUG else []
+    ),
+    # A buyer's callback secret is derived from this key and a salt in the row (never stored);
+    # empty: SECRET_KEY. Set it so a rotation of SECRET_KEY does not change callback secrets.
+    "CALLBACK_SECRET_KEY": env.str("TOLLBOOTH_WEBHOOKS_CALLBACK_SECRET_KEY", default=""),
+    # Delivered deliveries (and their attempts) are pruned this long after delivery.
+    "DELIVERED_RETENTION_DAYS": env.int("TOLLBOOTH_WEBHOOKS_DELIVERED_RETENTION_DAYS", default=30),
+    # Endpoints tried at once by one sweep or publication: one thread each (docs/webhooks.md).
+    "LANES": env.int("TOLLBOOTH_WEBHOOKS_LANES", default=8),
+    # How long one lane keeps sending to its endpoint before giving the worker back.
+    "LANE_BUDGET_SECONDS": env.float("TOLLBOOTH_WEBHOOKS_LANE_BUDGET_SECONDS", default=30.0),
 }
 
 CELERY_BEAT_SCHEDULE = {
@@ -639,6 +654,11 @@ CELERY_BEAT_SCHEDULE = {
     "send-due-webhooks": {
         "task": "webhooks.tasks.webhook_deliveries_due_task",
         "schedule": env.float("TOLLBOOTH_WEBHOOKS_SWEEP_EVERY_SECONDS", default=10.0),
+    },
+    # Delivered webhook deliveries past their retention: their rows and attempts go.
+    "prune-webhook-deliveries": {
+        "task": "webhooks.tasks.webhook_deliveries_prune_task",
+        "schedule": 3600.0,
     },
     # A webhook endpoint that has answered no 2xx for an hour: tell a person once.
     "alert-failing-webhooks": {

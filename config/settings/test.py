@@ -69,4 +69,6 @@ WEBHOOKS = {
     "REQUIRE_HTTPS": False,
     "CONNECT_TIMEOUT_SECONDS": 1.0,
     "READ_TIMEOUT_SECONDS": 1.0,
+    # The receivers under test listen on loopback; the refusal tests empty this.
+    "ALLOWED_NETWORKS": ["127.0.0.0/8", "::1/128"],
 }

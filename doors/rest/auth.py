@@ -14,7 +14,8 @@ from purchases.services.shared.buyers import api_key_authenticate
 class ApiKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
-    def authenticate(self, request: Request) -> tuple[Buyer, None] | None:
+    def authenticate(self, request: Request) -> tuple[Buyer, str] | None:
+        """(the buyer, the key's prefix as `request.auth`: what a per-key setting names)."""
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
@@ -24,7 +25,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         buyer = api_key_authenticate(raw_key=raw_key.strip())
         if buyer is None:
             raise exceptions.AuthenticationFailed("Unknown or revoked API key.")
-        return buyer, None
+        return buyer, raw_key.strip().split("_", 2)[1]
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword

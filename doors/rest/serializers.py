@@ -3,6 +3,8 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from webhooks.models import EVENT_TYPES
+
 
 @extend_schema_field({"type": "object", "description": "Input matching the offering's schema."})
 class InputField(serializers.JSONField):
@@ -21,6 +23,17 @@ class QuoteCreateInputSerializer(serializers.Serializer):
 
 class PurchaseCreateInputSerializer(serializers.Serializer):
     rail = RailField(max_length=16)
+
+
+class WebhookCallbackInputSerializer(serializers.Serializer):
+    # Longer than the guard takes, so the guard names the reason (url_malformed).
+    url = serializers.CharField(min_length=1, max_length=2_000, help_text="https:// in production.")
+    event_types = serializers.ListField(
+        child=serializers.ChoiceField(choices=sorted(EVENT_TYPES)),
+        required=False,
+        max_length=64,
+        help_text="Types to receive (docs/webhooks.md); left out or empty: every type.",
+    )
 
 
 class ProblemSerializer(serializers.Serializer):

@@ -15,4 +15,5 @@ urlpatterns = [
     path("purchases/<str:ref>", views.PurchaseDetailApi.as_view(), name="purchase-detail"),
     path("purchases/<str:ref>/result", views.PurchaseResultApi.as_view(), name="purchase-result"),
     path("receipts/<str:public_id>", views.ReceiptDetailApi.as_view(), name="receipt-detail"),
+    path("webhook-callback", views.WebhookCallbackApi.as_view(), name="webhook-callback"),
 ]

@@ -20,6 +20,7 @@ from doors.rest.serializers import (
     ProblemSerializer,
     PurchaseCreateInputSerializer,
     QuoteCreateInputSerializer,
+    WebhookCallbackInputSerializer,
 )
 from doors.rest.throttles import PAID_THROTTLES
 from payments.services import ledger_balance
@@ -38,6 +39,7 @@ from purchases.services.fulfil.delivery import (
 )
 from purchases.services.quote.quotes import quote_create
 from purchases.services.quote.top_ups import offering_input_schema
+from webhooks.callbacks import webhook_callback_clear, webhook_callback_get, webhook_callback_set
 
 PROBLEM = ProblemSerializer
 IDEMPOTENCY_KEY = OpenApiParameter(
@@ -230,3 +232,34 @@ class ReceiptDetailApi(APIView):
     )
     def get(self, request: Request, public_id: str) -> Response:
         return Response(receipt_public(public_id=public_id))
+
+
+class WebhookCallbackApi(APIView):
+    """The calling API key's callback URL (docs/webhooks.md, "A buyer's callback URL")."""
+
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        summary="This key's callback URL (never its secret)",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(webhook_callback_get(api_key_prefix=str(request.auth)).as_document())
+
+    @extend_schema(
+        request=WebhookCallbackInputSerializer,
+        responses={200: OpenApiTypes.OBJECT, 400: PROBLEM},
+        summary="Set this key's callback URL: a new signing secret, shown once in the answer",
+    )
+    def put(self, request: Request) -> Response:
+        given = WebhookCallbackInputSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        callback = webhook_callback_set(
+            api_key_prefix=str(request.auth),
+            url=given.validated_data["url"],
+            event_types=given.validated_data.get("event_types"),
+        )
+        return Response(callback.as_document(), headers={"Cache-Control": "no-store"})
+
+    @extend_schema(responses={204: None, 404: PROBLEM}, summary="Remove this key's callback URL")
+    def delete(self, request: Request) -> Response:
+        webhook_callback_clear(api_key_prefix=str(request.auth))
+        return Response(status=204)

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,6 +18,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Receiver:
     status: int = 200
     answer: bytes = b"ok"
     delay_seconds: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every answer
 
 
 def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
@@ -33,12 +36,16 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length)
-            receiver.received.append(Received(self.path, dict(self.headers.items()), body))
+            receiver.received.append(
+                Received(self.path, dict(self.headers.items()), body, time.monotonic())
+            )
             if receiver.delay_seconds:
                 time.sleep(receiver.delay_seconds)  # the slow endpoint under test
             try:
                 self.send_response(receiver.status)
                 self.send_header("Content-Length", str(len(receiver.answer)))
+                for name, value in receiver.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(receiver.answer)
             except OSError:
@@ -52,6 +59,13 @@ def _handler(receiver: Receiver) -> type[BaseHTTPRequestHandler]:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    with serving() as state:
+        yield state
+
+
+@contextmanager
+def serving() -> Iterator[Receiver]:
+    """Another receiver, for a test that needs more than one."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(Receiver(url="")))
     state = Receiver(url=f"http://127.0.0.1:{server.server_address[1]}/hooks")
     server.RequestHandlerClass = _handler(state)
