@@ -60,6 +60,16 @@ class X402World:
         """Another key of this world's own, with ETH for gas (a facilitator's, say)."""
         return new_account(self.node)
 
+    def worker_env(self) -> dict[str, str]:
+        """What a worker process needs to read this world's chain as the test's settings do
+        (start_worker's `extra_env`): a worker checks a held payment before its work runs."""
+        return {
+            "X402_LOCAL_RPC_URL": self.node.rpc_url,
+            "X402_LOCAL_TOKEN": self.token,
+            "X402_LOCAL_RELAYER_KEY": self.relayer.key.hex(),
+            "X402_LOCAL_MODE": "direct",
+        }
+
 
 def build_world(
     settings: Any,

@@ -81,7 +81,7 @@ def _payer_balance(world: X402World) -> int:
 def test_a_rejected_call_leaves_the_buyers_wallet_untouched(
     world, sample_upstream, http_server, start_worker
 ):
-    start_worker("w1")
+    start_worker("w1", extra_env=world.worker_env())
     got = buy(f"{http_server}{world.paid_url}", world, {"q": "nope", "reject": 422})
     assert got["outcome"] == "response" and got["status"] == 409, got
     body = json.loads(got["body"])
@@ -103,7 +103,7 @@ def test_a_rejected_call_leaves_the_buyers_wallet_untouched(
 def test_an_accepted_call_is_charged_once_and_released_after_its_settlement(
     world, sample_upstream, http_server, start_worker
 ):
-    start_worker("w1")
+    start_worker("w1", extra_env=world.worker_env())
     got = buy(f"{http_server}{world.paid_url}", world, {"q": "fine"})
     assert got["outcome"] == "response" and got["status"] == 200, got
     purchase = Purchase.objects.get()
