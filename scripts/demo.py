@@ -325,8 +325,11 @@ def demo_roles() -> dict[str, str]:
     }
 
 
-def process_specs(env: dict[str, str], roles: dict[str, str]) -> list[ProcessSpec]:
-    """The six long-running processes of the demo, each restarted if it dies."""
+def process_specs(
+    env: dict[str, str], roles: dict[str, str], listen: str = f"{HOST}:{PORT}"
+) -> list[ProcessSpec]:
+    """The six long-running processes of the demo, each restarted if it dies; the router on
+    `listen` (bench/x402_seller.py serves the same specs on a port of its own)."""
     job_service = [PYTHON, "-m", "jobservice.server", "--port", str(JOB_PORT),
                    "--db", str(VAR / "jobservice.sqlite3")]  # fmt: skip
     worker = [PYTHON, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "threads",
@@ -339,7 +342,7 @@ def process_specs(env: dict[str, str], roles: dict[str, str]) -> list[ProcessSpe
     mcp_env = {**env, "GUNICORN_ASGI_BIND": roles["asgi"].removeprefix("http://"),
                "GUNICORN_ASGI_WORKERS": "1"}  # fmt: skip
     # Production's balancer, in one process: the one address the banner prints.
-    router = [PYTHON, "-m", "devtools.demo_router", "--listen", f"{HOST}:{PORT}",
+    router = [PYTHON, "-m", "devtools.demo_router", "--listen", listen,
               "--wsgi", roles["wsgi"], "--asgi", roles["asgi"]]  # fmt: skip
     mcp = [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn_asgi"]
     # The seller's own operation: its effects are rows in its own file, kept across restarts.
