@@ -19,7 +19,9 @@ BENCH_X402_DEMO=1 adds a side served in the demo's own shape (`make demo`, scrip
 router on one address sending the paid URL to one uvicorn worker and the rest to two gunicorn
 workers, a Celery worker with beat on two threads, config.settings.local on its embedded
 SQLite database and filesystem broker), tagged `[demo]`; BENCH_X402_SIDES=demo,sdk,bare
-measures it alone against both anchors.
+measures it alone against both anchors; BENCH_X402_DEMO_ASGI_WORKERS=N gives its ASGI role N
+uvicorn workers instead of the demo's one; BENCH_X402_DEMO_DATABASE_URL=postgres://... puts it
+on PostgreSQL instead of its SQLite file.
 
 Figures: throughput and p50 latency ratios per agent count (ours / the SDK's, ours / the
 bare broadcaster's); on automine also Tollbooth's settlements per second with the most
@@ -402,6 +404,10 @@ def demo_env(chain: Chain | None, var_dir: Path) -> dict[str, str]:
         "TOLLBOOTH_THROTTLE_ADDRESS_RATE": "1000000/min",
         "TOLLBOOTH_THROTTLE_API_KEY_RATE": "1000000/min",
     }
+    # BENCH_X402_DEMO_DATABASE_URL: the demo on that database instead of its SQLite file (as
+    # `make demo` with DATABASE_URL set), to see what the embedded database costs.
+    if os.environ.get("BENCH_X402_DEMO_DATABASE_URL"):
+        env["DATABASE_URL"] = os.environ["BENCH_X402_DEMO_DATABASE_URL"]
     if chain is not None:
         env |= {
             "X402_LOCAL_RPC_URL": chain.node.rpc_url,
@@ -442,6 +448,12 @@ def demo_shape(chain: Chain, workdir: Path, side: TollboothSide) -> Iterator[str
     demo = _demo_script()
     specs = [spec for spec in demo.process_specs(env, roles, f"127.0.0.1:{port}")
              if spec.name in DEMO_PROCESSES]  # fmt: skip
+    # BENCH_X402_DEMO_ASGI_WORKERS: the ASGI role's uvicorn workers, to see what one costs
+    # (the demo runs one).
+    asgi_workers = os.environ.get("BENCH_X402_DEMO_ASGI_WORKERS", "").strip()
+    for spec in specs:
+        if spec.name == "mcp" and asgi_workers:
+            spec.env = {**spec.env, "GUNICORN_ASGI_WORKERS": asgi_workers}
     processes: dict[str, subprocess.Popen[bytes]] = {}
     logs = {spec.name: workdir / f"demo-{spec.name}.log" for spec in specs}
     try:
