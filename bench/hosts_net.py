@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.demo_router import haproxy_acls
+
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "tbh"  # namespaces tbh-<host>, host-side veths tbh-<host>, the bridge tbh0
 BRIDGE = f"{PREFIX}0"
@@ -256,11 +258,8 @@ frontend api
     # The paid URL (not the status URLs under /x402/purchases/) and MCP to the ASGI role,
     # where a payment waiting for its block costs a coroutine, not a thread
     # (docs/deployment.md, The ASGI role); the rest to the WSGI role.
-    acl paid_url path_reg ^/x402/[^/]+/?$
-    acl status_url path_beg /x402/purchases/
-    acl mcp path /mcp
-    acl mcp path_beg /mcp/
-    use_backend asgi if paid_url !status_url or mcp
+    # (The rule is devtools/demo_router.py's, which `make demo`'s one address follows too.)
+{acls}
     default_backend web
 # Out of rotation on /readyz (docs/deployment.md, Health checks); a server marked down
 # has its open sessions shut, so agents retry on the other at once. The probe waits in
@@ -289,7 +288,7 @@ def load_balancer_start(processes: Processes, webs: list[str]) -> None:
     asgi = "\n".join(f"    server {w}-asgi {address(w)}:{ASGI_WEB_PORT} check" for w in webs)
     config = processes.workdir / "haproxy.cfg"
     config.write_text(HAPROXY_CONFIG.format(lb=address("lb"), port=WEB_PORT, servers=servers,
-                                            asgi_servers=asgi))  # fmt: skip
+                                            acls=haproxy_acls(), asgi_servers=asgi))  # fmt: skip
     check = subprocess.run([HAPROXY, "-c", "-f", str(config)], capture_output=True, text=True)
     if check.returncode != 0:
         raise RuntimeError(f"haproxy config: {check.stdout}{check.stderr}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-GROUPS = ("server", "worker", "postgresql", "chain", "agents", "other")
+GROUPS = ("router", "server", "worker", "postgresql", "chain", "agents", "other")
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -22,6 +22,8 @@ def _group(pid: int, cmdline: str) -> str:
         return "agents"
     if "celery" in cmdline:
         return "worker"
+    if "demo_router" in cmdline:  # the demo's balancer in one process (devtools/demo_router.py)
+        return "router"
     if "gunicorn" in cmdline or "uvicorn" in cmdline or "sdk_seller" in cmdline:
         return "server"
     if cmdline.startswith("postgres") or "/postgres" in cmdline.split(" ", 1)[0]:

@@ -15,6 +15,14 @@ official x402 Python client exactly as docs/examples/x402_buy.py uses it, one th
 one wallet each, every call a new input (so no call is a duplicate of another). A call
 counts when the caller gets the 200 result (the broadcaster: a successful receipt).
 
+BENCH_X402_DEMO=1 adds a side served in the demo's own shape (`make demo`, scripts/demo.py: its
+router on one address sending the paid URL to one uvicorn worker and the rest to two gunicorn
+workers, a Celery worker with beat on two threads, config.settings.local on its embedded
+SQLite database and filesystem broker), tagged `[demo]`; BENCH_X402_SIDES=demo,sdk,bare
+measures it alone against both anchors; BENCH_X402_DEMO_ASGI_WORKERS=N gives its ASGI role N
+uvicorn workers instead of the demo's one; BENCH_X402_DEMO_DATABASE_URL=postgres://... puts it
+on PostgreSQL instead of its SQLite file.
+
 Figures: throughput and p50 latency ratios per agent count (ours / the SDK's, ours / the
 bare broadcaster's); on automine also Tollbooth's settlements per second with the most
 agents against one agent calling serially. Automine: 8 and 16 agents; on a block time: 32
@@ -22,6 +30,8 @@ agents against one agent calling serially. Automine: 8 and 16 agents; on a block
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... python -m bench.x402_seller [smoke|full]
     DEMO_CHAIN_BLOCK_TIME=2 BENCH_X402_AGENTS=32,64 python -m bench.x402_seller full
+    DEMO_CHAIN_BLOCK_TIME=2 BENCH_X402_AGENTS=64 BENCH_X402_REPEATS=3 BENCH_X402_DEMO=1 \
+        BENCH_X402_SIDES=demo,sdk,bare python -m bench.x402_seller full
 
 It creates (and drops) a database of its own beside DATABASE_URL's.
 """
@@ -363,6 +373,103 @@ def tollbooth(chain: Chain, workdir: Path, side: TollboothSide) -> Iterator[str]
         _stop(serve, grace=60)
 
 
+# --- the demo's own shape -------------------------------------------------------------------
+
+DEMO = "demo"
+# The demo's processes a paid call meets: not its job service nor its sample upstream.
+DEMO_PROCESSES = ("router", "web", "mcp", "worker")
+
+
+def _demo_script() -> Any:
+    """scripts/demo.py as a module, so the bench serves the very specs `make demo` starts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_demo_script", ROOT / "scripts/demo.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def demo_env(chain: Chain | None, var_dir: Path) -> dict[str, str]:
+    """The environment scripts/demo.py gives its processes, on its embedded defaults (no
+    DATABASE_URL or REDIS_URL: SQLite and the filesystem broker in its var dir)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "config.settings.local",
+        "TOLLBOOTH_VAR_DIR": str(var_dir),
+        "PYTHONUNBUFFERED": "1",
+        "TOLLBOOTH_TRUSTED_PROXIES": "1",
+        # Every agent calls from 127.0.0.1: the per-address throttle would count them as one.
+        "TOLLBOOTH_THROTTLE_ADDRESS_RATE": "1000000/min",
+        "TOLLBOOTH_THROTTLE_API_KEY_RATE": "1000000/min",
+    }
+    # BENCH_X402_DEMO_DATABASE_URL: the demo on that database instead of its SQLite file (as
+    # `make demo` with DATABASE_URL set), to see what the embedded database costs.
+    if os.environ.get("BENCH_X402_DEMO_DATABASE_URL"):
+        env["DATABASE_URL"] = os.environ["BENCH_X402_DEMO_DATABASE_URL"]
+    if chain is not None:
+        env |= {
+            "X402_LOCAL_RPC_URL": chain.node.rpc_url,
+            "X402_LOCAL_TOKEN": chain.token,
+            "X402_LOCAL_RELAYER_KEY": chain.relayer_keys[0],
+        }
+        if chain.block_time is not None:
+            timeout = str(confirmation_timeout_for(chain.block_time))
+            env.setdefault("X402_LOCAL_CONFIRMATION_TIMEOUT", timeout)
+    return env
+
+
+@contextlib.contextmanager
+def demo_database(side: TollboothSide, workdir: Path) -> Iterator[TollboothSide]:
+    """The demo's SQLite database in a var dir of its own, migrated once for the run."""
+    var_dir = workdir / f"var-{side.label}"
+    var_dir.mkdir(parents=True, exist_ok=True)
+    subprocess.run([PYTHON, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=side.root,
+                   env=demo_env(None, var_dir), check=True)  # fmt: skip
+    yield side
+
+
+@contextlib.contextmanager
+def demo_shape(chain: Chain, workdir: Path, side: TollboothSide) -> Iterator[str]:
+    """scripts/demo.py's router, web, mcp and worker, as it starts them, on this window's
+    chain: yields the paid URL at the router's address, as the banner prints it."""
+    var_dir = workdir / f"var-{side.label}"
+    env = demo_env(chain, var_dir)
+    if side.token != chain.token:
+        seed = _SEED.format(slug=SLUG, price=PRICE, token=chain.token, network=NETWORK,
+                            seller=chain.seller)  # fmt: skip
+        subprocess.run([PYTHON, "manage.py", "shell", "-c", seed], cwd=side.root, env=env,
+                       check=True)  # fmt: skip
+        side.token = chain.token
+    port = _free_port()
+    roles = {"wsgi": f"http://127.0.0.1:{_free_port()}",
+             "asgi": f"http://127.0.0.1:{_free_port()}"}  # fmt: skip
+    demo = _demo_script()
+    specs = [spec for spec in demo.process_specs(env, roles, f"127.0.0.1:{port}")
+             if spec.name in DEMO_PROCESSES]  # fmt: skip
+    # BENCH_X402_DEMO_ASGI_WORKERS: the ASGI role's uvicorn workers, to see what one costs
+    # (the demo runs one).
+    asgi_workers = os.environ.get("BENCH_X402_DEMO_ASGI_WORKERS", "").strip()
+    for spec in specs:
+        if spec.name == "mcp" and asgi_workers:
+            spec.env = {**spec.env, "GUNICORN_ASGI_WORKERS": asgi_workers}
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {spec.name: workdir / f"demo-{spec.name}.log" for spec in specs}
+    try:
+        for spec in specs:
+            processes[spec.name] = _spawn(spec.args, spec.env, logs[spec.name], cwd=side.root)
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(f"{base}/readyz", processes["web"], logs["web"], timeout=90)
+        _wait_http(f"{roles['asgi']}/readyz", processes["mcp"], logs["mcp"], timeout=90)
+        _wait_http(f"{base}/readyz", processes["router"], logs["router"], timeout=30)
+        _wait_worker(logs["worker"], processes["worker"])
+        yield f"{base}/x402/{SLUG}"
+    finally:
+        for process in processes.values():
+            _stop(process, grace=60)
+
+
 def _web_role() -> str:
     """BENCH_X402_SERVE: `asgi` (default) serves the paid URL as production routes it, by
     the ASGI role (`make serve ROLES=mcp`: uvicorn workers, the wait for the block on the
@@ -578,6 +685,9 @@ def _serving(side: str, chain: Chain, workdir: Path, tollbooths: dict[str, Tollb
     elif side == SDK:
         with sdk_seller(chain, workdir) as url:
             yield url
+    elif side == DEMO:
+        with demo_shape(chain, workdir, tollbooths[side]) as url:
+            yield url
     else:
         with tollbooth(chain, workdir, tollbooths[side]) as url:
             yield url
@@ -613,13 +723,21 @@ def measure(plan: Plan, workdir: Path) -> Rounds:
     specs = [TollboothSide("ours", ROOT, 0)]
     if before is not None:
         specs.append(TollboothSide("before", before, 1))
+    # BENCH_X402_SIDES (e.g. "ours,bare"): only those sides, as a long slow-clock run asks.
+    chosen = {x.strip() for x in os.environ.get("BENCH_X402_SIDES", "").split(",")} - {""}
+    if os.environ.get("BENCH_X402_DEMO", "").strip() in ("1", "true", "yes"):
+        specs.append(TollboothSide(DEMO, ROOT, len(specs)))
+    specs = [s for s in specs if not chosen or s.label in chosen]  # no database unused
     with contextlib.ExitStack() as stack:
-        tollbooths = {s.label: stack.enter_context(tollbooth_database(s, workdir)) for s in specs}
+        tollbooths = {
+            s.label: stack.enter_context(
+                demo_database(s, workdir) if s.label == DEMO else tollbooth_database(s, workdir)
+            )
+            for s in specs
+        }
         every_side = [*tollbooths, SDK, BARE]
         rounds = Rounds({side: {n: [] for n in plan.levels} for side in every_side}, {},
                         plan.block_time)  # fmt: skip
-        # BENCH_X402_SIDES (e.g. "ours,bare"): only those sides, as a long slow-clock run asks.
-        chosen = {x.strip() for x in os.environ.get("BENCH_X402_SIDES", "").split(",")} - {""}
         sides = [side for side in every_side if not chosen or side in chosen]
         most = max(plan.levels)
         for repeat in range(plan.repeats):

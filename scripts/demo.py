@@ -1,13 +1,15 @@
 """`make demo`: migrate, start a local anvil chain with the test USDC, seed, then run the
-API + admin (under gunicorn, as production does), the MCP door (uvicorn workers under
-gunicorn), a Celery worker with beat, the external job service and a sample seller upstream
-(devtools/sample_upstream.py: a signed HTTP endpoint that counts its effects, sold as the
-`counted-echo` offering), all on embedded defaults. Ctrl-C stops every process it started.
+API + admin (the WSGI role: gunicorn, as production does), the ASGI role (uvicorn workers
+under gunicorn: the x402 paid URLs and the MCP door), a Celery worker with beat, the external
+job service and a sample seller upstream (devtools/sample_upstream.py: a signed HTTP endpoint
+that counts its effects, sold as the `counted-echo` offering), all on embedded defaults, behind
+one address (DEMO_HOST:DEMO_PORT) routed by path as production's load balancer routes it
+(devtools/demo_router.py). Ctrl-C stops every process it started.
 
 A process that dies is announced in one line and restarted (devtools/supervisor.py), unless
 DEMO_RESTART=never. On the running demo, from another terminal:
     demo.py status | kill NAME | stop NAME | start NAME
-    (NAME: web, mcp, worker, jobservice, upstream)
+    (NAME: router, web, mcp, worker, jobservice, upstream)
 `kill` crashes it (SIGKILL) to rehearse a restart; `stop` keeps it down until `start`.
 
 The chain's RPC URL, the token, the funded buyer wallets (keys generated for this run)
@@ -38,7 +40,10 @@ PORT = int(os.environ.get("DEMO_PORT", "8000"))
 JOB_PORT = int(os.environ.get("DEMO_JOB_SERVICE_PORT", "8765"))
 # 0: any free port (printed in the banner and written to demo-chain.json).
 CHAIN_PORT = int(os.environ.get("DEMO_CHAIN_PORT", "0"))
+# The two roles behind the router: the ASGI role (paid URLs, MCP) and the WSGI role (the
+# rest); 0: any free port. Reachable directly too, as a replica is behind a balancer.
 MCP_PORT = int(os.environ.get("DEMO_MCP_PORT", "8001"))
+WEB_PORT = int(os.environ.get("DEMO_WEB_PORT", "0"))
 UPSTREAM_PORT = int(os.environ.get("DEMO_UPSTREAM_PORT", "8766"))
 # Seconds between blocks (a real chain's clock: Base 2, Ethereum 12); unset: automine.
 CHAIN_BLOCK_TIME_VAR = "DEMO_CHAIN_BLOCK_TIME"
@@ -174,27 +179,33 @@ def banner(seed: dict, chain: dict, base: str) -> None:
     print("                 mail backend), plus 'tollbooth.alerts' log lines there and in web.log;")
     print("                 TOLLBOOTH_ALERT_WEBHOOK_URL adds a webhook")
     restart = "restarted" if restart_policy_from_env() else "left down (DEMO_RESTART=never)"
-    print(f"  Processes      web, mcp, worker, jobservice, upstream: one that dies is {restart}")
+    roles = chain["roles"]
+    print(f"  Routing        {base} as production's balancer: the paid URLs and /mcp to the ASGI")
+    print(f"                 role ({roles['asgi']}), the rest to the WSGI role ({roles['wsgi']})")
+    print("  Processes      router, web, mcp, worker, jobservice, upstream: one that dies is")
+    print(f"                 {restart}")
     print(f"                 {PYTHON} scripts/demo.py status | kill NAME | stop NAME | start NAME")
     print(f"  Situations     {PYTHON} manage.py demo_situation --list  (rehearse a failure)")
     print("  Ctrl-C stops everything.\n", flush=True)
 
 
-def wait_ready(base: str, timeout: float = 60.0) -> None:
-    """Print the URLs once they answer: gunicorn takes a moment to boot its workers."""
+def wait_ready(base: str, asgi: str, timeout: float = 60.0) -> None:
+    """Print the URLs once they answer: gunicorn takes a moment to boot its workers. Both
+    roles: the router's /readyz reaches the WSGI role, the paid URLs need the ASGI one."""
     import urllib.error
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with opener.open(f"{base}/readyz", timeout=5) as answer:
-                if answer.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.3)
+    for url in (f"{base}/readyz", f"{asgi}/readyz"):
+        while time.monotonic() < deadline:
+            try:
+                with opener.open(url, timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.3)
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -223,6 +234,8 @@ def main() -> int:
     shutil.rmtree(counters, ignore_errors=True)
     counters.mkdir(parents=True)
     env["PROMETHEUS_MULTIPROC_DIR"] = str(counters)
+    # Behind the router, as behind a balancer: the client is the last X-Forwarded-For entry.
+    env.setdefault("TOLLBOOTH_TRUSTED_PROXIES", "1")
     print("Migrating the database ...", flush=True)
     manage("migrate", "--noinput", "-v", "0")
     print("Starting the local chain and deploying the test USDC ...", flush=True)
@@ -260,7 +273,10 @@ def main() -> int:
     chain["base_url"] = base
     chain["job_service_url"] = env["JOB_SERVICE_URL"]
     chain["paid_urls"] = {slug: f"{base}/x402/{slug}" for slug in seed["offerings"]}
-    chain["mcp_url"] = f"http://{HOST}:{MCP_PORT}/mcp"
+    # The MCP door at the one address too: the router sends /mcp to the ASGI role.
+    chain["mcp_url"] = f"{base}/mcp"
+    roles = demo_roles()
+    chain["roles"] = roles
     chain["upstream"] = {
         "offering": UPSTREAM_OFFERING,
         "url": f"{upstream_url}/work",
@@ -269,14 +285,14 @@ def main() -> int:
     CHAIN_FILE.write_text(json.dumps(chain, indent=2))
     CHAIN_FILE.chmod(0o600)
     supervisor = Supervisor(
-        process_specs(env), var_dir=VAR, restart=restart_policy_from_env(), say=print_now
+        process_specs(env, roles), var_dir=VAR, restart=restart_policy_from_env(), say=print_now
     )
     signal.signal(signal.SIGTERM, _interrupt)
     supervisor.start_all()
     if not chain["block_time"]:
         _heartbeat_blocks(node)
     try:
-        wait_ready(base)
+        wait_ready(base, roles["asgi"])
         banner(seed, chain, base)
         supervisor.run(should_stop=lambda: False)
     except KeyboardInterrupt:
@@ -307,22 +323,49 @@ def print_now(line: str) -> None:
     print(line, flush=True)
 
 
-def process_specs(env: dict[str, str]) -> list[ProcessSpec]:
-    """The five long-running processes of the demo, each restarted if it dies."""
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def demo_roles() -> dict[str, str]:
+    """The base URLs of the roles behind the router, on loopback as replicas behind a
+    balancer: the WSGI role on DEMO_WEB_PORT (0: a free port, kept across its restarts)."""
+    return {
+        "wsgi": f"http://127.0.0.1:{WEB_PORT or _free_port()}",
+        "asgi": f"http://127.0.0.1:{MCP_PORT}",
+    }
+
+
+def process_specs(
+    env: dict[str, str], roles: dict[str, str], listen: str = f"{HOST}:{PORT}"
+) -> list[ProcessSpec]:
+    """The six long-running processes of the demo, each restarted if it dies; the router on
+    `listen` (bench/x402_seller.py serves the same specs on a port of its own)."""
     job_service = [PYTHON, "-m", "jobservice.server", "--port", str(JOB_PORT),
                    "--db", str(VAR / "jobservice.sqlite3")]  # fmt: skip
     worker = [PYTHON, "-m", "celery", "-A", "config", "worker", "--beat", "--pool", "threads",
               "--concurrency", "2", "--loglevel", "INFO"]  # fmt: skip
-    # The production server (config/gunicorn.py), on the demo's settings and port.
-    web_env = {**env, "GUNICORN_BIND": f"{HOST}:{PORT}", "GUNICORN_WORKERS": "2"}
-    # The MCP door as production serves it: uvicorn workers under gunicorn (docs/mcp.md).
-    mcp_env = {**env, "GUNICORN_ASGI_BIND": f"{HOST}:{MCP_PORT}", "GUNICORN_ASGI_WORKERS": "1"}
+    # The production server (config/gunicorn.py), on the demo's settings, behind the router.
+    web_env = {**env, "GUNICORN_BIND": roles["wsgi"].removeprefix("http://"),
+               "GUNICORN_WORKERS": "2"}  # fmt: skip
+    # The ASGI role as production serves it: uvicorn workers under gunicorn (docs/mcp.md);
+    # the paid URLs and the MCP door reach it through the router.
+    mcp_env = {**env, "GUNICORN_ASGI_BIND": roles["asgi"].removeprefix("http://"),
+               "GUNICORN_ASGI_WORKERS": "1"}  # fmt: skip
+    # Production's balancer, in one process: the one address the banner prints.
+    router = [PYTHON, "-m", "devtools.demo_router", "--listen", listen,
+              "--wsgi", roles["wsgi"], "--asgi", roles["asgi"]]  # fmt: skip
     mcp = [PYTHON, "-m", "gunicorn", "-c", "python:config.gunicorn_asgi"]
     # The seller's own operation: its effects are rows in its own file, kept across restarts.
     upstream = [PYTHON, "-m", "devtools.sample_upstream", "--port", str(UPSTREAM_PORT),
                 "--db", str(VAR / "sample-upstream.sqlite3"),
                 "--secret-env", UPSTREAM_SECRET_ENV]  # fmt: skip
     return [
+        ProcessSpec("router", router, env, ROOT),
         ProcessSpec("jobservice", job_service, env, ROOT),
         ProcessSpec("upstream", upstream, env, ROOT),
         ProcessSpec("worker", worker, env, ROOT),

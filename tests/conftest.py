@@ -23,6 +23,7 @@ from webhooks import events as webhook_events
 pytest_plugins = [
     "tests.fixtures.anvil",
     "tests.fixtures.broker",
+    "tests.fixtures.demo",
     "tests.fixtures.jobservice",
     "tests.fixtures.outages",
     "tests.fixtures.replicas",

@@ -7,65 +7,20 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
 import requests
 
 from devtools.sample_upstream import DEMO_OFFERING
+from tests.fixtures.demo import demo_env
 
 ROOT = Path(__file__).resolve().parents[2]
-BANNER_END = "Ctrl-C stops everything."
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _demo_env(var: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    ports = {
-        name: str(_free_port())
-        for name in ("DEMO_PORT", "DEMO_MCP_PORT", "DEMO_JOB_SERVICE_PORT", "DEMO_UPSTREAM_PORT")
-    }
-    return {**env, **ports, "TOLLBOOTH_VAR_DIR": str(var), "DEMO_RESTART": "never"}
-
-
-@pytest.fixture
-def running_demo(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
-    """scripts/demo.py until its banner is printed; SIGTERM (as Ctrl-C) afterwards."""
-    env = _demo_env(tmp_path)
-    out = (tmp_path / "demo.out").open("w+")
-    demo = subprocess.Popen(
-        [sys.executable, "scripts/demo.py"], cwd=ROOT, env=env, stdout=out, stderr=out
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while BANNER_END not in (tmp_path / "demo.out").read_text():
-            assert demo.poll() is None, (tmp_path / "demo.out").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "demo.out").read_text()
-            time.sleep(0.5)
-        yield env, (tmp_path / "demo.out").read_text()
-    finally:
-        demo.send_signal(signal.SIGTERM)
-        try:
-            demo.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-        out.close()
 
 
 def _agent_mcp(env: dict[str, str]) -> list[str]:
@@ -88,7 +43,8 @@ def _line(lines: list[str], head: str) -> str:
 
 def test_demo_agent_mcp_buys_from_the_demo_upstream_once(running_demo) -> None:
     env, banner = running_demo
-    mcp_url = f"http://127.0.0.1:{env['DEMO_MCP_PORT']}/mcp"
+    # The MCP door at the banner's one address, routed to the ASGI role as production does.
+    mcp_url = f"http://127.0.0.1:{env['DEMO_PORT']}/mcp"
     assert f"MCP tools      {mcp_url}" in banner
     assert f"offering {DEMO_OFFERING!r} runs on the sample upstream" in banner
     chain = json.loads((Path(env["TOLLBOOTH_VAR_DIR"]) / "demo-chain.json").read_text())
@@ -197,7 +153,7 @@ def test_the_banners_agent_waits_out_an_outage_and_its_receipt_names_the_demos_a
 
 
 def test_the_agent_without_a_demo_says_where_it_looked(tmp_path: Path) -> None:
-    env = {**_demo_env(tmp_path), "TOLLBOOTH_VAR_DIR": str(tmp_path / "nothing-here")}
+    env = {**demo_env(tmp_path), "TOLLBOOTH_VAR_DIR": str(tmp_path / "nothing-here")}
     for mode in ([], ["--x402"]):
         done = subprocess.run(
             [sys.executable, "scripts/demo_agent.py", *mode, "http://127.0.0.1:9"],
