@@ -2,13 +2,13 @@
 
 Production's balancer (docs/deployment.md; the HAProxy configuration `make bench-hosts` runs,
 bench/hosts_net.py, builds its ACLs from the rule below) sends the x402 paid URLs
-`/x402/<offering>` and `/x402/<offering>/<rest>` (an API sold as a path prefix) and the MCP door (`/mcp`, `/mcp/...`) to the ASGI role, where a payment
-waiting for its block costs a coroutine, not a thread, and everything else (the agent API,
-the admin, the status URLs under `/x402/purchases/`, health) to the WSGI role. `make demo`
-runs both roles; this process sits on the address the banner prints and does the same, so
-the demo's paid URLs are served where production serves them. A reverse proxy in Python
-(aiohttp, already pinned for the x402 SDK) rather than HAProxy: the demo needs no service
-installed by hand.
+`/x402/<offering>` and `/x402/<offering>/<rest>` (an API sold as a path prefix) and the
+MCP door (`/mcp`, `/mcp/...`) to the ASGI role, where a payment waiting for its block costs
+a coroutine, not a thread, and everything else (the agent API, the admin, the status URLs
+under `/x402/purchases/`, health) to the WSGI role. `make demo` runs both roles; this
+process sits on the address the banner prints and does the same, so the demo's paid URLs
+are served where production serves them. A reverse proxy in Python (aiohttp, already
+pinned for the x402 SDK) rather than HAProxy: the demo needs no service installed by hand.
 
     python -m devtools.demo_router --listen 127.0.0.1:8000 \
         --wsgi http://127.0.0.1:8002 --asgi http://127.0.0.1:8001
