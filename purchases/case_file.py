@@ -290,6 +290,7 @@ REASON_CODES: dict[str, str] = {
     "duplicate_settlement": "A second transfer landed for a paid purchase: a refund is owed.",
     "support_refund": "Support proposed a refund of the payment.",
     "support_compensation": "Support proposed a compensation.",
+    "buyer_refund_request": "Support approved the buyer's refund request: a refund proposed.",
     "staff_escalated": "A staff member escalated the purchase.",
     "duplicate_answered": "A repeated payment was answered with this purchase, not charged.",
 }
@@ -336,6 +337,7 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     "duplicate_settlement": (FINANCE, "Finance pays the extra transfer back and marks it paid."),
     "support_refund": (FINANCE, "Finance approves or declines the proposal."),
     "support_compensation": (FINANCE, "Finance approves or declines the proposal."),
+    "buyer_refund_request": (FINANCE, "Finance approves or declines the proposal."),
     "staff_escalated": (SUPPORT, "The named owner acts by the deadline, then resolves with a "
                         "reason code."),
     "duplicate_answered": (NOBODY, "Nothing: the buyer was answered with this purchase."),

@@ -23,6 +23,14 @@ class PurchaseCreateInputSerializer(serializers.Serializer):
     rail = RailField(max_length=16)
 
 
+class RefundRequestInputSerializer(serializers.Serializer):
+    # Atomic units as a decimal string, as x402's `amount`: money is never a float.
+    amount = serializers.RegexField(r"^[0-9]{1,30}$", max_length=30)
+    reason = serializers.CharField(
+        max_length=1000, allow_blank=True, default="", trim_whitespace=False
+    )
+
+
 class ProblemSerializer(serializers.Serializer):
     """RFC 9457 problem details, as every error is answered (for the OpenAPI schema)."""
 

@@ -14,5 +14,15 @@ urlpatterns = [
     ),
     path("purchases/<str:ref>", views.PurchaseDetailApi.as_view(), name="purchase-detail"),
     path("purchases/<str:ref>/result", views.PurchaseResultApi.as_view(), name="purchase-result"),
+    path(
+        "purchases/<str:ref>/refund-requests",
+        views.RefundRequestCreateApi.as_view(),
+        name="refund-request-create",
+    ),
+    path(
+        "purchases/<str:ref>/refund-requests/<str:public_id>",
+        views.RefundRequestDetailApi.as_view(),
+        name="refund-request-detail",
+    ),
     path("receipts/<str:public_id>", views.ReceiptDetailApi.as_view(), name="receipt-detail"),
 ]
