@@ -11,8 +11,10 @@ from typing import Any
 
 from django.urls import reverse
 
+from core.clock import utc_seconds
 from core.errors import DomainError, ErrorCode
-from payments.models import Refund
+from fulfillment import selectors as fulfillment_selectors
+from payments.models import PaymentAttempt, Refund
 from purchases.models import Buyer, Purchase, RefundRequest
 
 # Finance declined the proposal an approved request fed.
@@ -100,3 +102,41 @@ def refund_request_latest(*, purchase: Purchase) -> RefundRequest | None:
         .order_by("-pk")
         .first()
     )
+
+
+def refund_request_facts(*, request: RefundRequest) -> list[tuple[str, str]]:
+    """The case's facts support weighs a request against, in words, beside it in the queue:
+    what was paid and by whom, whether the work ran and its result was delivered, what was
+    refunded already and what is left, open escalations."""
+    purchase = request.purchase
+    attempt = (
+        PaymentAttempt.objects.filter(purchase_id=purchase.pk, state=PaymentAttempt.State.SUCCEEDED)
+        .order_by("pk")
+        .first()
+    )
+    refunds = Refund.objects.filter(purchase_id=purchase.pk).order_by("pk")
+    counted = sum(r.amount for r in refunds if r.state != Refund.State.DECLINED)
+    result = fulfillment_selectors.result_for_purchase(purchase_id=purchase.pk)
+    escalations = purchase.escalations.filter(state="open").order_by("pk")
+    delivered = (
+        f"first delivered {utc_seconds(result.first_delivered_at)}"
+        if result is not None and result.first_delivered_at
+        else ("stored, never delivered" if result is not None else "no stored result")
+    )
+    return [
+        ("Purchase", f"{purchase.ref} ({purchase.offering.slug}, {purchase.channel})"),
+        ("Payment", f"{purchase.payment_state}; {purchase.amount} {purchase.asset}"),
+        ("Paid by", attempt.payer if attempt else "no settled payment"),
+        ("Transaction", (attempt.tx_hash or attempt.settlement_reference) if attempt else "-"),
+        ("Work", f"{purchase.fulfillment_state}; result {delivered}"),
+        (
+            "Refunded so far",
+            "; ".join(f"{r.amount} {r.state} ({r.reason_code})" for r in refunds) or "nothing",
+        ),
+        ("Left to refund", str(attempt.amount - counted) if attempt else "0"),
+        (
+            "Open escalations",
+            "; ".join(f"{e.reason_code} (owner {e.owner})" for e in escalations) or "none",
+        ),
+        ("Buyer's reason", request.reason or "(none given)"),
+    ]
