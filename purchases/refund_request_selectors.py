@@ -14,6 +14,8 @@ from django.urls import reverse
 from core.clock import utc_seconds
 from core.errors import DomainError, ErrorCode
 from fulfillment import selectors as fulfillment_selectors
+from fulfillment.receipt_signing import signing_key
+from fulfillment.refund_receipt_signing import REFUND_RECEIPT_VERSION, refund_receipt_sign
 from payments.models import PaymentAttempt, Refund
 from purchases.models import Buyer, Purchase, RefundRequest
 
@@ -70,6 +72,9 @@ def refund_request_document(*, request: RefundRequest) -> dict[str, Any]:
             "paid_at": refund.paid_at.isoformat() if refund.paid_at else None,
             "reference": refund.paid_reference or None,
         },
+        "refund_receipt": refund_receipt(request=request, refund=refund)
+        if status == "executed" and refund is not None
+        else None,
         "links": {
             "self": reverse(
                 "api:refund-request-detail",
@@ -78,6 +83,25 @@ def refund_request_document(*, request: RefundRequest) -> dict[str, Any]:
             "purchase": reverse("api:purchase-detail", kwargs={"ref": purchase_ref}),
         },
     }
+
+
+def refund_receipt(*, request: RefundRequest, refund: Refund) -> dict[str, Any]:
+    """The signed refund receipt of an executed request (fulfillment.refund_receipt_signing):
+    the same bytes at every read, so it is signed when asked for."""
+    paid_at = refund.paid_at or refund.created_at
+    payload = {
+        "version": REFUND_RECEIPT_VERSION,
+        "purchase": request.purchase.ref,
+        "refundRequest": request.public_id,
+        "network": refund.network,
+        "asset": refund.asset,
+        "amount": str(refund.amount),
+        "payer": refund.payer,
+        "method": refund.method,
+        "transaction": refund.payback_tx_hash or refund.paid_reference,
+        "issuedAt": int(paid_at.timestamp()),
+    }
+    return refund_receipt_sign(payload=payload, key=signing_key())
 
 
 def refund_request_get(*, ref: str, public_id: str, buyer: Buyer | None) -> RefundRequest:

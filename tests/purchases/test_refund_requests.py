@@ -14,6 +14,7 @@ from django.utils import timezone
 from eth_account import Account
 from rest_framework.test import APIClient
 
+from fulfillment.refund_receipt_signing import refund_receipt_signer
 from payments.models import PaymentAttempt, Refund
 from payments.refund_request_signing import signed_request_sign, typed_data
 from payments.services import refund_decide, refund_refundable
@@ -355,6 +356,26 @@ def test_a_paid_refund_is_executed_for_the_buyer(buyer: Buyer, client_for_buyer:
     polled = client_for_buyer.get(f"{url(request.purchase)}/{request.public_id}").json()
     assert polled["status"] == "executed"
     assert polled["refund"]["reference"] == "0x" + "ab" * 32
+    # The signed refund receipt: by the published receipt key, the same bytes at every read,
+    # and any changed field no longer recovers to it.
+    receipt = polled["refund_receipt"]
+    published = APIClient().get("/.well-known/tollbooth-receipts").json()
+    assert refund_receipt_signer(receipt) in {k["address"] for k in published["keys"]}
+    assert published["refundReceipt"]["primaryType"] == "RefundReceipt"
+    assert receipt["payload"]["amount"] == "400000"
+    assert receipt["payload"]["payer"] == WALLET.address
+    assert receipt["payload"]["refundRequest"] == request.public_id
+    again = client_for_buyer.get(f"{url(request.purchase)}/{request.public_id}").json()
+    assert again["refund_receipt"] == receipt
+    forged = {**receipt, "payload": {**receipt["payload"], "amount": "900000"}}
+    assert refund_receipt_signer(forged) not in {k["address"] for k in published["keys"]}
+
+
+def test_a_pending_request_has_no_refund_receipt(buyer: Buyer, client_for_buyer: APIClient):
+    request = open_request(buyer, client_for_buyer)
+    refund_request_approve(request_id=request.pk, staff="sam-support")
+    polled = client_for_buyer.get(f"{url(request.purchase)}/{request.public_id}").json()
+    assert (polled["status"], polled["refund_receipt"]) == ("pending", None)
 
 
 def test_denying_gives_the_buyer_the_reason_code(buyer: Buyer, client_for_buyer: APIClient):
