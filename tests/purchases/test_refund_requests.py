@@ -3,9 +3,12 @@ paying wallet, polled by the buyer, decided by staff on the existing refund path
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +19,7 @@ from rest_framework.test import APIClient
 
 from fulfillment.refund_receipt_signing import refund_receipt_signer
 from payments.models import PaymentAttempt, Refund
-from payments.refund_request_signing import signed_request_sign, typed_data
+from payments.refund_request_signing import TYPES, signed_request_sign, typed_data
 from payments.services import refund_decide, refund_refundable
 from purchases.models import Buyer, OutboxMessage, Purchase, PurchaseEvent, RefundRequest
 from purchases.services.remedy.refund_requests import (
@@ -297,6 +300,23 @@ def test_the_documented_typed_data_is_what_a_wallet_signs():
         "signature": "0x" + bytes(signed.signature).hex(),
     }
     assert APIClient().post(url(purchase), body, format="json").status_code == 201
+
+
+def test_docs_api_md_prints_the_typed_data_the_code_verifies():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    blocks = [b for b in re.findall(r"```json\n(.*?)```", text, re.S) if "RefundRequest" in b]
+    assert len(blocks) == 1
+    printed = json.loads(blocks[0])
+    assert printed["types"] == TYPES
+    assert printed["primaryType"] == "RefundRequest"
+    assert {k: printed["domain"][k] for k in ("name", "version")} == {
+        "name": "Tollbooth refund request",
+        "version": "1",
+    }
+    assert (
+        printed["domain"]["chainId"]
+        == typed_data(network="eip155:84532", message={})["domain"]["chainId"]
+    )
 
 
 # -- staff decide --------------------------------------------------------------------------
