@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -12,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from eth_account import Account
 from rest_framework.test import APIClient
 
+from core.errors import DomainError
 from fulfillment.refund_receipt_signing import refund_receipt_signer
 from payments.models import PaymentAttempt, Refund
 from payments.refund_request_signing import TYPES, signed_request_sign, typed_data
@@ -27,6 +29,7 @@ from purchases.services.remedy.refund_requests import (
     RefundRequestRefused,
     refund_request_approve,
     refund_request_deny,
+    refund_request_open,
     refund_requests_assign_to_me,
 )
 from tests.factories import BuyerFactory, PaymentAttemptFactory, PurchaseFactory
@@ -509,8 +512,6 @@ def test_opened_and_decided_are_webhook_events_written_with_the_change(
 def test_a_request_rolled_back_writes_no_event(
     buyer: Buyer, client_for_buyer: APIClient, subscribed: WebhookEndpoint
 ):
-    from purchases.services.remedy.refund_requests import refund_request_open
-
     purchase = settled_purchase(buyer=buyer)
     with pytest.raises(RuntimeError), transaction.atomic():
         refund_request_open(
@@ -525,3 +526,68 @@ def test_a_request_rolled_back_writes_no_event(
     assert not RefundRequest.objects.exists()
     assert not WebhookEvent.objects.exists()
     assert not OutboxMessage.objects.filter(job="webhook_event_publish").exists()
+
+
+# -- races (PostgreSQL only: two transactions queued on the purchase's row lock) -------------
+
+
+def _waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("keys", "outcomes"),
+    [
+        (("race-refund-key-000001", "race-refund-key-000002"), ["created", "refund_request_open"]),
+        (("race-refund-key-000001", "race-refund-key-000001"), ["created", "replayed"]),
+    ],
+)
+def test_two_requests_racing_open_one(keys: tuple[str, str], outcomes: list[str]) -> None:
+    """Both reach the check while the test holds the purchase's row: with the service's lock
+    the second sees the first's request (refused, or replayed for the same key); without
+    it both would find none open and both be written."""
+    buyer = BuyerFactory.create()
+    purchase = settled_purchase(buyer=buyer)
+    seen: list[str] = []
+    connected = threading.Barrier(3)
+
+    def open_one(key: str) -> None:
+        try:
+            connection.ensure_connection()
+            connected.wait(timeout=60)
+            opened = refund_request_open(
+                purchase_id=purchase.pk,
+                channel=RefundRequest.Channel.API_KEY,
+                requested_by=buyer.ref,
+                amount=100,
+                reason="",
+                idempotency_key=key,
+            )
+            seen.append("created" if opened.created else "replayed")
+        except DomainError as refused:
+            seen.append(refused.code.value)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=open_one, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    with transaction.atomic():
+        Purchase.objects.select_for_update().get(pk=purchase.pk)
+        connected.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while _waiting_on_locks() < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling the database for both to queue, not timing them
+        queued = _waiting_on_locks()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert queued == 2
+    assert sorted(seen) == outcomes
+    assert RefundRequest.objects.filter(purchase=purchase).count() == 1
