@@ -25,7 +25,7 @@ class PurchaseCreateInputSerializer(serializers.Serializer):
 
 class RefundRequestInputSerializer(serializers.Serializer):
     # Atomic units as a decimal string, as x402's `amount`: money is never a float.
-    amount = serializers.RegexField(r"^[0-9]{1,30}$", max_length=30)
+    amount = serializers.RegexField(r"^[1-9][0-9]{0,29}$", max_length=30)
     reason = serializers.CharField(
         max_length=1000, allow_blank=True, default="", trim_whitespace=False
     )

@@ -252,8 +252,10 @@ class RefundRequestCreateApi(APIView):
                 "Idempotency-Key",
                 {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,128}$"},
                 OpenApiParameter.HEADER,
-                description="Required with an API key (the wallet path signs its own "
-                "`idempotencyKey`): the same key and request answer the same refund request.",
+                required=True,
+                description="The same key and request answer the same refund request. (The "
+                "wallet path, with no API key, signs its own `idempotencyKey` instead: "
+                "docs/api.md, 'Refund requests'.)",
             )
         ],
         responses={
