@@ -131,3 +131,22 @@ def test_denying_in_the_admin_needs_a_reason_code_the_buyer_then_reads(
     denied = PurchaseEvent.objects.get(subject="refund_request", to_state="denied")
     assert (denied.actor, denied.reason_code) == ("sam-support", "insufficient_evidence")
     assert not Refund.objects.exists()
+
+
+def test_the_approved_refund_pays_out_to_the_paying_wallet_by_default(
+    support: Client, finance: Client, asked: RefundRequest
+):
+    """The payout form finance opens for the owed refund offers the payer's wallet; another
+    destination waits for a second approver (payments' existing rule)."""
+    support.post(_decide_url(asked), {"decision": "approve"})
+    refund = Refund.objects.get()
+    case_refund_decide(refund_id=refund.pk, approve=True, staff="fay-finance")
+    form = finance.post(
+        reverse("admin:payments_refund_changelist"),
+        {"action": "approve_payouts", "_selected_action": [refund.pk]},
+    )
+    assert form.status_code == 200
+    page = form.content.decode()
+    assert f'name="destination_{refund.pk}"' in page
+    assert f'value="{WALLET.address}"' in page
+    assert "Another one needs a second approver" in page
