@@ -312,6 +312,16 @@ ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
     ErrorCode.RETENTION_EXPIRED: "A payment id past retention was replayed; answered from "
     "the receipt.",
     ErrorCode.PAYMENT_IN_FLIGHT: "A retry arrived while the first request still ran.",
+    ErrorCode.REFUND_REQUEST_OPEN: "The buyer asked for a refund while its earlier request "
+    "was still open.",
+    ErrorCode.REFUND_NOT_AVAILABLE: "The buyer asked for a refund before any payment settled.",
+    ErrorCode.REFUND_AMOUNT_EXCEEDS_REFUNDABLE: "The buyer asked for more back than is left "
+    "after earlier refunds.",
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: "The buyer reused a refund request's key for another "
+    "request.",
+    ErrorCode.REFUND_REQUEST_SIGNATURE_INVALID: "A refund request came signed by a wallet "
+    "other than the payer's (or changed after signing).",
+    ErrorCode.REFUND_REQUEST_EXPIRED: "A wallet-signed refund request came past its expiry.",
 }
 
 
@@ -359,6 +369,18 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     ErrorCode.RETENTION_EXPIRED.value: (NOBODY, "Nothing: the receipt answered it."),
     ErrorCode.PAYMENT_IN_FLIGHT.value: (BUYER, "The buyer waits Retry-After and retries with "
                                         "the same payment id."),
+    ErrorCode.REFUND_REQUEST_OPEN.value: (SUPPORT, "Decide the open request (Purchases > Refund "
+                                          "requests); the buyer polls it."),
+    ErrorCode.REFUND_NOT_AVAILABLE.value: (NOBODY, "Nothing was charged yet: nothing to "
+                                           "return."),
+    ErrorCode.REFUND_AMOUNT_EXCEEDS_REFUNDABLE.value: (BUYER, "The buyer asks for at most what "
+                                                       "is left (the answer says how much)."),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED.value: (BUYER, "The buyer uses a new key for a new "
+                                             "request."),
+    ErrorCode.REFUND_REQUEST_SIGNATURE_INVALID.value: (BUYER, "Only the paying wallet may ask "
+                                                       "by signature; nothing was recorded."),
+    ErrorCode.REFUND_REQUEST_EXPIRED.value: (BUYER, "The buyer signs a new request with a "
+                                             "later expiry."),
 }  # fmt: skip
 
 
