@@ -591,3 +591,29 @@ def test_two_requests_racing_open_one(keys: tuple[str, str], outcomes: list[str]
     assert queued == 2
     assert sorted(seen) == outcomes
     assert RefundRequest.objects.filter(purchase=purchase).count() == 1
+
+
+def test_the_evidence_pack_carries_the_request_without_staff_names():
+    from backoffice.evidence_pack import evidence_content
+    from core.canonical import sha256_hex
+
+    purchase = settled_purchase()
+    body = signed_body(purchase)
+    assert APIClient().post(url(purchase), body, format="json").status_code == 201
+    request = RefundRequest.objects.get()
+    refund_request_deny(
+        request_id=request.pk, staff="sam-support", code="not_eligible", note="internal-note"
+    )
+    content = evidence_content(purchase=purchase, now=timezone.now())
+    (carried,) = content["refundRequests"]
+    assert (carried["id"], carried["status"], carried["reasonCode"]) == (
+        request.public_id,
+        "denied",
+        "not_eligible",
+    )
+    assert carried["signedMessage"]["idempotencyKey"] == "wallet-refund-key-0001"
+    assert carried["signatureSha256"] == sha256_hex(body["signature"])
+    assert "internal-note" not in json.dumps(carried)
+    text = json.dumps(content)
+    assert "sam-support" not in text  # staff names stay with the seller
+    assert body["signature"] not in text  # its SHA-256 stands for it, here and on the timeline
