@@ -35,7 +35,8 @@ from fulfillment.receipt_signing import receipt_decode, signing_key
 from payments.models import PaymentAttempt, Refund
 from purchases import event_subjects
 from purchases.events import event_record
-from purchases.models import Escalation, Purchase
+from purchases.models import Escalation, Purchase, RefundRequest
+from purchases.refund_request_selectors import refund_request_status
 from purchases.selectors import CaseRecords, purchase_case_records
 
 # Evidence keys never copied from the timeline into a pack (exact names, any depth), and
@@ -256,6 +257,28 @@ def _refund(refund: Refund) -> dict[str, Any]:
     }
 
 
+def _refund_request(request: RefundRequest) -> dict[str, Any]:
+    # The buyer's own words and signed message are its evidence; the signature is its
+    # SHA-256 (as the authorization's); who decided stays with the seller.
+    status, reason_code = refund_request_status(request)
+    return {
+        "id": request.public_id,
+        "channel": request.channel,
+        "requestedBy": request.requested_by,
+        "amount": str(request.amount),
+        "asset": request.asset,
+        "reason": request.reason,
+        "signedMessage": request.signed_message or None,
+        "signatureSha256": sha256_hex(request.signature) if request.signature else None,
+        "createdAt": _at(request.created_at),
+        "deadlineAt": _at(request.deadline_at),
+        "decision": None if request.state == RefundRequest.State.OPEN else request.state,
+        "decidedAt": _at(request.decided_at),
+        "status": status,
+        "reasonCode": reason_code or None,
+    }
+
+
 def _escalation(escalation: Escalation) -> dict[str, Any]:
     # Its note and who assigned or resolved it stay with the seller; the resolution is said.
     return {
@@ -309,6 +332,12 @@ def evidence_content(*, purchase: Purchase, now: datetime) -> dict[str, Any]:
         "work": _work(records),
         "receipt": _receipt(records.receipt),
         "refunds": [_refund(r) for r in records.refunds],
+        "refundRequests": [
+            _refund_request(r)
+            for r in RefundRequest.objects.select_related("refund")
+            .filter(purchase=purchase)
+            .order_by("pk")
+        ],
         "escalations": [_escalation(e) for e in records.escalations],
         "timeline": _timeline(purchase),
         "issuer": {

@@ -94,6 +94,12 @@ _PAYOUT = (
     "second_approved_at cap_day broadcast_started_at broadcast_at broadcasts awaiting "
     "checked_at next_check_at evidence block_number confirmed_at reason_code created_at"
 )
+# A buyer's refund request and the case facts beside it: support decides, finance reads.
+_REFUND_REQUEST = (
+    "pk public_id purchase purchase__ref case_facts amount asset reason channel requested_by "
+    "signed_message signature state buyer_status assignee deadline_utc is_overdue created_at "
+    "decided_by decided_at denial_code decision_note refund"
+)
 _LEDGER = (
     "pk reference buyer buyer__ref kind amount amount_human asset purchase purchase__ref memo "
     "created_at"
@@ -143,6 +149,9 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
         "purchases.apikey": _scope("prefix label created_at revoked_at"),
         "payments.paymentattempt": _scope(f"{_ATTEMPT_MONEY} {_ATTEMPT_EVIDENCE}"),
         "payments.refund": _scope(_REFUND),
+        "purchases.refundrequest": _scope(
+            _REFUND_REQUEST, actions="decide_refund_request assign_to_me"
+        ),
         "payments.payout": _scope(_PAYOUT),
         "payments.ledgerentry": _scope(_LEDGER),
         "payments.ledgerbalance": _scope(_BALANCE),
@@ -174,6 +183,7 @@ ROLE_TABLE: dict[str, dict[str, RoleScope]] = {
             "export_csv",
         ),
         "payments.payout": _scope(_PAYOUT, actions="approve_second_payout cancel_payout"),
+        "purchases.refundrequest": _scope(_REFUND_REQUEST),
         "payments.ledgerentry": _scope(_LEDGER, actions="top_up"),
         "payments.ledgerbalance": _scope(_BALANCE),
         "payments.exportbatch": _scope(

@@ -140,6 +140,15 @@ EVENT_LABELS: dict[str, Label] = {
         by_state={"open": "Escalated", "resolved": "Escalation resolved"},
     ),
     "escalation.assigned": Label("Escalation assigned"),
+    "refund_request": Label(
+        "Refund request updated",
+        by_state={
+            "open": "Refund requested by the buyer",
+            "approved": "Refund request approved (a refund proposed to finance)",
+            "denied": "Refund request denied",
+        },
+    ),
+    "refund_request.assigned": Label("Refund request assigned"),
     "case.settlement_rechecked": Label("Settlement re-checked by staff"),
     "case.execution_reconciled": Label("Execution reconciled by staff"),
     "case.result_redelivered": Label("Result redelivery prepared by staff"),

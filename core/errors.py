@@ -85,6 +85,14 @@ class ErrorCode(StrEnum):
     RESULT_EXPIRED = "result_expired"
     RETENTION_EXPIRED = "retention_expired"
     RECEIPT_NOT_FOUND = "receipt_not_found"
+    # Refund requests from buyers (docs/api.md, "Refund requests").
+    REFUND_REQUEST_NOT_FOUND = "refund_request_not_found"
+    REFUND_NOT_AVAILABLE = "refund_not_available"
+    REFUND_REQUEST_OPEN = "refund_request_open"
+    REFUND_AMOUNT_EXCEEDS_REFUNDABLE = "refund_amount_exceeds_refundable"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
+    REFUND_REQUEST_SIGNATURE_INVALID = "refund_request_signature_invalid"
+    REFUND_REQUEST_EXPIRED = "refund_request_expired"
     # Payouts (finance, in the back office): refunds Tollbooth pays from the refund wallet.
     PAYOUT_NOT_PAYABLE = "payout_not_payable"
     PAYOUT_DESTINATION_INVALID = "payout_destination_invalid"
@@ -368,6 +376,51 @@ CODE_SPECS: dict[ErrorCode, CodeSpec] = {
         "This payment id's record is past retention; the purchase it paid is in the receipt.",
     ),
     ErrorCode.RECEIPT_NOT_FOUND: CodeSpec(404, Owner.BUYER, "none", False, "No such receipt."),
+    ErrorCode.REFUND_REQUEST_NOT_FOUND: CodeSpec(
+        404, Owner.BUYER, "none", False, "No such refund request."
+    ),
+    ErrorCode.REFUND_NOT_AVAILABLE: CodeSpec(
+        409,
+        Owner.BUYER,
+        "poll_purchase",
+        False,
+        "This purchase has no settled payment to return (yet).",
+    ),
+    ErrorCode.REFUND_REQUEST_OPEN: CodeSpec(
+        409,
+        Owner.SUPPORT,
+        "poll_refund_request",
+        False,
+        "A refund request for this purchase is already open; poll it.",
+    ),
+    ErrorCode.REFUND_AMOUNT_EXCEEDS_REFUNDABLE: CodeSpec(
+        422,
+        Owner.BUYER,
+        "fix_amount",
+        False,
+        "The amount is above what was charged less what was already refunded.",
+    ),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: CodeSpec(
+        422,
+        Owner.BUYER,
+        "use_new_idempotency_key",
+        False,
+        "This Idempotency-Key was used for a different request.",
+    ),
+    ErrorCode.REFUND_REQUEST_SIGNATURE_INVALID: CodeSpec(
+        403,
+        Owner.BUYER,
+        "sign_with_paying_wallet",
+        False,
+        "The refund request is not signed by the wallet that paid for this purchase.",
+    ),
+    ErrorCode.REFUND_REQUEST_EXPIRED: CodeSpec(
+        400,
+        Owner.BUYER,
+        "sign_new_refund_request",
+        False,
+        "The signed refund request's expiry has passed, or is too far ahead.",
+    ),
     ErrorCode.PAYOUT_NOT_PAYABLE: CodeSpec(
         409,
         Owner.FINANCE,

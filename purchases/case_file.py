@@ -304,6 +304,7 @@ REASON_CODES: dict[str, str] = {
     "duplicate_settlement": "A second transfer landed for a paid purchase: a refund is owed.",
     "support_refund": "Support proposed a refund of the payment.",
     "support_compensation": "Support proposed a compensation.",
+    "buyer_refund_request": "Support approved the buyer's refund request: a refund proposed.",
     "staff_escalated": "A staff member escalated the purchase.",
     "duplicate_answered": "A repeated payment was answered with this purchase, not charged.",
 }
@@ -325,6 +326,16 @@ ERROR_CODES_ABOUT_A_PURCHASE: dict[ErrorCode, str] = {
     ErrorCode.RETENTION_EXPIRED: "A payment id past retention was replayed; answered from "
     "the receipt.",
     ErrorCode.PAYMENT_IN_FLIGHT: "A retry arrived while the first request still ran.",
+    ErrorCode.REFUND_REQUEST_OPEN: "The buyer asked for a refund while its earlier request "
+    "was still open.",
+    ErrorCode.REFUND_NOT_AVAILABLE: "The buyer asked for a refund before any payment settled.",
+    ErrorCode.REFUND_AMOUNT_EXCEEDS_REFUNDABLE: "The buyer asked for more back than is left "
+    "after earlier refunds.",
+    ErrorCode.IDEMPOTENCY_KEY_REUSED: "The buyer reused a refund request's key for another "
+    "request.",
+    ErrorCode.REFUND_REQUEST_SIGNATURE_INVALID: "A refund request came signed by a wallet "
+    "other than the payer's (or changed after signing).",
+    ErrorCode.REFUND_REQUEST_EXPIRED: "A wallet-signed refund request came past its expiry.",
 }
 
 
@@ -354,6 +365,7 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     "duplicate_settlement": (FINANCE, "Finance pays the extra transfer back and marks it paid."),
     "support_refund": (FINANCE, "Finance approves or declines the proposal."),
     "support_compensation": (FINANCE, "Finance approves or declines the proposal."),
+    "buyer_refund_request": (FINANCE, "Finance approves or declines the proposal."),
     "staff_escalated": (SUPPORT, "The named owner acts by the deadline, then resolves with a "
                         "reason code."),
     "duplicate_answered": (NOBODY, "Nothing: the buyer was answered with this purchase."),
@@ -375,6 +387,18 @@ REASON_MOVES: dict[str, tuple[Owner, str]] = {
     ErrorCode.RETENTION_EXPIRED.value: (NOBODY, "Nothing: the receipt answered it."),
     ErrorCode.PAYMENT_IN_FLIGHT.value: (BUYER, "The buyer waits Retry-After and retries with "
                                         "the same payment id."),
+    ErrorCode.REFUND_REQUEST_OPEN.value: (SUPPORT, "Decide the open request (Purchases > Refund "
+                                          "requests); the buyer polls it."),
+    ErrorCode.REFUND_NOT_AVAILABLE.value: (NOBODY, "Nothing was charged yet: nothing to "
+                                           "return."),
+    ErrorCode.REFUND_AMOUNT_EXCEEDS_REFUNDABLE.value: (BUYER, "The buyer asks for at most what "
+                                                       "is left (the answer says how much)."),
+    ErrorCode.IDEMPOTENCY_KEY_REUSED.value: (BUYER, "The buyer uses a new key for a new "
+                                             "request."),
+    ErrorCode.REFUND_REQUEST_SIGNATURE_INVALID.value: (BUYER, "Only the paying wallet may ask "
+                                                       "by signature; nothing was recorded."),
+    ErrorCode.REFUND_REQUEST_EXPIRED.value: (BUYER, "The buyer signs a new request with a "
+                                             "later expiry."),
 }  # fmt: skip
 
 

@@ -57,6 +57,10 @@ CASE_EXECUTION_RECONCILED = "case.execution_reconciled"
 CASE_RESULT_REDELIVERED = "case.result_redelivered"
 EVIDENCE_EXPORTED = "evidence.exported"
 
+# --- refund requests from buyers (purchases/services/remedy/refund_requests.py) ------------
+REFUND_REQUEST = "refund_request"
+REFUND_REQUEST_ASSIGNED = "refund_request.assigned"
+
 # --- what is sold -------------------------------------------------------------------------
 OFFERING_CREATED = "offering.created"
 OFFERING_CHANGED = "offering.changed"
@@ -137,6 +141,12 @@ SUBJECTS: dict[str, str] = {
         "The signed evidence pack was exported (admin or evidence_export; who, the file's "
         "SHA-256 and key id)."
     ),
+    REFUND_REQUEST: (
+        "A buyer's refund request was opened (amount, channel: API key or the paying wallet's "
+        "signature, reason) or decided by staff (approved: the refund proposal it fed; "
+        "denied: the reason code the buyer reads)."
+    ),
+    REFUND_REQUEST_ASSIGNED: "Staff took a buyer's refund request to work (assign to me).",
     OFFERING_CREATED: (
         "An offering was created, in the admin or by a catalog file's apply (the fields; the "
         "file's name and SHA-256 when a file did it)."

@@ -518,6 +518,99 @@ class Escalation(ConcurrentTransitionMixin, models.Model):
         return f"{self.purchase.ref}: {self.reason_code} -> {self.owner}"
 
 
+def new_refund_request_ref() -> str:
+    return new_ref("rfr")
+
+
+class RefundRequest(ConcurrentTransitionMixin, models.Model):
+    """A buyer asking for its money back (docs/api.md, "Refund requests"). Staff decide it:
+    approved, it becomes a refund proposal on the existing path (finance approves, then the
+    payout or the balance credit); denied, with a reason code the buyer reads. The refund it
+    fed, not this row, says whether money moved."""
+
+    class State(models.TextChoices):
+        OPEN = "open"
+        APPROVED = "approved"
+        DENIED = "denied"
+
+    class Channel(models.TextChoices):
+        API_KEY = "api_key", "API key"
+        WALLET_SIGNATURE = "wallet_signature", "Signed by the paying wallet"
+
+    # Why a request was denied, for the buyer (an API contract: never rename one).
+    DENIAL_CODES: dict[str, str] = {
+        "delivered_as_described": "The result was delivered as the offering describes.",
+        "not_eligible": "This purchase is not eligible for a refund under the seller's terms.",
+        "insufficient_evidence": "The request does not show what went wrong.",
+        "already_refunded": "The money was already returned another way.",
+        "duplicate_request": "Another request covers the same money.",
+    }
+
+    public_id = models.CharField(
+        max_length=40, unique=True, default=new_refund_request_ref, editable=False
+    )
+    purchase = models.ForeignKey(Purchase, on_delete=models.PROTECT, related_name="refund_requests")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    # Who asked: the API key's buyer ref, or the wallet that signed.
+    requested_by = models.CharField(max_length=64)
+    amount = models.PositiveBigIntegerField()
+    asset = models.CharField(max_length=64)
+    reason = models.TextField(blank=True)
+    # The buyer's key for this request, scoped to the purchase; with the request's
+    # fingerprint, a replay answers the same request and a changed one is refused.
+    idempotency_key = models.CharField(max_length=128)
+    request_fingerprint = models.CharField(max_length=64)
+    # The wallet path's proof: the signed message and its signature, kept as evidence.
+    signed_message = models.JSONField(default=dict, blank=True)
+    signature = models.CharField(max_length=200, blank=True)
+    # The queue: the staff member working it and when it is due (REFUND_REQUEST_DEADLINE).
+    assignee = models.CharField(max_length=150, blank=True, db_index=True)
+    deadline_at = models.DateTimeField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_by = models.CharField(max_length=150, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    denial_code = models.CharField(max_length=64, blank=True)
+    decision_note = models.TextField(blank=True)
+    # The proposal an approval fed (payments.Refund): its state is the money's.
+    refund = models.OneToOneField(
+        "payments.Refund",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="refund_request",
+    )
+    state = FSMField(default=State.OPEN, choices=State.choices, protected=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["purchase"], condition=Q(state="open"), name="one_open_refund_request"
+            ),
+            models.UniqueConstraint(
+                fields=["purchase", "idempotency_key"], name="one_refund_request_per_key"
+            ),
+        ]
+        indexes = [
+            # The queue: open ones by deadline.
+            models.Index(
+                fields=["deadline_at"], condition=Q(state="open"), name="refund_request_queue"
+            ),
+        ]
+
+    @transition(field=state, source=State.OPEN, target=State.APPROVED)
+    def approve(self, *, by: str, at: Any, refund_id: int, note: str) -> None:
+        self.decided_by, self.decided_at = by, at
+        self.refund_id, self.decision_note = refund_id, note
+
+    @transition(field=state, source=State.OPEN, target=State.DENIED)
+    def deny(self, *, by: str, at: Any, code: str, note: str) -> None:
+        self.decided_by, self.decided_at = by, at
+        self.denial_code, self.decision_note = code, note
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.state})"
+
+
 class PurchaseEvent(models.Model):
     """Append-only timeline, written in the same transaction as every transition."""
 

@@ -49,6 +49,9 @@ EVENT_TYPE_OF: dict[tuple[str, str], str] = {
     (subjects.REFUND, "declined"): "refund.declined",
     (subjects.PAYOUT_BROADCAST, "broadcast"): "payout.sent",
     (subjects.PAYOUT, "failed"): "payout.failed",
+    (subjects.REFUND_REQUEST, "open"): "refund_request.opened",
+    (subjects.REFUND_REQUEST, "approved"): "refund_request.decided",
+    (subjects.REFUND_REQUEST, "denied"): "refund_request.decided",
 }
 # A reorg is a boundary event, not a move: any to_state.
 _TYPE_OF_SUBJECT = {subjects.PAYMENT_REORGED: "settlement.reorged"}

@@ -30,6 +30,8 @@ EVENT_TYPES: dict[str, str] = {
     "refund.declined": "A proposed refund was declined.",
     "payout.sent": "A refund's payout transaction was broadcast from the refund wallet.",
     "payout.failed": "A refund's payout failed, provably: no money moved.",
+    "refund_request.opened": "A buyer asked for a refund (the request is in `refund_request`).",
+    "refund_request.decided": "Staff approved or denied a buyer's refund request.",
     "webhook.test": "Sent from the admin's 'Send a test event': no purchase.",
 }
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,99}")

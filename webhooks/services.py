@@ -30,6 +30,7 @@ from core.backoff import backoff_delay
 from core.clock import now_or
 from purchases.models import Purchase
 from purchases.notify import Alert, AlertNotDelivered, alert_send_report
+from purchases.refund_request_selectors import refund_request_document, refund_request_latest
 from purchases.selectors import purchase_status
 from purchases.services.shared.outbox import outbox_stage
 from webhooks.events import PUBLISH_JOB, subscriptions_forget, webhook_event_record
@@ -162,7 +163,12 @@ def _body_of(event: WebhookEvent, now: datetime) -> dict[str, Any]:
     if event.purchase_id is None:
         return {"test": True, "message": "A test event from the Tollbooth admin."}
     purchase = Purchase.objects.select_related("quote", "offering").get(pk=event.purchase_id)
-    return purchase_status(purchase=purchase, now=now)
+    body = purchase_status(purchase=purchase, now=now)
+    if event.type.startswith("refund_request."):
+        # One open request per purchase: the latest is the one the event reports.
+        latest = refund_request_latest(purchase=purchase)
+        body["refund_request"] = refund_request_document(request=latest) if latest else None
+    return body
 
 
 def webhook_test_send(*, endpoint_id: int, now: datetime | None = None) -> WebhookEvent:

@@ -14,6 +14,7 @@ from backoffice.admin import (
     payments,
     payouts,
     purchases,
+    refund_requests,
     webhooks,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "payments",
     "payouts",
     "purchases",
+    "refund_requests",
     "webhooks",
 ]

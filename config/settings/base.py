@@ -351,6 +351,16 @@ TOLLBOOTH = {
     "ESCALATION_DEADLINE": timedelta(
         hours=env.int("TOLLBOOTH_ESCALATION_DEADLINE_HOURS", default=4)
     ),
+    # A buyer's refund request is due for a staff decision this long after it is opened.
+    "REFUND_REQUEST_DEADLINE": timedelta(
+        hours=env.int("TOLLBOOTH_REFUND_REQUEST_DEADLINE_HOURS", default=48)
+    ),
+    # Refund requests one purchase may send (accepted or refused) per window.
+    "REFUND_REQUEST_RATE": env.str("TOLLBOOTH_REFUND_REQUEST_RATE", default="10/hour"),
+    # A wallet-signed refund request's `expiry` may be at most this far ahead.
+    "REFUND_REQUEST_MAX_VALIDITY": timedelta(
+        seconds=env.int("TOLLBOOTH_REFUND_REQUEST_MAX_VALIDITY_SECONDS", default=3600)
+    ),
     # Reconciliation: a settlement nobody can resolve goes to the reconciliation owner after
     # RECONCILIATION_DEADLINE and to support after SUPPORT_DEADLINE.
     "RECONCILIATION_DEADLINE": timedelta(

@@ -29,6 +29,7 @@ from django.db import close_old_connections
 from mcp import types
 
 from core.errors import DomainError, ErrorCode
+from doors.mcp import refund_tool
 from doors.mcp.results import (
     answer_result,
     payment_required_result,
@@ -143,6 +144,8 @@ def _answer(call: ToolCall) -> types.CallToolResult | Waiting[types.CallToolResu
     if call.name == POLL_TOOL:  # free: a payment sent with it is never used
         return _poll(call)
     buyer = _buyer(call.authorization)
+    if call.name == refund_tool.NAME:
+        return refund_tool.refund_tool_result(call.arguments, buyer)
     copy = call.meta.get(COPY_META)
     payment = call.meta.get(PAYMENT_META)
     if payment is not None:

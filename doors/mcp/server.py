@@ -21,6 +21,7 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 from doors.mcp.calls import ToolCall, tool_call, tools_list
+from doors.mcp.refund_tool import refund_tool
 from doors.mcp.sse_relay import SseRelay
 from doors.x402.paid_async import run_paid_call
 from doors.x402.waiting import Waiting
@@ -52,7 +53,7 @@ def _server(limiter: anyio.CapacityLimiter) -> Server[Any, Any]:
                 }
             )
             for offer in offers
-        ]
+        ] + [refund_tool()]
 
     # Our own validation (the offering's schema, volatile fields, size cap) answers with
     # every violation, and the SDK's tool cache would outlive an offering's schema change.

@@ -36,6 +36,14 @@ class WebhookCallbackInputSerializer(serializers.Serializer):
     )
 
 
+class RefundRequestInputSerializer(serializers.Serializer):
+    # Atomic units as a decimal string, as x402's `amount`: money is never a float.
+    amount = serializers.RegexField(r"^[1-9][0-9]{0,29}$", max_length=30)
+    reason = serializers.CharField(
+        max_length=1000, allow_blank=True, default="", trim_whitespace=False
+    )
+
+
 class ProblemSerializer(serializers.Serializer):
     """RFC 9457 problem details, as every error is answered (for the OpenAPI schema)."""
 

@@ -55,4 +55,21 @@ class PaidRequestThrottle(BaseThrottle):
         return self.wait_seconds
 
 
+class RefundRequestThrottle(PaidRequestThrottle):
+    """The paid requests' limits, and REFUND_REQUEST_RATE per purchase whoever sends them
+    (accepted or refused): a signed path without a key must not become a free oracle nor a
+    way to fill the queue."""
+
+    purchase_ref = ""
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        self.purchase_ref = str(getattr(view, "kwargs", {}).get("ref", ""))[:64]
+        return super().allow_request(request, view)
+
+    def windows(self, request: Request) -> list[Window]:
+        rate = str(settings.TOLLBOOTH["REFUND_REQUEST_RATE"])
+        window = Window(f"refund_request:{self.purchase_ref}", *parse_rate(rate))
+        return [*super().windows(request), window]
+
+
 PAID_THROTTLES: list[type[BaseThrottle]] = [PaidRequestThrottle]

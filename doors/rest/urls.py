@@ -14,6 +14,16 @@ urlpatterns = [
     ),
     path("purchases/<str:ref>", views.PurchaseDetailApi.as_view(), name="purchase-detail"),
     path("purchases/<str:ref>/result", views.PurchaseResultApi.as_view(), name="purchase-result"),
+    path(
+        "purchases/<str:ref>/refund-requests",
+        views.RefundRequestCreateApi.as_view(),
+        name="refund-request-create",
+    ),
+    path(
+        "purchases/<str:ref>/refund-requests/<str:public_id>",
+        views.RefundRequestDetailApi.as_view(),
+        name="refund-request-detail",
+    ),
     path("receipts/<str:public_id>", views.ReceiptDetailApi.as_view(), name="receipt-detail"),
     path("webhook-callback", views.WebhookCallbackApi.as_view(), name="webhook-callback"),
 ]

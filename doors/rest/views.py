@@ -20,11 +20,13 @@ from doors.rest.serializers import (
     ProblemSerializer,
     PurchaseCreateInputSerializer,
     QuoteCreateInputSerializer,
+    RefundRequestInputSerializer,
     WebhookCallbackInputSerializer,
 )
-from doors.rest.throttles import PAID_THROTTLES
+from doors.rest.throttles import PAID_THROTTLES, RefundRequestThrottle
 from payments.services import ledger_balance
-from purchases.models import Buyer
+from purchases.models import Buyer, RefundRequest
+from purchases.refund_request_selectors import refund_request_document, refund_request_get
 from purchases.selectors import (
     offerings_for_sale,
     purchase_get_for_buyer,
@@ -39,6 +41,11 @@ from purchases.services.fulfil.delivery import (
 )
 from purchases.services.quote.quotes import quote_create
 from purchases.services.quote.top_ups import offering_input_schema
+from purchases.services.remedy.refund_requests import (
+    RefundRequestOpened,
+    refund_request_open,
+    refund_request_open_signed,
+)
 from webhooks.callbacks import webhook_callback_clear, webhook_callback_get, webhook_callback_set
 
 PROBLEM = ProblemSerializer
@@ -263,3 +270,79 @@ class WebhookCallbackApi(APIView):
     def delete(self, request: Request) -> Response:
         webhook_callback_clear(api_key_prefix=str(request.auth))
         return Response(status=204)
+
+
+class RefundRequestCreateApi(APIView):
+    """With an API key: the key's buyer asks. Without one: the body is a refund request
+    signed by the paying wallet (docs/api.md, "Refund requests")."""
+
+    permission_classes = [AllowAny]
+    throttle_classes = [RefundRequestThrottle]
+
+    @extend_schema(
+        request=RefundRequestInputSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                {"type": "string", "pattern": "^[A-Za-z0-9_-]{16,128}$"},
+                OpenApiParameter.HEADER,
+                required=True,
+                description="The same key and request answer the same refund request. (The "
+                "wallet path, with no API key, signs its own `idempotencyKey` instead: "
+                "docs/api.md, 'Refund requests'.)",
+            )
+        ],
+        responses={
+            201: OpenApiResponse(OpenApiTypes.OBJECT, description="Opened: the request."),
+            200: OpenApiResponse(
+                OpenApiTypes.OBJECT,
+                description="The same request again (Idempotent-Replayed: true).",
+            ),
+            400: PROBLEM,
+            403: PROBLEM,
+            404: PROBLEM,
+            409: PROBLEM,
+            422: PROBLEM,
+            429: PROBLEM,
+        },
+        summary="Ask for a refund of a purchase (the payer only; one open request at a time)",
+    )
+    def post(self, request: Request, ref: str) -> Response:
+        if isinstance(request.user, Buyer):
+            opened = self._with_key(request, request.user, ref)
+        else:
+            opened = refund_request_open_signed(ref=ref, body=request.data)
+        document = refund_request_document(request=opened.request)
+        headers = {"Location": document["links"]["self"]}
+        if not opened.created:
+            headers["Idempotent-Replayed"] = "true"
+        return Response(document, status=201 if opened.created else 200, headers=headers)
+
+    def _with_key(self, request: Request, buyer: Buyer, ref: str) -> RefundRequestOpened:
+        key = request.headers.get("Idempotency-Key")
+        if not key:
+            raise DomainError(ErrorCode.IDEMPOTENCY_KEY_MISSING)
+        serializer = RefundRequestInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        purchase = purchase_get_for_buyer(buyer=buyer, ref=ref)
+        return refund_request_open(
+            purchase_id=purchase.pk,
+            channel=RefundRequest.Channel.API_KEY,
+            requested_by=buyer.ref,
+            amount=int(serializer.validated_data["amount"]),
+            reason=serializer.validated_data["reason"],
+            idempotency_key=key,
+        )
+
+
+class RefundRequestDetailApi(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, 404: PROBLEM},
+        summary="A refund request's state: pending, executed or denied (with its reason code)",
+    )
+    def get(self, request: Request, ref: str, public_id: str) -> Response:
+        buyer = request.user if isinstance(request.user, Buyer) else None
+        refund_request = refund_request_get(ref=ref, public_id=public_id, buyer=buyer)
+        return Response(refund_request_document(request=refund_request))

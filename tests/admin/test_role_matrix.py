@@ -49,6 +49,7 @@ from purchases.models import (
     Offering,
     Purchase,
     PurchaseEvent,
+    RefundRequest,
 )
 from purchases.services.remedy.case_actions import case_refund_propose
 from tests.admin.test_case_file_admin import Cases
@@ -185,6 +186,10 @@ MARKS = [
     _m("payments.payout", "approved_by", "mark-payout-approver", ALL),
     _m("payments.payout", "second_approved_by", "mark-payout-second", ALL),
     _m("payments.payout", "raw_transaction", "0xmarkpayoutraw", ONLY_SUPERUSER),
+    # Buyers' refund requests: support decides them, finance reads the queue.
+    _m("purchases.refundrequest", "reason", "mark-refund-request-reason", ALL),
+    _m("purchases.refundrequest", "requested_by", "mark-refund-requester", ALL),
+    _m("purchases.refundrequest", "decision_note", "mark-refund-request-note", ALL),
     # Export batches: finance's books.
     _m("payments.exportbatch", "created_by", "mark-exporter", FU),
     _m("payments.exportbatch", "sha256", "e3" * 32, FU),
@@ -345,6 +350,18 @@ def _seed() -> dict[str, Model]:
                 "assignee",
                 "resolution_code",
             )
+        },
+    )
+    RefundRequest.objects.create(
+        purchase=purchase,
+        channel=RefundRequest.Channel.API_KEY,
+        amount=1,
+        asset=purchase.asset,
+        idempotency_key="mark-refund-request-key-01",
+        request_fingerprint="f" * 64,
+        deadline_at=timezone.now(),
+        **{
+            f: _v("purchases.refundrequest", f) for f in ("reason", "requested_by", "decision_note")
         },
     )
     JobRun.objects.create(
@@ -632,6 +649,7 @@ ACTIONS = [
     Action(Refund, "export_csv", FU),
     Action(Escalation, "resolve_selected", SU),
     Action(Escalation, "assign_to_me", SU),
+    Action(RefundRequest, "assign_to_me", SU),
     Action(Buyer, "issue_api_key", ONLY_SUPERUSER),
     Action(Buyer, "delete_selected", ONLY_SUPERUSER),
     Action(Offering, "delete_selected", ONLY_SUPERUSER),
@@ -668,6 +686,7 @@ PAGES = [  # actions that are pages of their own
     ("admin:payments_ledgerentry_top_up", None, FU),
     ("admin:payments_exportbatch_books", None, FU),
     ("admin:purchases_escalation_resolve", Escalation, SU),
+    ("admin:purchases_refundrequest_decide", RefundRequest, SU),
 ]
 
 

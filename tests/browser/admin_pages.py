@@ -21,7 +21,16 @@ from payments.models import (
     Payout,
     Refund,
 )
-from purchases.models import Buyer, Escalation, IdempotencyRecord, JobRun, Offering, Purchase, Quote
+from purchases.models import (
+    Buyer,
+    Escalation,
+    IdempotencyRecord,
+    JobRun,
+    Offering,
+    Purchase,
+    Quote,
+    RefundRequest,
+)
 from tests.browser.admin_rows import PAYER
 
 BOTH = (SUPPORT, FINANCE)
@@ -84,6 +93,10 @@ PAGES: list[AdminPage] = [
     AdminPage("escalations: resolve", "admin:purchases_escalation_resolve", S, ("open",)),
     AdminPage("escalations: resolve selected", "admin:purchases_escalation_changelist", S,
               action="resolve_selected"),
+    # Buyers' refund requests: the queue, a request beside its case, support's decision.
+    *_model_pages(RefundRequest, "refund request", BOTH),
+    AdminPage("refund requests: decide", "admin:purchases_refundrequest_decide", S,
+              ("refund request",)),
     # Finance's money: refunds owed (the list opens there), all refunds, paying back.
     *_model_pages(Refund, "paid back", BOTH),
     AdminPage("refunds list, all", "admin:payments_refund_changelist", BOTH, query="?state=all"),

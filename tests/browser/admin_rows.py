@@ -29,6 +29,7 @@ from purchases.models import (
     PurchaseEvent,
 )
 from purchases.services.remedy.case_actions import purchase_case_now
+from purchases.services.remedy.refund_requests import refund_request_open
 from purchases.services.shared.buyers import api_key_issue
 from tests.factories import (
     BuyerFactory,
@@ -433,6 +434,15 @@ def layout_world_build() -> dict[str, int]:
     _late_transfer(offering, buyer, pks)
     _settled(offering, buyer, pks)
     _duplicate(offering, buyer, pks)
+    # The buyer of the settled purchase asked for part of its money back, signed by its wallet.
+    pks["refund request"] = refund_request_open(
+        purchase_id=pks["settled"],
+        channel="wallet_signature",
+        requested_by=PAYER,
+        amount=1,
+        reason=PROSE,
+        idempotency_key="layout-refund-request-0001",
+    ).request.pk
     _prepaid(offering, buyer, pks)
     _records(pks)
     for name, action in (
