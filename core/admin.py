@@ -19,11 +19,14 @@ from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import ImproperlyConfigured, PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import Model
+from django.db.models import Case, IntegerField, Model, Value, When
+from django.db.models.expressions import OrderBy
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.utils.functional import cached_property
 
 from core.auth import user_group_names
+from core.clock import utc_seconds
 
 
 def amount_human(amount: int, decimals: int) -> Decimal:
@@ -262,3 +265,27 @@ class CappedCountPaginator(Paginator):
             return len(query)
         # SELECT COUNT(*) FROM (SELECT id ... LIMIT cap + 1): stops reading at the cap.
         return int(query.order_by().values("pk")[: self.COUNT_CAP + 1].count())
+
+
+class DueFirstQueue:
+    """A queue staff work through (escalations, refund requests): open items first, the
+    nearest deadline next, so the top of the list is what is due; each with its deadline in
+    UTC and whether it is overdue. The model has `state`, `deadline_at` and an open state."""
+
+    open_state: str
+
+    def get_ordering(self, request: HttpRequest) -> list[Any]:
+        is_closed = Case(
+            When(state=self.open_state, then=Value(0)),
+            default=Value(1),
+            output_field=IntegerField(),
+        )
+        return [OrderBy(is_closed), "deadline_at", "pk"]
+
+    @admin.display(description="deadline (UTC)", ordering="deadline_at")
+    def deadline_utc(self, obj: Any) -> str:
+        return utc_seconds(obj.deadline_at)
+
+    @admin.display(boolean=True, description="overdue")
+    def is_overdue(self, obj: Any) -> bool:
+        return bool(obj.state == self.open_state and obj.deadline_at < timezone.now())

@@ -14,8 +14,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_value, unquote
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Case, IntegerField, QuerySet, Value, When
-from django.db.models.expressions import OrderBy
+from django.db.models import QuerySet
 from django.forms.models import BaseInlineFormSet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -36,11 +35,11 @@ from backoffice.admin.filters import (
 )
 from core.admin import (
     CappedCountPaginator,
+    DueFirstQueue,
     ReadOnlyInline,
     ReadOnlyModelAdmin,
     amount_human,
 )
-from core.clock import utc_seconds
 from fulfillment.models import ExecutionAttempt
 from payments.models import PaymentAttempt, Refund
 from purchases.case_file import STAFF_RESOLUTION_CODES
@@ -364,7 +363,7 @@ class ResolveForm(forms.Form):
 
 
 @admin.register(Escalation)
-class EscalationAdmin(ReadOnlyModelAdmin):
+class EscalationAdmin(DueFirstQueue, ReadOnlyModelAdmin):
     list_display = (
         "purchase",
         "owner",
@@ -399,23 +398,7 @@ class EscalationAdmin(ReadOnlyModelAdmin):
     )
     actions = ("resolve_selected", "assign_to_me")
     change_form_template = "admin/purchases/escalation/change_form.html"
-
-    def get_ordering(self, request: HttpRequest) -> list[Any]:
-        # Open first, then the nearest deadline: the top of the list is what is due next.
-        is_resolved = Case(
-            When(state=Escalation.State.OPEN, then=Value(0)),
-            default=Value(1),
-            output_field=IntegerField(),
-        )
-        return [OrderBy(is_resolved), "deadline_at", "pk"]
-
-    @admin.display(description="deadline (UTC)", ordering="deadline_at")
-    def deadline_utc(self, obj: Escalation) -> str:
-        return utc_seconds(obj.deadline_at)
-
-    @admin.display(boolean=True, description="overdue")
-    def is_overdue(self, obj: Escalation) -> bool:
-        return obj.state == Escalation.State.OPEN and obj.deadline_at < timezone.now()
+    open_state = Escalation.State.OPEN
 
     def has_resolve_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # The action and the page's Resolve button are one action in the role table.

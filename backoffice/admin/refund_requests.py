@@ -11,16 +11,13 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
-from django.db.models import Case, IntegerField, QuerySet, Value, When
-from django.db.models.expressions import OrderBy
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from core.admin import ReadOnlyModelAdmin
-from core.clock import utc_seconds
+from core.admin import DueFirstQueue, ReadOnlyModelAdmin
 from purchases.models import RefundRequest
 from purchases.refund_request_selectors import refund_request_facts, refund_request_status
 from purchases.services.remedy.refund_requests import (
@@ -58,7 +55,7 @@ class DecideForm(forms.Form):
 
 
 @admin.register(RefundRequest)
-class RefundRequestAdmin(ReadOnlyModelAdmin):
+class RefundRequestAdmin(DueFirstQueue, ReadOnlyModelAdmin):
     # Narrow enough for the support laptop (1366 px): the wallet and channel are on the page.
     list_display = (
         "public_id",
@@ -98,23 +95,7 @@ class RefundRequestAdmin(ReadOnlyModelAdmin):
     )
     actions = ("assign_to_me",)
     change_form_template = "admin/purchases/refundrequest/change_form.html"
-
-    def get_ordering(self, request: HttpRequest) -> list[Any]:
-        # Open first, then the nearest deadline: the top of the queue is what is due next.
-        is_decided = Case(
-            When(state=RefundRequest.State.OPEN, then=Value(0)),
-            default=Value(1),
-            output_field=IntegerField(),
-        )
-        return [OrderBy(is_decided), "deadline_at", "pk"]
-
-    @admin.display(description="deadline (UTC)", ordering="deadline_at")
-    def deadline_utc(self, obj: RefundRequest) -> str:
-        return utc_seconds(obj.deadline_at)
-
-    @admin.display(boolean=True, description="overdue")
-    def is_overdue(self, obj: RefundRequest) -> bool:
-        return obj.state == RefundRequest.State.OPEN and obj.deadline_at < timezone.now()
+    open_state = RefundRequest.State.OPEN
 
     @admin.display(description="the buyer reads")
     def buyer_status(self, obj: RefundRequest) -> str:

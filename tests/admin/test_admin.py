@@ -51,6 +51,7 @@ from tests.factories import (
     PurchaseFactory,
 )
 from tests.fixtures.anvil import closed_port_url
+from tests.purchases.test_refund_requests import ask, settled_purchase
 
 pytestmark = pytest.mark.django_db
 
@@ -105,7 +106,7 @@ def _late_x402_purchase(offering: Offering) -> tuple[Purchase, PaymentAttempt]:
 
 
 @pytest.fixture
-def world(client_for_buyer: APIClient, offering: Offering) -> World:
+def world(client_for_buyer: APIClient, buyer: Buyer, offering: Offering) -> World:
     prepaid = _paid_prepaid_purchase(client_for_buyer, offering)
     x402, attempt = _late_x402_purchase(offering)
     now = timezone.now()
@@ -134,6 +135,8 @@ def world(client_for_buyer: APIClient, offering: Offering) -> World:
     JobRun.objects.create(
         job="pending_settlements", started_at=now, finished_at=now, stats={"claimed": 0}
     )
+    # The buyer asks for money back on a settled purchase: the refund-request queue's row.
+    assert ask(client_for_buyer, settled_purchase(buyer=buyer), 1).status_code == 201
     # Every page renders a payout; a cancelled one, so `owed` stays free for a hand payback
     # (a live payout would refuse it: payback_payout_live) and no refund is added.
     PayoutFactory.create(refund=owed, awaiting_approval=True, state=Payout.State.CANCELLED)
@@ -207,6 +210,7 @@ def test_every_admin_renders_its_list_and_detail(world: World, superuser: Client
         "LedgerBalance",
         "ExportBatch",
         "Payout",
+        "RefundRequest",
     }
     export_batch_record(
         kind="refunds",
@@ -693,6 +697,7 @@ def test_roles_are_idempotent_and_exact() -> None:
         "view_purchaseevent",
         "view_paymentattempt",
         "view_payout",
+        "view_refundrequest",  # finance reads the buyers' refund-request queue; support decides
     }
     support = second["support"]
     assert {"view_purchase", "view_refund", "view_ledgerentry", "view_result"} <= support
