@@ -38,6 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db import connection
 
 from bench.common import Figure, Scale
 from bench.server import ROOT, free_port
@@ -106,6 +107,14 @@ def _receiving(log_dir: Path, delay: float = 0.0, port: int = 0) -> Iterator[Rec
         process.wait(timeout=30)
 
 
+def _connection_url() -> str:
+    db = connection.settings_dict
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    auth = f"{db['USER']}{password}@" if db.get("USER") else ""
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgres://{auth}{host}:{port}/{db['NAME']}"
+
+
 @contextmanager
 def _worker(log_dir: Path) -> Iterator[None]:
     """A Celery worker with beat on the bench's queue, as deployed (prefork)."""
@@ -128,7 +137,13 @@ def _worker(log_dir: Path) -> Iterator[None]:
         "-Q",
         settings.CELERY_TASK_DEFAULT_QUEUE,
     ]
-    env = {**os.environ, "TOLLBOOTH_VAR_DIR": str(log_dir / "var")}
+    # The database this process writes to, named from its connection: another bench of the
+    # same run may have left DATABASE_URL naming its own (bench/scale.py does).
+    env = {
+        **os.environ,
+        "DATABASE_URL": _connection_url(),
+        "TOLLBOOTH_VAR_DIR": str(log_dir / "var"),
+    }
     with (log_dir / "worker.log").open("wb") as log:
         process = subprocess.Popen(
             args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
