@@ -230,9 +230,6 @@ def receipt_verify(document: dict[str, Any], *, addresses: list[str]) -> str:
 def receipt_keys_document() -> dict[str, Any]:
     """What /.well-known/tollbooth-receipts publishes: how receipts are signed and every key
     that ever signed one (current and retired), so a receipt verifies offline for ever."""
-    # Imported here: refund_receipt_signing builds on this module.
-    from fulfillment.refund_receipt_signing import refund_receipt_keys_entry
-
     return {
         "format": FORMAT,
         "domain": DOMAIN,
@@ -242,8 +239,6 @@ def receipt_keys_document() -> dict[str, Any]:
             {"keyId": key.key_id, "address": key.address, "status": key.status}
             for key in published_keys()
         ],
-        # The same keys sign refund receipts, under their own domain (docs/receipts.md).
-        "refundReceipt": refund_receipt_keys_entry(),
         "spec": "https://github.com/coinbase/x402/blob/main/specs/extensions/"
         "extension-offer-and-receipt.md (draft; docs/receipts.md says where we differ)",
     }

@@ -19,7 +19,12 @@ from eth_keys.exceptions import BadSignature
 from eth_utils.exceptions import ValidationError
 
 from core import eip712
-from fulfillment.receipt_signing import FORMAT, SigningKey, parsed_private_key
+from fulfillment.receipt_signing import (
+    FORMAT,
+    SigningKey,
+    parsed_private_key,
+    receipt_keys_document,
+)
 
 REFUND_RECEIPT_VERSION = 1
 DOMAIN: dict[str, Any] = {"name": "Tollbooth refund receipt", "version": "1", "chainId": 1}
@@ -83,3 +88,9 @@ def refund_receipt_signer(document: dict[str, Any]) -> str | None:
 def refund_receipt_keys_entry() -> dict[str, Any]:
     """How refund receipts are signed, for `/.well-known/tollbooth-receipts`."""
     return {"domain": DOMAIN, "primaryType": PRIMARY_TYPE, "types": TYPES}
+
+
+def published_receipts_document() -> dict[str, Any]:
+    """/.well-known/tollbooth-receipts: the receipts' keys and signing, and the refund
+    receipts' signing (the same keys, under their own domain: docs/receipts.md)."""
+    return {**receipt_keys_document(), "refundReceipt": refund_receipt_keys_entry()}

@@ -30,7 +30,7 @@ from doors.x402.answers import (
 )
 from doors.x402.waiting import Waiting, returns_wait
 from fulfillment.executors.passthrough import PassedRequest
-from fulfillment.receipt_signing import receipt_keys_document
+from fulfillment.refund_receipt_signing import published_receipts_document
 from payments.rails.x402.sign_in import SIGN_IN_HEADER
 from purchases.models import Buyer, Offering
 from purchases.services.checkout.flow import PaymentPending
@@ -362,4 +362,4 @@ class ReceiptKeysApi(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, auth=[], summary="Receipt signing keys")
     def get(self, request: Request) -> Response:
-        return Response(receipt_keys_document())
+        return Response(published_receipts_document())
